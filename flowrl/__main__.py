@@ -1,0 +1,5 @@
+import sys
+
+from flowrl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,215 @@
+"""The graph file as typed models: what nodes exist, where they run and how data flows.
+
+A graph file is YAML; `flowrl.graph.load_graph` turns it into a `GraphSpec`. The same graph can be
+built in Python::
+
+    from flowrl.graph import GraphSpec, NodeSpec
+    g = GraphSpec(
+        name="pipe",
+        nodes={"src": NodeSpec(kind="mypkg.nodes:Numbers"), "sink": NodeSpec(kind="mypkg.nodes:Sum")},
+        edges=["src -> sink"],
+        schedule={"steps": 10},
+    )
+
+Every model rejects unknown keys, so a typo fails at load time with the file and line.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DTYPES = ("float32", "bfloat16", "float16")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENDPOINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?\s*$")
+
+
+class StrictModel(BaseModel):
+    """Base of every config model: unknown keys are errors, values are checked on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class FailurePolicy(StrictModel):
+    """What the controller does when a replica of this node dies or hangs."""
+
+    policy: Literal["restart", "fail"] = "restart"
+    """`restart`: start a new process and replay the node's in-flight work; `fail`: end the run."""
+    max_restarts: int = Field(3, ge=0)
+    """Restart budget per replica; one more failure than this fails the run."""
+    backoff_s: float = Field(0.2, ge=0)
+    """Wait before the first restart; doubles with each further restart of the same replica."""
+
+
+class NodeSpec(StrictModel):
+    """One node of the graph: a role process (or several replicas of it) on its own devices."""
+
+    kind: str
+    """A built-in node (`rollout`, `actor`, ...) or an import path `package.module:Class`."""
+    replicas: int = Field(1, ge=1)
+    """Independent copies of the node; work is spread over them (data parallel across processes)."""
+    devices: Union[Literal["auto"], int, list[Union[int, str]]] = "auto"
+    """`auto` (the planner picks), a count per replica, or the node's explicit device list, split
+    evenly over its replicas. Entries are device ids on `host`, or `"host:id"` strings. On a
+    machine without GPUs the devices are CPU cores."""
+    mesh: list[int] | None = None
+    """Shape of each replica's device group, e.g. `[2, 2]` for data x tensor parallel; the product
+    must equal the devices per replica. Default: a flat group."""
+    host: str | None = None
+    """Host to place this node on (multi-host inventories). Default: the planner chooses."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Compute dtype of the node; nodes that exchange tensors must agree."""
+    colocate_with: list[str] = Field(default_factory=list)
+    """Nodes this one may share devices with (declares intended colocation)."""
+    on_failure: FailurePolicy = Field(default_factory=FailurePolicy)
+    config: dict[str, Any] = Field(default_factory=dict)
+    """The node's own config, validated against the node class's `Config` model."""
+
+    @field_validator("devices")
+    @classmethod
+    def _devices_valid(cls, v):
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"device count must be >= 1, got {v}")
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("device list is empty; give ids, a count, or `auto`")
+            for d in v:
+                if isinstance(d, int) and d < 0:
+                    raise ValueError(f"device id {d} is negative")
+                if isinstance(d, str) and not re.match(r"^[^:\s]+:\d+$", d):
+                    raise ValueError(f"device {d!r} is neither an id nor 'host:id'")
+            if len(set(map(str, v))) != len(v):
+                raise ValueError(f"device list {v} names a device twice")
+        return v
+
+    @field_validator("mesh")
+    @classmethod
+    def _mesh_valid(cls, v):
+        if v is not None and (not v or any(d < 1 for d in v)):
+            raise ValueError(f"mesh {v} must be a non-empty list of positive sizes, e.g. [2, 2]")
+        return v
+
+
+class EdgeSpec(StrictModel):
+    """A data channel `producer[.port] -> consumer[.port]`. Written as a string or a mapping."""
+
+    src: str
+    dst: str
+    src_port: str | None = None
+    """Output port of the producer; default: its only output port."""
+    dst_port: str | None = None
+    """Input port of the consumer; default: its only input port."""
+    capacity: int = Field(4, ge=1)
+    """Credits: messages the consumer accepts ahead of processing (bounds memory on this edge)."""
+    capacity_bytes: int = Field(1 << 30, ge=1)
+    """Bytes the consumer accepts ahead of processing."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse(cls, v):
+        if isinstance(v, str):
+            v = {"from": v.split("->", 1)[0], "to": v.split("->", 1)[1]} if "->" in v else {"bad": v}
+        if isinstance(v, dict) and ("from" in v or "to" in v or "bad" in v):
+            v = dict(v)
+            if "bad" in v:
+                raise ValueError(f"edge {v['bad']!r} has no '->'; write 'producer.port -> consumer.port'")
+            for key, side in (("from", "src"), ("to", "dst")):
+                text = v.pop(key, None)
+                if text is None:
+                    raise ValueError(f"edge needs `{key}:`")
+                m = _ENDPOINT.match(str(text))
+                if not m:
+                    raise ValueError(f"edge endpoint {text!r} is not 'node' or 'node.port'")
+                v[side], v[side + "_port"] = m.group(1), m.group(2)
+        return v
+
+    def __str__(self) -> str:
+        a = self.src + (f".{self.src_port}" if self.src_port else "")
+        b = self.dst + (f".{self.dst_port}" if self.dst_port else "")
+        return f"{a} -> {b}"
+
+
+class WeightEdgeSpec(StrictModel):
+    """Weights flow from a trainer to its subscribers: `actor -> rollout`."""
+
+    src: str
+    dst: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse(cls, v):
+        if isinstance(v, str):
+            parts = [p.strip() for p in v.split("->")]
+            if len(parts) != 2 or not all(_NAME.match(p) for p in parts):
+                raise ValueError(f"weight edge {v!r} must read 'trainer -> subscriber'")
+            return {"src": parts[0], "dst": parts[1]}
+        return v
+
+    def __str__(self) -> str:
+        return f"{self.src} -> {self.dst}"
+
+
+class ScheduleSpec(StrictModel):
+    """How much work the scheduler issues and how far rollout may run ahead of training."""
+
+    steps: int = Field(100, ge=1)
+    """Training updates (= tickets consumed by the sink) before the run ends."""
+    batch_size: int = Field(8, ge=1)
+    """Work items (prompts) per ticket; one ticket feeds one training update."""
+    max_staleness: int = Field(0, ge=0)
+    """k: a sample used by update n was generated with weights of version >= n - k.
+    0 is synchronous on-policy; k >= 1 overlaps generation with training (k + 1 tickets in flight)."""
+    ticket_timeout_s: float = Field(120.0, gt=0)
+    """A ticket not consumed this long after issue is re-issued (lost message, stuck node)."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Checkpoint stateful nodes + ledger every N steps (0: only at the end)."""
+
+
+class SupervisionSpec(StrictModel):
+    """Liveness: how often nodes say they are alive and when silence counts as a hang."""
+
+    heartbeat_s: float = Field(0.5, gt=0)
+    deadline_s: float = Field(5.0, gt=0)
+    """A replica silent this long is declared hung and handled by its failure policy."""
+    startup_timeout_s: float = Field(120.0, gt=0)
+    """A replica that has not reported READY this long after start has failed to start."""
+    stop_timeout_s: float = Field(5.0, gt=0)
+    """Grace between SIGTERM and SIGKILL at teardown."""
+
+
+class LauncherSpec(StrictModel):
+    """Who starts node processes: `local` subprocesses, or `ray` placement groups."""
+
+    type: Literal["local", "ray"] = "local"
+    address: str | None = None
+    """Ray cluster address (`ray` only)."""
+
+
+class GraphSpec(StrictModel):
+    """A whole graph file."""
+
+    name: str = "graph"
+    seed: int = 0
+    nodes: dict[str, NodeSpec]
+    edges: list[EdgeSpec] = Field(default_factory=list)
+    weights: list[WeightEdgeSpec] = Field(default_factory=list)
+    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
+    supervision: SupervisionSpec = Field(default_factory=SupervisionSpec)
+    launcher: LauncherSpec = Field(default_factory=LauncherSpec)
+    faults: list[str] = Field(default_factory=list)
+    """Fault-injection specs (same language as `flowrl run --fault`)."""
+
+    @field_validator("nodes")
+    @classmethod
+    def _names_valid(cls, v):
+        if not v:
+            raise ValueError("a graph needs at least one node")
+        for name in v:
+            if not _NAME.match(name):
+                raise ValueError(f"node name {name!r} must be an identifier (letters, digits, _)")
+        return v
+
+    def node(self, name: str) -> NodeSpec:
+        return self.nodes[name]
