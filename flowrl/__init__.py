@@ -11,6 +11,20 @@ from flowrl.graph.errors import FlowrlError
 from flowrl.runtime.node import Join, Node, NodeConfig, NodeContext, Sink, Source, Ticket
 
 __all__ = [
-    "FlowrlError", "GraphError", "GraphSpec", "Join", "Node", "NodeConfig", "NodeContext",
-    "Sink", "Source", "Ticket", "load_graph",
+    "Batch", "FlowrlError", "GraphError", "GraphSpec", "Join", "Node", "NodeConfig", "NodeContext",
+    "Sink", "Source", "Ticket", "load_graph", "run",
 ]
+
+
+def __getattr__(name: str):
+    # Batch comes with the transport (zmq, msgpack); `run` with the runtime. Both load on first
+    # use, so `import flowrl` (and `flowrl check`) stays light.
+    if name == "Batch":
+        from flowrl.transport import Batch
+
+        return Batch
+    if name == "run":
+        from flowrl.runtime.api import run
+
+        return run
+    raise AttributeError(f"module 'flowrl' has no attribute {name!r}")

@@ -10,6 +10,7 @@ and `flowrl check` never imports torch.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -48,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `kind: mypkg.module:Class` resolves from here, as with `python -m`
     if args.command is None:
         _parser().print_help()
         return 2

@@ -1,16 +1,52 @@
-"""PPO / GRPO policy updates; publishes weights after each update."""
+"""Actor: the policy update (PPO clipped objective, KL, entropy; GRPO with group advantages).
 
-from pydantic import ConfigDict
+The training sink of the PPO and GRPO graphs. The runtime hands it tickets in order, so update n
+consumes ticket n, generated with weights of version >= n - max_staleness; after each update it
+publishes version n + 1 to the rollouts over the weight-sync group.
+"""
+
+from pydantic import Field
 
 import flowrl
+from flowrl.nodes.common import ModelConfig, model_on
+from flowrl.rl import ActorConfig
 
 
 class Actor(flowrl.Sink):
-    """PPO / GRPO policy updates; publishes weights after each update."""
-
     role = "actor"
     stateful = True
     publishes_weights = True
 
-    class Config(flowrl.NodeConfig):
-        model_config = ConfigDict(extra="allow")  # TODO: typed
+    class Config(ModelConfig):
+        train: ActorConfig = Field(default_factory=ActorConfig)
+        """Optimizer, clipping, KL loss and entropy settings."""
+
+    async def setup(self):
+        from flowrl.rl import ActorTrainer
+
+        model = model_on(self.ctx, self.config.model, trainable=True)
+        self.trainer = ActorTrainer(model, self.config.train, seed=self.ctx.seed)
+
+    def weights(self):
+        return {k: v.detach() for k, v in self.trainer.model.state_dict().items()}
+
+    async def process(self, batch, port):
+        t = batch.tensors
+        tokens, mask = t["tokens"], t["response_mask"]
+        p_len = tokens.shape[1] - mask.shape[1]
+        metrics = self.trainer.train_step(tokens=tokens, prompt_len=p_len, response_mask=mask,
+                                          old_logprobs=t["logprobs"], advantages=t["advantages"],
+                                          ref_logprobs=t.get("ref_logprobs"))
+        rec = self.ctx.recorder
+        scores = t["scores"]
+        rec.mean("reward", float(scores.mean()), weight=len(scores))
+        rec.count("samples", len(scores))
+        rec.count("tokens", int(p_len * len(scores) + int(mask.sum())))
+        for k, v in metrics.items():
+            rec.mean(k, float(v))
+
+    def state_dict(self):
+        return self.trainer.state_dict()
+
+    def load_state_dict(self, state):
+        self.trainer.load_state_dict(state)

@@ -1,13 +1,25 @@
-"""Turns scheduler tickets into prompt batches from a procedural task (the data cursor)."""
+"""The data source: turns scheduler tickets into prompt batches from a procedural task.
 
-from pydantic import ConfigDict
+The prompts of ticket i are a pure function of (seed, i): the data cursor is the ticket index, so
+a replayed ticket gets exactly the same prompts and a resumed run continues the same stream.
+"""
 
 import flowrl
+from flowrl.nodes.common import TaskConfig
 
 
 class Prompts(flowrl.Source):
-    """Turns scheduler tickets into prompt batches from a procedural task (the data cursor)."""
+    """`schedule.batch_size` prompts per ticket."""
 
+    class Config(TaskConfig):
+        pass
 
-    class Config(flowrl.NodeConfig):
-        model_config = ConfigDict(extra="allow")  # TODO: typed
+    async def setup(self):
+        from flowrl.tasks import build_task
+
+        self.task = build_task(self.config.task)
+
+    async def generate(self, ticket):
+        prompts, targets = self.task.prompts(self.ctx.seed, ticket.index * ticket.size, ticket.size)
+        return flowrl.Batch(tensors={"prompts": prompts, "targets": targets},
+                     meta={"prompt_len": self.task.prompt_len, "max_new_tokens": self.task.max_new_tokens})

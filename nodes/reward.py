@@ -1,14 +1,78 @@
-"""Scores responses with a rule from a task or any module:function."""
+"""Reward: scores each response — with a task's rule, any `module:function`, or a reward model."""
 
-from pydantic import ConfigDict
+import importlib
+
+from pydantic import Field
 
 import flowrl
+from flowrl.nodes.common import ModelConfig, TaskConfig, model_on
+
+
+def _responses(batch):
+    tokens, mask = batch.tensors["tokens"], batch.tensors["response_mask"]
+    return tokens[:, tokens.shape[1] - mask.shape[1]:], mask
 
 
 class Reward(flowrl.Node):
-    """Scores responses with a rule from a task or any module:function."""
+    """Rule-based reward: the task's verifiable score (partial credit in [0, 1]), or your function
+    `fn(responses [B,T], targets [B,A], batch) -> scores [B]` given as `function: pkg.mod:fn`."""
 
     role = "reward"
 
-    class Config(flowrl.NodeConfig):
-        model_config = ConfigDict(extra="allow")  # TODO: typed
+    class Config(TaskConfig):
+        function: str | None = None
+        """Optional `module:function` that scores instead of the task."""
+
+    async def setup(self):
+        from flowrl.tasks import build_task
+
+        if self.config.function:
+            module, _, name = self.config.function.partition(":")
+            try:
+                self.fn = getattr(importlib.import_module(module), name)
+            except (ImportError, AttributeError) as e:
+                raise ValueError(f"reward function {self.config.function!r} cannot be loaded: {e}; "
+                                 "give it as 'package.module:function'") from None
+        else:
+            task = build_task(self.config.task)
+            self.fn = lambda responses, targets, batch: task.score(responses, targets)
+
+    async def process(self, batch, port):
+        import torch
+
+        responses, _ = _responses(batch)
+        scores = torch.as_tensor(self.fn(responses, batch.tensors["targets"], batch), dtype=torch.float32)
+        self.ctx.recorder.mean("reward", float(scores.mean()), weight=len(scores))
+        return batch.replace(tensors={**batch.tensors, "scores": scores})
+
+
+class RewardModel(flowrl.Node):
+    """Scores with a model: the value head's output at the last response token. `checkpoint` loads
+    trained weights (a state dict saved with torch.save)."""
+
+    role = "reward"
+
+    class Config(ModelConfig):
+        checkpoint: str | None = None
+        scale: float = Field(1.0)
+
+    async def setup(self):
+        import torch
+
+        self.model = model_on(self.ctx, self.config.model, value_head=True)
+        if self.config.checkpoint:
+            self.model.load_state_dict(torch.load(self.config.checkpoint, map_location="cpu", weights_only=True))
+
+    async def process(self, batch, port):
+        import torch
+
+        from flowrl.models import values
+
+        tokens, mask = batch.tensors["tokens"], batch.tensors["response_mask"]
+        p_len = tokens.shape[1] - mask.shape[1]
+        with torch.no_grad():
+            v = values(self.model, tokens.to(self.ctx.device), p_len).float().cpu()  # [B, T]
+        last = (mask.long().cumsum(1).argmax(1))  # index of the last valid response token
+        scores = v.gather(1, last[:, None]).squeeze(1) * self.config.scale
+        self.ctx.recorder.mean("reward", float(scores.mean()), weight=len(scores))
+        return batch.replace(tensors={**batch.tensors, "scores": scores})

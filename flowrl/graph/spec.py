@@ -192,6 +192,9 @@ class GraphSpec(StrictModel):
 
     name: str = "graph"
     seed: int = 0
+    """Seeds every node (model initialisation, sampling, data): same seed, same run."""
+    vars: dict[str, Any] = Field(default_factory=dict)
+    """Free-form values for YAML anchors shared by several nodes (`model: &model {...}`)."""
     nodes: dict[str, NodeSpec]
     edges: list[EdgeSpec] = Field(default_factory=list)
     weights: list[WeightEdgeSpec] = Field(default_factory=list)

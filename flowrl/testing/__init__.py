@@ -1,0 +1,5 @@
+"""Test support: run graphs for real with faults and audit their ledgers; synthetic nodes."""
+
+from flowrl.testing.harness import Audit, RunResult, audit_ledger, descendants, read_jsonl, run_graph
+
+__all__ = ["Audit", "RunResult", "audit_ledger", "descendants", "read_jsonl", "run_graph"]

@@ -1,0 +1,57 @@
+"""`flowrl.run`: the Python entry point, for notebooks and scripts.
+
+    import flowrl
+    summary = flowrl.run("graphs/grpo.yaml", overrides=["schedule.steps=10"], run_dir="runs/try")
+    summary.exit_code, summary.run_dir, summary.metrics[-1]["reward_mean"]
+
+Runs in this process (the controller) and starts node processes like `flowrl run` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from flowrl.graph import GraphSpec, load_graph
+from flowrl.testing.harness import read_jsonl
+
+
+@dataclass
+class RunSummary:
+    exit_code: int
+    run_dir: Path
+
+    @property
+    def metrics(self) -> list[dict]:
+        return read_jsonl(self.run_dir / "metrics.jsonl")
+
+    @property
+    def ledger(self) -> list[dict]:
+        return read_jsonl(self.run_dir / "ledger.jsonl")
+
+
+def run(graph: str | Path | GraphSpec, *, overrides: list[str] = (), run_dir: str | Path | None = None,
+        steps: int | None = None, faults: list[str] = (), inventory: str | None = None,
+        quiet: bool = True) -> RunSummary:
+    import time
+
+    from flowrl.graph import check_structure
+    from flowrl.placement import load_inventory, make_plan
+    from flowrl.runtime.run import execute
+
+    if isinstance(graph, GraphSpec):
+        spec = graph.model_copy(deep=True)
+        check_structure(spec)
+    else:
+        spec = load_graph(graph, list(overrides))
+    if steps is not None:
+        spec.schedule.steps = steps
+    run_dir = Path(run_dir) if run_dir else Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    plan = make_plan(spec, load_inventory(inventory))
+    errors = [f for f in plan.findings if f.severity == "error"]
+    if errors:
+        from flowrl.graph import GraphError, Problem
+
+        raise GraphError([Problem(f"nodes.{f.node}", f.message, "see `flowrl check`") for f in errors])
+    code = execute(spec, plan, run_dir, faults=list(faults), quiet=quiet)
+    return RunSummary(code, run_dir)

@@ -1,0 +1,163 @@
+"""Fault injection: named faults that a node process does to itself, for chaos tests.
+
+Spec language (`flowrl run --fault SPEC`, repeatable; or `faults:` in a graph file)::
+
+    ACTION:NODE[/REPLICA][@WHEN][,OPTION...]
+
+    kill:rollout@step=3        SIGKILL itself before its 4th batch (0-based step 3)
+    kill:critic@t=2.5          SIGKILL itself 2.5 s after it reported READY
+    hang:reward@step=2         SIGSTOP itself (a hang: only missed heartbeats reveal it)
+    slow:reference,seconds=0.2 sleep 0.2 s before every batch
+    delay:rollout,seconds=0.1  hold every outgoing message 0.1 s
+    drop:rollout@step=1        silently drop its 2nd outgoing message
+    corrupt:reward@step=1      send garbage frames to its consumer instead of its 2nd message
+    fail_sync:rollout@version=2  fail the weight sync to version 2
+    crash:critic               raise in setup (a node that can never start)
+
+A fault fires in the first incarnation of the process only (a restarted node runs clean), unless
+the option `every` is given. Without `@WHEN`, step=0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+
+import anyio
+
+ACTIONS = ("kill", "hang", "slow", "delay", "drop", "corrupt", "fail_sync", "crash")
+
+
+class FaultSpecError(ValueError):
+    pass
+
+
+@dataclass
+class Fault:
+    action: str
+    node: str
+    replica: int | None = None
+    step: int | None = None
+    t: float | None = None
+    version: int | None = None
+    seconds: float = 0.0
+    every: bool = False
+    fired: bool = field(default=False, compare=False)
+
+    @classmethod
+    def parse(cls, text: str) -> "Fault":
+        usage = "write ACTION:NODE[/REPLICA][@step=N|@t=SECONDS|@version=V][,seconds=X][,every], e.g. kill:rollout@step=3"
+        head, *opts = [p.strip() for p in text.split(",")]
+        action, sep, rest = head.partition(":")
+        if not sep or action not in ACTIONS:
+            raise FaultSpecError(f"fault {text!r}: unknown action {action!r} (actions: {', '.join(ACTIONS)}); {usage}")
+        target, _, when = rest.partition("@")
+        node, _, replica = target.partition("/")
+        if not node:
+            raise FaultSpecError(f"fault {text!r}: no node named; {usage}")
+        f = cls(action, node, int(replica) if replica else None)
+        if when:
+            key, _, value = when.partition("=")
+            if key not in ("step", "t", "version") or not value:
+                raise FaultSpecError(f"fault {text!r}: bad trigger {when!r}; {usage}")
+            try:
+                setattr(f, key, float(value) if key == "t" else int(value))
+            except ValueError:
+                raise FaultSpecError(f"fault {text!r}: {key} must be a number, got {value!r}") from None
+        for opt in opts:
+            if opt == "every":
+                f.every = True
+            elif opt.startswith("seconds="):
+                f.seconds = float(opt.split("=", 1)[1])
+            else:
+                raise FaultSpecError(f"fault {text!r}: unknown option {opt!r}; {usage}")
+        if f.step is None and f.t is None and f.version is None:
+            f.step = 0
+        return f
+
+    def targets(self, node: str, replica: int) -> bool:
+        return self.node == node and (self.replica is None or self.replica == replica)
+
+
+def parse_faults(specs: list[str]) -> list[Fault]:
+    return [Fault.parse(s) for s in specs]
+
+
+class FaultInjector:
+    """The faults of one node process. Hooks are no-ops when no fault targets this process."""
+
+    def __init__(self, specs: list[str], node: str, replica: int):
+        self.faults = [f for f in parse_faults(specs) if f.targets(node, replica)]
+        self.sent = 0
+        self.armed = False
+
+    def arm(self, incarnation: int) -> None:
+        self.faults = [f for f in self.faults if f.every or incarnation == 0]
+        self.armed = True
+
+    def check_setup(self) -> None:
+        if any(f.action == "crash" for f in self.faults):
+            raise RuntimeError("injected crash in setup (fault 'crash')")
+
+    def _due(self, action: str, step: int) -> Fault | None:
+        for f in self.faults:
+            if f.action == action and not f.fired and f.step is not None and f.step == step:
+                f.fired = True
+                return f
+        return None
+
+    async def on_batch(self, step: int) -> None:
+        if not self.faults:
+            return
+        if self._due("kill", step):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self._due("hang", step):
+            os.kill(os.getpid(), signal.SIGSTOP)
+        for f in self.faults:
+            if f.action == "slow":
+                await anyio.sleep(f.seconds)
+
+    async def on_send(self, tx, batch) -> bool:
+        """Returns True when the message must not be sent (dropped or replaced by garbage)."""
+        if not self.faults:
+            return False
+        step, self.sent = self.sent, self.sent + 1
+        for f in self.faults:
+            if f.action == "delay":
+                await anyio.sleep(f.seconds)
+        if self._due("drop", step):
+            return True
+        if self._due("corrupt", step):
+            await send_garbage(tx)
+            return True
+        return False
+
+    def fail_sync(self, version: int) -> bool:
+        for f in self.faults:
+            if f.action == "fail_sync" and not f.fired and f.version == version:
+                f.fired = True
+                return True
+        return False
+
+    async def timer_loop(self) -> None:
+        timed = sorted((f for f in self.faults if f.t is not None and f.action in ("kill", "hang")), key=lambda f: f.t)
+        elapsed = 0.0
+        for f in timed:
+            await anyio.sleep(max(0.0, f.t - elapsed))
+            elapsed = f.t
+            os.kill(os.getpid(), signal.SIGKILL if f.action == "kill" else signal.SIGSTOP)
+
+
+async def send_garbage(tx) -> None:
+    """Send frames that are not a valid message to every consumer of `tx` from a foreign socket."""
+    import zmq
+    import zmq.asyncio
+
+    ctx = zmq.asyncio.Context.instance()
+    for address in list(getattr(tx, "addresses", [])):
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 500)
+        sock.connect(address)
+        await sock.send_multipart([b"\x93\xff\x00garbage", os.urandom(64)])
+        sock.close()

@@ -1,0 +1,81 @@
+"""The controller's table of node processes: specs, handles, liveness, restart budgets.
+
+One `Proc` per (node, replica, rank) of the plan. It survives restarts of the process it stands
+for: the incarnation counts them, and the control-plane identity includes it, so a message from a
+dead incarnation can never be mistaken for the new one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flowrl.runtime.launcher import ProcessHandle, describe_exit
+from flowrl.runtime.procspec import ProcSpec
+
+
+@dataclass
+class Proc:
+    spec: ProcSpec
+    handle: ProcessHandle | None = None
+    ready: bool = False
+    started_at: float = 0.0
+    last_seen: float = 0.0
+    restarts: int = 0
+    restart_at: float | None = None  # scheduled restart time (backoff)
+    error: str | None = None  # last error the process reported
+    version: int = -1  # weights version it holds (subscribers)
+    store_port: int | None = None  # publishers: their TCPStore
+    pid: int | None = None
+    down_since: float | None = None
+
+    @property
+    def id(self) -> str:
+        return self.spec.proc_id
+
+    @property
+    def identity(self) -> bytes:
+        return f"{self.id}#{self.spec.incarnation}".encode()
+
+    @property
+    def alive(self) -> bool:
+        return self.handle is not None and self.handle.poll() is None
+
+    def log_tail(self, run_dir: Path, lines: int = 15) -> str:
+        path = run_dir / "logs" / f"{self.spec.log_name}.log"
+        try:
+            text = path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+    def describe(self) -> str:
+        code = self.handle.poll() if self.handle else None
+        return f"{self.id} (pid {self.pid}, {describe_exit(code)})"
+
+
+@dataclass
+class ProcTable:
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    def add(self, proc: Proc) -> None:
+        self.procs[proc.id] = proc
+
+    def by_identity(self, identity: bytes) -> tuple[Proc | None, bool]:
+        """(proc, current): `current` is False for messages from an old incarnation."""
+        text = identity.decode(errors="replace")
+        parts = text.split("#")
+        proc = self.procs.get(parts[0])
+        if proc is None or len(parts) < 2:
+            return None, False
+        return proc, parts[1] == str(proc.spec.incarnation)
+
+    def of_node(self, node: str) -> list[Proc]:
+        return [p for p in self.procs.values() if p.spec.node == node]
+
+    def __iter__(self):
+        return iter(self.procs.values())
+
+    def seen(self, proc: Proc) -> None:
+        proc.last_seen = time.monotonic()

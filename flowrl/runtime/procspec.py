@@ -1,0 +1,66 @@
+"""What the controller tells a node process about itself, written as JSON before it starts.
+
+One file per process start (`RUN_DIR/procs/<node>.<replica>.<rank>.json`): the worker reads it,
+so nothing but a path crosses the process boundary at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class OutputRoute:
+    """One graph edge leaving this process: where its consumer replicas listen."""
+
+    edge: str  # "rollout.out -> reward.in"
+    port: str  # our output port
+    addresses: list[str]  # one per consumer replica
+    capacity: int = 4
+    capacity_bytes: int = 1 << 30
+
+
+@dataclass
+class ProcSpec:
+    node: str
+    kind: str
+    replica: int
+    replicas: int
+    rank: int
+    world_size: int
+    incarnation: int
+    run_dir: str
+    graph_file: str
+    control: str  # controller's control-plane address
+    inputs: dict[str, str] = field(default_factory=dict)  # input port -> address this process binds
+    outputs: list[OutputRoute] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # devices, ranks (applied before torch/CUDA use)
+    device_type: str = "cpu"
+    cpu_cores: list[int] = field(default_factory=list)
+    devices: list[int] = field(default_factory=list)  # physical ids
+    resume_from: str | None = None  # checkpoint file to load after setup
+    is_sink: bool = False
+    is_source: bool = False
+    start_index: int = 0  # sinks: first ticket index to consume
+    faults: list[str] = field(default_factory=list)
+    heartbeat_s: float = 0.5
+
+    @property
+    def proc_id(self) -> str:
+        return f"{self.node}/{self.replica}/{self.rank}"
+
+    @property
+    def log_name(self) -> str:
+        return f"{self.node}.{self.replica}.{self.rank}"
+
+    def write(self, path: Path) -> Path:
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    @classmethod
+    def read(cls, path: str | Path) -> "ProcSpec":
+        data = json.loads(Path(path).read_text())
+        data["outputs"] = [OutputRoute(**o) for o in data["outputs"]]
+        return cls(**data)

@@ -1,0 +1,138 @@
+"""`flowrl run GRAPH`: load, check, plan, write the run directory, run the controller.
+
+    flowrl run graphs/ppo.yaml
+    flowrl run graphs/ppo.yaml schedule.steps=20 --run-dir runs/short
+    flowrl run --resume runs/short --steps 40
+
+Exit status: 0 only when the run reached its configured end; 1 when it failed (the message names
+the node and why); 2 when the graph, the inventory or a fault spec cannot be used; 130/143 when
+interrupted (every node process is stopped first).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from flowrl.graph import GraphError, Problem, dump_graph, load_graph
+
+
+def _print_err(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def prepare(args) -> tuple:
+    """Graph, plan and run directory for a run (or a resumed one). Raises GraphError."""
+    from flowrl.placement import load_inventory, make_plan
+    from flowrl.runtime.faults import parse_faults
+
+    resume = None
+    if args.resume:
+        run_dir = Path(args.resume)
+        latest = run_dir / "checkpoints" / "latest.json"
+        if not latest.exists():
+            raise GraphError([Problem("", f"no checkpoint to resume from ({latest} is missing)",
+                                      "a run writes one every schedule.checkpoint_every steps and at its end",
+                                      str(run_dir))])
+        resume = json.loads(latest.read_text())
+        overrides = list(args.overrides or [])
+        spec = load_graph(run_dir / "graph.yaml", overrides)
+    else:
+        spec = load_graph(args.graph, list(args.overrides or []))
+        run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.steps is not None:
+        spec.schedule.steps = args.steps
+    parse_faults(list(spec.faults) + list(args.fault or []))
+    inventory = load_inventory(getattr(args, "inventory", None))
+    plan = make_plan(spec, inventory)
+    return spec, plan, run_dir, resume
+
+
+def run_main(args) -> int:
+    from flowrl.runtime.faults import FaultSpecError
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        spec, plan, run_dir, resume = prepare(args)
+    except GraphError as e:
+        _print_err(str(e))
+        return 2
+    except FaultSpecError as e:
+        _print_err(f"bad --fault: {e}")
+        return 2
+    from flowrl.placement import render_plan
+
+    errors = [f for f in plan.findings if f.severity == "error"]
+    if args.dry_run or errors:
+        print(render_plan(plan, spec))
+        if errors:
+            _print_err(f"{len(errors)} placement error(s): fix them before running (flowrl check {args.graph or ''})")
+            return 1
+        return 0
+    return execute(spec, plan, run_dir, resume=resume, faults=list(args.fault or []),
+                   metrics_port=args.metrics_port, quiet=getattr(args, "quiet", False))
+
+
+def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=None, quiet=False,
+            launcher: str = "local") -> int:
+    import anyio
+
+    from flowrl.metrics import MetricsHub
+    from flowrl.runtime.controller import Controller, RunFailed
+    from flowrl.runtime.launcher import make_launcher
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "graph.yaml").write_text(dump_graph(spec))
+    (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
+    devices = len({tuple(e.devices) for e in plan.entries}) or 1
+    hub = MetricsHub(run_dir, devices=devices)
+    server = None
+    if metrics_port is not None:
+        from flowrl.metrics import serve_prometheus
+
+        server = serve_prometheus(hub, port=metrics_port, host="127.0.0.1")
+        print(f"prometheus metrics on http://127.0.0.1:{server.port}/metrics", flush=True)
+    launcher_obj = make_launcher(spec.launcher.type if launcher == "local" else launcher)
+    print(f"flowrl: run {spec.name} -> {run_dir}", flush=True)
+    view = _live_view(hub, spec, quiet)
+    controller = Controller(spec, plan, run_dir, launcher_obj, faults=list(faults), resume=resume, hub=hub,
+                            on_tick=lambda c: view.update() if view else None)
+    code = 0
+    try:
+        with view if view else _nullcontext():
+            anyio.run(controller.run)
+    except RunFailed as e:
+        _print_err(f"flowrl: run failed: {e}")
+        code = 128 + controller.interrupted if controller.interrupted else 1
+    except KeyboardInterrupt:
+        code = 130
+    finally:
+        hub.close()
+        if server:
+            server.close()
+        launcher_obj.close()
+    if code == 0:
+        print(f"flowrl: finished {spec.schedule.steps} steps; run directory {run_dir}", flush=True)
+    return code
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _live_view(hub, spec, quiet: bool):
+    from flowrl.metrics import GraphSummary, LiveView
+
+    try:
+        summary = GraphSummary.from_spec(spec) if hasattr(GraphSummary, "from_spec") else GraphSummary(
+            name=spec.name, nodes=list(spec.nodes), edges=[str(e) for e in spec.edges], steps=spec.schedule.steps)
+        return LiveView(hub, summary, plain=quiet) if "plain" in LiveView.__init__.__code__.co_varnames else LiveView(hub, summary)
+    except Exception:  # noqa: BLE001 - a view that cannot start never stops a run
+        return None

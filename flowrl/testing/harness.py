@@ -1,0 +1,134 @@
+"""Run a graph for real — the `flowrl run` command in a child process — and hand back what it left.
+
+    result = run_graph("graphs/grpo.yaml", tmp_path / "run", overrides=["schedule.steps=6"],
+                       faults=["kill:rollout@step=2"], timeout_s=120)
+    assert result.exit_code == 0
+    assert result.audit().exactly_once
+
+Everything the run started is gone when this returns: the run gets its own process group, which
+is SIGKILLed (by its id, the child's PID) if it outlives its timeout or the call fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Audit:
+    """Ticket accounting from a ledger: every issued ticket consumed exactly once (net of rollbacks)."""
+
+    issued: set[str]
+    consumed: Counter
+    lost: list[str] = field(default_factory=list)
+    duplicated: list[str] = field(default_factory=list)
+
+    @property
+    def exactly_once(self) -> bool:
+        return not self.lost and not self.duplicated and bool(self.issued)
+
+
+def audit_ledger(rows: list[dict]) -> Audit:
+    issued = {r["batch_id"] for r in rows if r["event"] == "issued"}
+    net: Counter = Counter()
+    for r in rows:
+        if r["event"] == "consumed":
+            net[r["batch_id"]] += 1
+        elif r["event"] == "rolled_back":
+            net[r["batch_id"]] -= 1
+    return Audit(issued=issued, consumed=net,
+                 lost=sorted(b for b in issued if net[b] < 1),
+                 duplicated=sorted(b for b in issued if net[b] > 1))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # a line cut by a kill -9 of the writer
+    return rows
+
+
+@dataclass
+class RunResult:
+    exit_code: int
+    run_dir: Path
+    stdout: str
+    stderr: str
+
+    @property
+    def ledger(self) -> list[dict]:
+        return read_jsonl(self.run_dir / "ledger.jsonl")
+
+    @property
+    def metrics(self) -> list[dict]:
+        return read_jsonl(self.run_dir / "metrics.jsonl")
+
+    def audit(self) -> Audit:
+        return audit_ledger(self.ledger)
+
+    def log(self, name: str) -> str:
+        path = self.run_dir / "logs" / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+def flowrl_command(graph: str | Path | None, run_dir: Path, *, overrides=(), faults=(), extra=()) -> list[str]:
+    cmd = [sys.executable, "-m", "flowrl", "run"]
+    if graph is not None:
+        cmd.append(str(graph))
+    cmd += [*overrides, "--run-dir", str(run_dir), "--quiet"]
+    for f in faults:
+        cmd += ["--fault", f]
+    return cmd + list(extra)
+
+
+def run_graph(graph: str | Path | None, run_dir: Path, *, overrides=(), faults=(), extra=(),
+              timeout_s: float = 120.0, cwd: Path | None = None, env: dict | None = None) -> RunResult:
+    """Run `flowrl run` to completion (or kill it at `timeout_s`) and collect its run directory."""
+    run_dir = Path(run_dir)
+    cmd = flowrl_command(graph, run_dir, overrides=overrides, faults=faults, extra=extra)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                            start_new_session=True, env={**os.environ, **(env or {})})
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid)
+        out, err = proc.communicate()
+        err += f"\n[flowrl.testing] killed after {timeout_s} s"
+        return RunResult(-9, run_dir, out, err)
+    finally:
+        if proc.poll() is None:
+            kill_group(proc.pid)
+            proc.wait()
+    return RunResult(proc.returncode, run_dir, out, err)
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a process group this harness created (its id is the child's PID)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def descendants(pid: int) -> list[int]:
+    """PIDs of every live descendant of `pid` (for tests asserting nothing is left)."""
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True) if p.is_running()]
+    except psutil.NoSuchProcess:
+        return []
