@@ -44,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="print the live state of a running job")
     st.add_argument("run_dir", metavar="RUN_DIR")
+    st.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
     return p
 
 
@@ -63,13 +64,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_main(args)
     if args.command == "report":
-        from flowrl.metrics.report import report_main
+        from flowrl.metrics import report
 
-        return report_main(args)
+        return report.main(args.run_dir)
     if args.command == "status":
-        from flowrl.metrics.status import status_main
+        from flowrl.metrics import show_status
 
-        return status_main(args)
+        return show_status(args.run_dir, follow=args.follow)
     return 2
 
 

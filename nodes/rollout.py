@@ -28,11 +28,8 @@ class Rollout(flowrl.Node):
     async def setup(self):
         self.model = model_on(self.ctx, self.config.model)
 
-    def weight_layout(self):
-        return [(n, list(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in self.model.state_dict().items()]
-
-    def load_weights(self, tensors, version):
-        self.model.load_state_dict(tensors, strict=True)
+    def weights(self):
+        return self.model.state_dict()  # live tensors: new versions are received in place
 
     async def process(self, batch, port):
         import torch

@@ -40,7 +40,7 @@ class RunFailed(FlowrlError):
 
 class Controller:
     def __init__(self, spec, plan, run_dir: Path, launcher: Launcher, *, faults: list[str] = (),
-                 resume: dict | None = None, hub=None, on_tick=None):
+                 resume: dict | None = None, hub=None, on_tick=None, summary: dict | None = None):
         from flowrl.graph import node_classes
 
         self.spec, self.plan, self.run_dir = spec, plan, run_dir
@@ -49,6 +49,7 @@ class Controller:
         self.classes = node_classes(spec)
         self.hub = hub
         self.on_tick = on_tick
+        self.summary = summary
         self.sockdir = Path(tempfile.mkdtemp(prefix="flowrl-"))
         os.chmod(self.sockdir, 0o700)
         self.zctx = zmq.asyncio.Context()
@@ -129,7 +130,7 @@ class Controller:
         proc.started_at = proc.last_seen = time.monotonic()
         proc.down_since = None
         if self.hub:
-            self.hub.set("node_up", 0, node=proc.spec.node, replica=str(proc.spec.replica))
+            self.hub.set("node_up", 0, node=proc.spec.node, replica=str(proc.spec.replica), across="min")
         log.info("started %s pid %s (incarnation %d)", proc.id, proc.pid, proc.spec.incarnation)
 
     async def send(self, proc: Proc, msg: dict) -> bool:
@@ -158,7 +159,7 @@ class Controller:
         proc.ready = False
         proc.down_since = time.monotonic()
         if self.hub:
-            self.hub.set("node_up", 0, node=proc.spec.node, replica=str(proc.spec.replica))
+            self.hub.set("node_up", 0, node=proc.spec.node, replica=str(proc.spec.replica), across="min")
         policy = self.spec.nodes[proc.spec.node].on_failure
         never_ready = proc.spec.incarnation == proc.restarts and proc.error and "setup" in (proc.error or "")
         if policy.policy == "fail":
@@ -174,6 +175,7 @@ class Controller:
         log.warning("%s %s (%s); restart %d/%d", proc.id, why, exit_text, proc.restarts, policy.max_restarts)
         if self.hub:
             self.hub.inc("restarts", node=proc.spec.node, replica=str(proc.spec.replica))
+            self.hub.event("restart", node=proc.id, why=why)
         self.scheduler.ledger.write("node_down", "-", proc.spec.incarnation, node=proc.id, why=why)
 
     def restart(self, proc: Proc) -> None:
@@ -195,19 +197,21 @@ class Controller:
     async def on_message(self, proc: Proc, msg: dict) -> None:
         t = msg["t"]
         self.procs.seen(proc)
-        if t == "hb":
-            if msg.get("metrics") and self.hub:
+        if t in ("hb", "consumed") and msg.get("metrics") and self.hub:
+            try:
                 self.hub.ingest(msg["metrics"])
+            except Exception as e:  # noqa: BLE001 - a bad snapshot is dropped, the run goes on
+                log.warning("dropped a metrics snapshot from %s: %s", proc.id, e)
+        if t == "hb":
+            pass
         elif t == "ready":
             proc.ready = True
             proc.pid = msg.get("pid", proc.pid)
             proc.store_port = msg.get("store_port")
             if self.hub:
-                self.hub.set("node_up", 1, node=proc.spec.node, replica=str(proc.spec.replica))
+                self.hub.set("node_up", 1, node=proc.spec.node, replica=str(proc.spec.replica), across="min")
             await self.after_ready(proc)
         elif t == "consumed":
-            if msg.get("metrics") and self.hub:
-                self.hub.ingest(msg["metrics"])
             done = self.scheduler.consumed(proc.spec.node, msg["batch_id"], msg["attempt"],
                                            policy_version=msg.get("policy_version"), staleness=msg.get("staleness"))
             if done:
@@ -274,6 +278,10 @@ class Controller:
             self.hub.end_step(step=sched.consumed_count, policy_version=sched.version,
                               extra={"step_s": round(now - self.step_t, 4), "staleness_max": msg.get("staleness", 0)})
         self.step_t = now
+        if self.hub:
+            from flowrl.metrics import write_status
+
+            write_status(self.run_dir, self.hub.live_state(), phase="running", graph=self.summary)
         every = self.spec.schedule.checkpoint_every
         if self.stateful and every and sched.consumed_count % every == 0 and not sched.done:
             await self.order_checkpoint(sched.consumed_count)

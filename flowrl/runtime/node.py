@@ -119,17 +119,14 @@ class Node:
 
     # weight publishers / subscribers --------------------------------------------------------
     def weights(self) -> dict[str, Any]:
-        """Publishers: the named tensors to send to subscribers after an update."""
-        raise NotImplementedError(f"{type(self).__name__} publishes weights but has no weights()")
+        """Publishers: the named tensors to send after an update (the runtime snapshots them).
+        Subscribers: the live tensors to overwrite — the runtime receives the new version straight
+        into them (between batches, never during `process`). Same names, shapes and dtypes on
+        both sides; a mismatch is reported when the sync group forms."""
+        raise NotImplementedError(f"{type(self).__name__} takes part in weight sync but has no weights()")
 
     def load_weights(self, tensors: dict[str, Any], version: int) -> None:
-        """Subscribers: swap to these weights (called between batches, never during `process`)."""
-        raise NotImplementedError(f"{type(self).__name__} subscribes to weights but has no load_weights()")
-
-    def weight_layout(self) -> list[tuple[str, list[int], str]]:
-        """Subscribers and publishers: (name, shape, dtype) of every weight tensor, in order, so
-        both sides can allocate receive buffers without a round trip."""
-        return []
+        """Subscribers: called once `weights()` holds `version` (e.g. to rebuild caches)."""
 
 
 class Source(Node):

@@ -87,8 +87,7 @@ def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=N
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "graph.yaml").write_text(dump_graph(spec))
     (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
-    devices = len({tuple(e.devices) for e in plan.entries}) or 1
-    hub = MetricsHub(run_dir, devices=devices)
+    hub = MetricsHub(run_dir, devices=graph_summary(spec, plan)["devices"] or 1)
     server = None
     if metrics_port is not None:
         from flowrl.metrics import serve_prometheus
@@ -97,12 +96,13 @@ def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=N
         print(f"prometheus metrics on http://127.0.0.1:{server.port}/metrics", flush=True)
     launcher_obj = make_launcher(spec.launcher.type if launcher == "local" else launcher)
     print(f"flowrl: run {spec.name} -> {run_dir}", flush=True)
-    view = _live_view(hub, spec, quiet)
+    summary = graph_summary(spec, plan)
+    view = _live_view(hub, summary, quiet)
     controller = Controller(spec, plan, run_dir, launcher_obj, faults=list(faults), resume=resume, hub=hub,
-                            on_tick=lambda c: view.update() if view else None)
+                            on_tick=lambda c: view.update(), summary=summary)
     code = 0
     try:
-        with view if view else _nullcontext():
+        with view:
             anyio.run(controller.run)
     except RunFailed as e:
         _print_err(f"flowrl: run failed: {e}")
@@ -110,6 +110,9 @@ def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=N
     except KeyboardInterrupt:
         code = 130
     finally:
+        from flowrl.metrics import write_status
+
+        write_status(run_dir, hub.live_state(), phase="finished" if code == 0 else "failed", graph=summary)
         hub.close()
         if server:
             server.close()
@@ -119,20 +122,13 @@ def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=N
     return code
 
 
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+def graph_summary(spec, plan) -> dict:
+    return {"name": spec.name, "nodes": {n: node.replicas for n, node in spec.nodes.items()},
+            "edges": [f"{e.src}->{e.dst}" for e in spec.edges], "total_steps": spec.schedule.steps,
+            "devices": len({(e.host, tuple(e.devices)) for e in plan.entries})}
 
 
-def _live_view(hub, spec, quiet: bool):
-    from flowrl.metrics import GraphSummary, LiveView
+def _live_view(hub, summary: dict, quiet: bool):
+    from flowrl.metrics import LiveView
 
-    try:
-        summary = GraphSummary.from_spec(spec) if hasattr(GraphSummary, "from_spec") else GraphSummary(
-            name=spec.name, nodes=list(spec.nodes), edges=[str(e) for e in spec.edges], steps=spec.schedule.steps)
-        return LiveView(hub, summary, plain=quiet) if "plain" in LiveView.__init__.__code__.co_varnames else LiveView(hub, summary)
-    except Exception:  # noqa: BLE001 - a view that cannot start never stops a run
-        return None
+    return LiveView(hub, summary, plain=True if quiet else None)

@@ -53,7 +53,9 @@ class Worker:
         self.stopping = False
         self.version = 0
         self.group = None
+        self.weight_plan = None
         self.weight_buckets = None
+        self.live_weights = None
         self.applied: set[str] = set()
         self.pending: list = []  # subscribers: batches waiting for newer weights
         self.sink_next = spec.start_index
@@ -295,47 +297,57 @@ class Worker:
                              "index": batch.meta.get("_index", 0), "policy_version": batch.policy_version,
                              "staleness": staleness, "metrics": self.recorder.drain()})
         if self.cls.publishes_weights:
-            from flowrl.weights import layout_of, pack
-
             self.version += 1
             self.nctx.policy_version = self.version
-            tensors = self.node.weights()
-            self.layout = layout_of(tensors)
-            self.weight_buckets = pack(tensors, self.layout, self.bucket_bytes, out=self.weight_buckets)
+            self.snapshot_weights()
             await self.send_ctl({"t": "published", "version": self.version})
 
-    bucket_bytes = 64 << 20
+    def snapshot_weights(self) -> None:
+        """Publishers: copy the weights into the send buckets, so training can go on meanwhile."""
+        from flowrl.weights import BucketPlan, layout_of
+
+        tensors = self.node.weights()
+        if self.weight_plan is None:
+            self.weight_plan = BucketPlan(layout_of(tensors), self.bucket_bytes)
+            self.weight_buckets = self.weight_plan.allocate(self.nctx.device)
+        with self.recorder.span("weight_snapshot"):
+            self.weight_plan.pack(tensors, out=self.weight_buckets)
+
+    bucket_bytes = 32 << 20
 
     # weights --------------------------------------------------------------------------------
     async def weight_sync(self, msg: dict) -> None:
-        from flowrl.weights import WeightGroup, empty_buckets, layout_digest, layout_of, pack, unpack
+        from flowrl.weights import BucketPlan, WeightGroup, layout_digest, layout_of
 
         epoch, rank, world = msg["epoch"], msg["rank"], msg["world_size"]
+        publisher = self.cls.publishes_weights
         try:
             with self.recorder.span("weight_sync", version=msg["version"]):
-                if self.cls.publishes_weights and self.weight_buckets is None:
-                    tensors = self.node.weights()
-                    self.layout = layout_of(tensors)
-                    self.weight_buckets = pack(tensors, self.layout, self.bucket_bytes)
+                if publisher and self.weight_plan is None:
+                    self.snapshot_weights()
+                if not publisher and self.weight_plan is None:
+                    live = self.node.weights()
+                    self.weight_plan = BucketPlan(layout_of(live), self.bucket_bytes)
+                    self.weight_buckets = self.weight_plan.allocate(self.nctx.device, live=live)
+                    self.live_weights = live
                 if self.group is None or self.group.epoch != epoch:
                     if self.group:
                         self.group.close()
-                    store = self.store if self.cls.publishes_weights else tuple(msg["store"])
+                    store = self.store if publisher else tuple(msg["store"])
                     self.group = await anyio.to_thread.run_sync(lambda: WeightGroup.join(
                         epoch=epoch, rank=rank, world_size=world, store=store, timeout_s=msg.get("timeout_s", 60.0),
                         device=self.nctx.device))
-                    if not self.cls.publishes_weights:
-                        self.layout = [tuple(x) for x in self.node.weight_layout()]
-                        self.weight_buckets = empty_buckets(self.layout, self.bucket_bytes, self.nctx.device)
-                    await anyio.to_thread.run_sync(self.group.check_layout, layout_digest(self.layout))
+                    await anyio.to_thread.run_sync(self.group.check_layout, layout_digest(self.weight_plan.layout))
                 if self.faults.fail_sync(msg["version"]):
                     raise RuntimeError("injected weight-sync failure")
-                seconds = await anyio.to_thread.run_sync(self.group.broadcast, self.weight_buckets)
-                nbytes = sum(b.numel() * b.element_size() for b in self.weight_buckets)
+                plan, buckets = self.weight_plan, self.weight_buckets
+                drain = None if publisher else (lambda i: plan.drain(i, buckets, self.live_weights))
+                seconds = await anyio.to_thread.run_sync(lambda: self.group.broadcast(buckets, drain=drain))
+                nbytes = sum(b.numel() * b.element_size() for b in buckets)
                 self.recorder.count("weight_sync_bytes", nbytes)
                 self.recorder.observe("weight_sync_s", seconds)
-            if not self.cls.publishes_weights:
-                self.node.load_weights(unpack(self.weight_buckets, self.layout, self.bucket_bytes), msg["version"])
+            if not publisher:
+                self.node.load_weights(self.live_weights, msg["version"])
                 self.version = msg["version"]
                 self.nctx.policy_version = self.version
             await self.send_ctl({"t": "synced", "version": msg["version"], "epoch": epoch})

@@ -124,11 +124,10 @@ class Follower(flowrl.Node):
         self.w = torch.zeros(self.config.size)
         self.version = 0
 
-    def weight_layout(self):
-        return [("w", [self.config.size], "float32")]
+    def weights(self):
+        return {"w": self.w}
 
     def load_weights(self, tensors, version):
-        self.w = tensors["w"].clone()
         self.version = version
 
     async def process(self, batch, port):

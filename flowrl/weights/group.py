@@ -70,16 +70,28 @@ class WeightGroup:
                 f"weight layout differs from the publisher's (digest {theirs} vs ours {digest}): the "
                 "rollout and actor must build the same model architecture")
 
-    def broadcast(self, buckets: list) -> float:
-        """Broadcast every bucket from rank 0; returns seconds spent."""
+    def broadcast(self, buckets: list, fill=None, drain=None) -> float:
+        """Broadcast every bucket from rank 0; returns seconds spent.
+
+        Pipelined: rank 0 calls `fill(i)` (pack bucket i) just before bucket i goes out, while
+        bucket i-1 is still on the wire; receivers call `drain(i)` (copy bucket i out) as soon as
+        bucket i has arrived, while later ones are still coming.
+        """
         import torch.distributed as dist
 
         t0 = time.perf_counter()
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         try:
-            for b in buckets:
-                self.pg.broadcast([b], opts).wait()
+            works = []
+            for i, b in enumerate(buckets):
+                if fill is not None and self.rank == 0:
+                    fill(i)
+                works.append(self.pg.broadcast([b], opts))
+            for i, work in enumerate(works):
+                work.wait()
+                if drain is not None and self.rank != 0:
+                    drain(i)
         except Exception as e:  # noqa: BLE001
             raise WeightSyncError(f"weight broadcast (epoch {self.epoch}, rank {self.rank}/{self.world_size}) failed: {e}") from e
         return time.perf_counter() - t0

@@ -1,0 +1,214 @@
+"""The node-side half of metrics: record cheaply, ship deltas.
+
+    rec = Recorder(node="rollout", replica=0)
+    rec.count("samples", 64); rec.mean("reward", 0.71); rec.observe("rollout_latency_s", 0.12)
+    with rec.span("compute", batch_id="t3"):
+        ...
+    snap = rec.drain()          # plain dict; the runtime msgpacks it to the controller
+
+`drain()` returns what happened since the previous drain and resets the windowed kinds, so the
+controller can add snapshots without double counting and a lost snapshot loses only 0.5 s.
+Gauges are sent only when they changed. Time spent in each span is also counted as the per-node
+sum `span_s{span=...}` (open spans are accounted up to the drain), which is what the controller
+turns into busy / idle ratios per node.
+
+Metrics are run-scoped by default (the row key is the bare name, reduced over every process that
+reports it); `per_node=True` keys them per node ("rollout/cpu_percent"), as for process samples.
+The recorder is thread-safe; every call is a dict update under a lock.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from flowrl.metrics.kinds import (Gauge, Histogram, Max, Mean, Min, Reduction, Sum,
+                                  default_buckets)
+
+WIRE_VERSION = 1
+SPAN_METRIC = "span_s"
+#: Span names the runtime uses; the report classifies time by them.
+RUNTIME_SPANS = ("wait_input", "compute", "wait_credit", "weight_sync")
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
+RESERVED_LABELS = ("node", "replica")
+
+SeriesKey = tuple[str, str, bool, tuple[tuple[str, str], ...]]
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ValueError(f"metric name {name!r} is not allowed; use letters, digits and '_', "
+                         f"starting with a letter (e.g. 'rollout_latency_s'), at most 100 chars")
+    return name
+
+
+def _labels(labels: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    for k in labels:
+        if k in RESERVED_LABELS:
+            raise ValueError(f"label {k!r} is set by the recorder itself (node/replica of this "
+                             f"process); pass per_node=True or rename the label")
+        check_name(k)
+    return tuple(sorted((k, str(v)) for k, v in labels.items()))
+
+
+def _plain(v: Any) -> Any:
+    return v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
+
+
+class Recorder:
+    """One per node process. `clock` (epoch seconds) is injectable for synthetic runs."""
+
+    def __init__(self, node: str, replica: int = 0, *, clock: Callable[[], float] = time.time,
+                 max_spans: int = 50_000):
+        self.node, self.replica = node, int(replica)
+        self.pid, self.host = os.getpid(), socket.gethostname()
+        self._clock = clock
+        self._max_spans = max_spans
+        self._lock = threading.Lock()
+        self._series: dict[SeriesKey, Reduction] = {}
+        self._dirty_gauges: set[SeriesKey] = set()
+        self._spans: list[list] = []
+        self._dropped_spans = 0
+        self._threads: dict[str, str] = {}
+        self._open: dict[int, list] = {}  # id -> [name, accounted_until (perf_counter)]
+        self._seq = 0
+        self._sampler = None
+
+    # --- recording ----------------------------------------------------------------------------
+    def _get(self, name: str, cls: type[Reduction], per_node: bool, labels: dict, **init) -> Reduction:
+        return self._get_keyed(name, cls, per_node, labels, **init)[1]
+
+    def _get_keyed(self, name: str, cls: type[Reduction], per_node: bool, labels: dict,
+                   **init) -> tuple[SeriesKey, Reduction]:
+        key = (check_name(name), cls.kind, bool(per_node), _labels(labels))
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = cls(**init)
+        return key, series
+
+    def count(self, name: str, value: float = 1, *, per_node: bool = False, **labels: Any) -> None:
+        """Sum: samples, tokens, bytes. Replicas add up."""
+        with self._lock:
+            self._get(name, Sum, per_node, labels).add(value)
+
+    def mean(self, name: str, value: float, *, weight: float = 1.0, per_node: bool = False,
+             **labels: Any) -> None:
+        """Mean weighted by `weight` (e.g. the number of samples `value` averages over)."""
+        with self._lock:
+            self._get(name, Mean, per_node, labels).add(value, weight)
+
+    def max(self, name: str, value: float, *, per_node: bool = False, **labels: Any) -> None:
+        with self._lock:
+            self._get(name, Max, per_node, labels).add(value)
+
+    def min(self, name: str, value: float, *, per_node: bool = False, **labels: Any) -> None:
+        with self._lock:
+            self._get(name, Min, per_node, labels).add(value)
+
+    def observe(self, name: str, value: float, *, buckets: str | list | None = None,
+                per_node: bool = False, **labels: Any) -> None:
+        """Histogram with fixed buckets (preset by name: '_s' -> latency, 'staleness' -> ints)."""
+        with self._lock:
+            h = self._get(name, Histogram, per_node, labels, buckets=buckets or default_buckets(name))
+            h.add(value)
+
+    def gauge(self, name: str, value: float, *, across: str = "mean", per_node: bool = False,
+              **labels: Any) -> None:
+        """Last value; `across` = how replicas combine in the row ('mean', 'max', 'sum', ...)."""
+        with self._lock:
+            key, g = self._get_keyed(name, Gauge, per_node, labels, across=across)
+            g.set(value, self._clock())
+            self._dirty_gauges.add(key)
+
+    # --- spans --------------------------------------------------------------------------------
+    @contextmanager
+    def span(self, name: str, **args: Any) -> Iterator[None]:
+        """Time a block into the trace ('wait_input', 'compute', 'wait_credit', 'weight_sync')."""
+        check_name(name)
+        start_wall, t0 = self._clock(), time.perf_counter()
+        entry = [name, t0]
+        with self._lock:
+            self._open[id(entry)] = entry
+        try:
+            yield
+        finally:
+            t1 = time.perf_counter()
+            with self._lock:
+                del self._open[id(entry)]
+                self._account(name, t1 - entry[1])
+                self._push_span(name, start_wall, t1 - t0, args)
+
+    def add_span(self, name: str, start_s: float, duration_s: float, **args: Any) -> None:
+        """Record a span measured elsewhere (epoch start seconds, duration seconds)."""
+        check_name(name)
+        if duration_s < 0:
+            raise ValueError(f"span {name!r} has negative duration {duration_s}; spans must end "
+                             f"after they start")
+        with self._lock:
+            self._account(name, duration_s)
+            self._push_span(name, start_s, duration_s, args)
+
+    def _account(self, name: str, seconds: float) -> None:
+        self._get(SPAN_METRIC, Sum, True, {"span": name}).add(seconds)
+
+    def _push_span(self, name: str, start_s: float, dur_s: float, args: dict) -> None:
+        if len(self._spans) >= self._max_spans:
+            self._dropped_spans += 1
+            return
+        thread = threading.current_thread()
+        tid = threading.get_native_id()
+        self._threads.setdefault(str(tid), thread.name)
+        self._spans.append([tid, name, int(start_s * 1e6), max(0, int(dur_s * 1e6)),
+                            {k: _plain(v) for k, v in args.items()}])
+
+    def state(self) -> str:
+        """Name of the most recently opened span still open, or 'idle'."""
+        with self._lock:
+            return next(reversed(self._open.values()))[0] if self._open else "idle"
+
+    # --- process sampling ---------------------------------------------------------------------
+    def sample_process(self) -> dict[str, float]:
+        """CPU% and RSS of this process; GPU utilisation, memory and fragmentation where present.
+        Recorded as per-node gauges; also returned as {"name" or "name/device": value}."""
+        if self._sampler is None:
+            from flowrl.metrics.process import ProcessSampler
+
+            self._sampler = ProcessSampler()
+        out: dict[str, float] = {}
+        for name, value, labels in self._sampler.sample():
+            self.gauge(name, value, per_node=True, **labels)
+            out["/".join([name, *labels.values()])] = value
+        return out
+
+    # --- shipping -----------------------------------------------------------------------------
+    def drain(self) -> dict[str, Any]:
+        """Everything since the previous drain, as a msgpack-able dict (see hub.ingest)."""
+        now_perf = time.perf_counter()
+        with self._lock:
+            for name, until in list(self._open.values()):
+                self._account(name, now_perf - until)
+            for entry in self._open.values():
+                entry[1] = now_perf
+            metrics = []
+            for key, series in list(self._series.items()):
+                name, kind, per_node, labels = key
+                if kind == "gauge" and key not in self._dirty_gauges:
+                    continue
+                if kind != "gauge":
+                    del self._series[key]  # windowed kinds restart from empty
+                metrics.append([name, kind, dict(labels), per_node, series.wire()])
+            self._dirty_gauges.clear()
+            spans, self._spans = self._spans, []
+            dropped, self._dropped_spans = self._dropped_spans, 0
+            self._seq += 1
+            state = next(reversed(self._open.values()))[0] if self._open else "idle"
+            return {"v": WIRE_VERSION, "node": self.node, "replica": self.replica, "pid": self.pid,
+                    "host": self.host, "t": self._clock(), "seq": self._seq, "state": state,
+                    "metrics": metrics, "spans": spans, "threads": dict(self._threads),
+                    "dropped_spans": dropped}

@@ -1,0 +1,130 @@
+"""`flowrl report RUN_DIR`: a finished (or crashed) run as pictures and a short diagnosis.
+
+    make_report("runs/ppo-001")   # -> RUN_DIR/report/{reward,throughput,timeline,staleness,
+                                  #    losses}.png and summary.txt
+
+Inputs are only metrics.jsonl and trace.json (either may be missing or cut short by a crash).
+matplotlib is the `report` extra and loads here, on first use, with its Agg canvas (no display,
+no global backend switch). Plot and summary wording live in report_plots.py / analysis.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+from flowrl.metrics.analysis import diagnose, node_utilisation, utilisation_table
+from flowrl.metrics.trace import load_trace
+
+
+class ReportError(ValueError):
+    """The run directory has nothing to report on."""
+
+
+def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """metrics.jsonl rows; a torn last line (crash mid-write) is skipped."""
+    rows = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def _fmt(x: float | None, unit: str = "") -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.0f}{unit}" if abs(x) >= 100 else f"{x:.3g}{unit}"
+
+
+def _series(rows: list[dict[str, Any]], key: str) -> list[float]:
+    return [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+
+
+def summary_text(run_dir: Path, rows: list[dict[str, Any]], events: list[dict[str, Any]]) -> str:
+    uses = node_utilisation(events)
+    bottleneck, advice = diagnose(uses)
+    out = [f"flowrl report: {run_dir.name}", ""]
+    if rows:
+        steps = [r.get("step") for r in rows]
+        out.append(f"steps {steps[0]}..{steps[-1]} ({len(rows)} rows), "
+                   f"{_fmt(rows[-1].get('wall_s'), ' s')} wall")
+        rewards = _series(rows, "reward_mean")
+        if rewards:
+            k = max(1, min(10, len(rewards) // 4))
+            out.append(f"reward_mean: {statistics.fmean(rewards[:k]):.3f} (first {k} steps) -> "
+                       f"{statistics.fmean(rewards[-k:]):.3f} (last {k} steps)")
+        tps, tpd = _series(rows, "tokens_per_s"), _series(rows, "tokens_per_s_per_device")
+        st = _series(rows, "step_time_s")
+        if tps:
+            total_tokens = sum(_series(rows, "tokens"))
+            wall = sum(st) or 1.0
+            out.append(f"throughput: {_fmt(total_tokens / wall)} tokens/s overall, "
+                       f"median {_fmt(statistics.median(tpd))} tokens/s per device (verl: "
+                       f"prompt+response tokens / (step time x devices)); "
+                       f"median step time {_fmt(statistics.median(st), ' s')}")
+        stale = _series(rows, "staleness_max")
+        if stale:
+            out.append(f"staleness: max {max(stale):g}, mean of per-step max "
+                       f"{statistics.fmean(stale):.2f}")
+        restarts = {k.split("/")[0]: sum(_series(rows, k)) for k in rows[-1] if k.endswith("/restarts")}
+        if any(restarts.values()):
+            out.append("restarts: " + ", ".join(f"{n} {v:g}" for n, v in restarts.items() if v))
+    else:
+        out.append("metrics.jsonl: no rows (the run ended before its first step)")
+    out.append("")
+    if uses:
+        window = next(iter(uses.values())).window_s
+        out.append(f"time per node over the traced {window:.1f} s (replicas averaged):")
+        out += ["  " + line for line in utilisation_table(uses)]
+        out.append("")
+        for u in uses.values():
+            out.append(f"idle ratio {u.node}: {100 * u.idle:.0f}%")
+        out.append("")
+    out.append(f"bottleneck: {bottleneck or 'unknown'}")
+    out.append(f"suggestion: {advice}")
+    return "\n".join(out) + "\n"
+
+
+def make_report(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
+    """Write the plots and summary.txt into RUN_DIR/report/ (or `out_dir`); returns the paths."""
+    try:
+        import matplotlib  # noqa: F401  (the `report` extra)
+    except ImportError as e:
+        raise ReportError("flowrl report draws with matplotlib, which is not installed; "
+                          "pip install 'flowrl[report]'") from e
+    from flowrl.metrics import report_plots
+
+    run_dir = Path(run_dir)
+    metrics_path, trace_path = run_dir / "metrics.jsonl", run_dir / "trace.json"
+    if not metrics_path.exists() and not trace_path.exists():
+        raise ReportError(f"{run_dir} has neither metrics.jsonl nor trace.json; pass the run "
+                          f"directory of a `flowrl run` (its --run-dir)")
+    rows = load_rows(metrics_path) if metrics_path.exists() else []
+    events = load_trace(trace_path) if trace_path.exists() else []
+    out = Path(out_dir) if out_dir is not None else run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    written = report_plots.write_plots(out, rows, events)
+    summary = out / "summary.txt"
+    summary.write_text(summary_text(run_dir, rows, events), encoding="utf-8")
+    return [*written, summary]
+
+
+def main(run_dir: str | os.PathLike) -> int:
+    """Entry point for the CLI: print the summary and the written paths; exit code 0, or 2 when
+    the directory holds no run."""
+    try:
+        paths = make_report(run_dir)
+    except ReportError as e:
+        print(f"flowrl report: {e}")
+        return 2
+    print(paths[-1].read_text(encoding="utf-8"))
+    for p in paths:
+        print(f"wrote {p}")
+    return 0

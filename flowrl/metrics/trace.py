@@ -1,0 +1,138 @@
+"""RUN_DIR/trace.json: Chrome trace events, one track (pid) per node process, opened by Perfetto
+(https://ui.perfetto.dev) or chrome://tracing.
+
+The file is the JSON *array* format, streamed: "[" then one event per line, and "]" at close.
+A run that crashes still leaves a trace Perfetto opens (the format allows the missing "]"), and
+`load_trace` reads it too. Timestamps are microseconds since the controller started, so every
+node process on every host lands on one time axis (wall clock; hosts should run NTP).
+
+Track ids are small integers given out in order of first appearance, not OS pids: OS pids collide
+across hosts and a restarted process should get a new, separately named track
+("rollout/0 pid 4242@host").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, TextIO
+
+CONTROLLER_PID = 1
+CATEGORIES = {"wait_input": "wait", "wait_credit": "wait", "compute": "compute",
+              "weight_sync": "sync"}
+
+
+class TraceWriter:
+    """Appends Chrome trace events to `path`; bounded by `max_events` (the rest are counted)."""
+
+    def __init__(self, path: str | os.PathLike, t0_us: int, max_events: int = 1_000_000):
+        self.path = Path(path)
+        self.t0_us = t0_us
+        self.max_events = max_events
+        self.events = 0
+        self.dropped = 0
+        self._tracks: dict[tuple, int] = {}
+        self._threads: set[tuple[int, int]] = set()
+        self._f: TextIO | None = open(self.path, "w", encoding="utf-8")
+        self._f.write("[")
+        self._first = True
+        self._meta(CONTROLLER_PID, None, "process_name", {"name": "controller"})
+        self._meta(CONTROLLER_PID, None, "process_sort_index", {"sort_index": 0})
+
+    def _write(self, ev: dict[str, Any], meta: bool = False) -> None:
+        if self._f is None:
+            return
+        if not meta and self.events >= self.max_events:
+            self.dropped += 1
+            return
+        self._f.write(("\n" if self._first else ",\n") + json.dumps(ev, separators=(",", ":")))
+        self._first = False
+        self.events += not meta
+
+    def _meta(self, pid: int, tid: int | None, name: str, args: dict) -> None:
+        ev = {"ph": "M", "name": name, "pid": pid, "tid": 0 if tid is None else tid, "ts": 0,
+              "args": args}
+        self._write(ev, meta=True)
+
+    def _ts(self, abs_us: int) -> int:
+        return max(0, int(abs_us) - self.t0_us)
+
+    def track(self, node: str, replica: int, os_pid: int, host: str) -> int:
+        """The trace pid of one node process, announcing its name on first sight."""
+        key = (node, replica, os_pid, host)
+        pid = self._tracks.get(key)
+        if pid is None and node == "controller" and os_pid == os.getpid():
+            pid = self._tracks[key] = CONTROLLER_PID  # the hub's own recorder
+        if pid is None:
+            pid = self._tracks[key] = CONTROLLER_PID + 1 + sum(p != CONTROLLER_PID for p in self._tracks.values())
+            self._meta(pid, None, "process_name", {"name": f"{node}/{replica}"})
+            self._meta(pid, None, "process_labels", {"labels": f"pid {os_pid}@{host}"})
+            self._meta(pid, None, "process_sort_index", {"sort_index": pid})
+        return pid
+
+    def thread(self, pid: int, tid: int, name: str) -> None:
+        if (pid, tid) not in self._threads:
+            self._threads.add((pid, tid))
+            self._meta(pid, tid, "thread_name", {"name": name})
+
+    def complete(self, pid: int, tid: int, name: str, start_us: int, dur_us: int,
+                 args: dict | None = None) -> None:
+        ev = {"ph": "X", "name": name, "cat": CATEGORIES.get(name, "user"), "pid": pid, "tid": tid,
+              "ts": self._ts(start_us), "dur": max(0, int(dur_us))}
+        if args:
+            ev["args"] = args
+        self._write(ev)
+
+    def counter(self, name: str, abs_us: int, values: dict[str, float], pid: int = CONTROLLER_PID) -> None:
+        self._write({"ph": "C", "name": name, "pid": pid, "tid": 0, "ts": self._ts(abs_us),
+                     "args": values})
+
+    def instant(self, name: str, abs_us: int, args: dict | None = None,
+                pid: int = CONTROLLER_PID) -> None:
+        self._write({"ph": "i", "s": "g", "name": name, "pid": pid, "tid": 0,
+                     "ts": self._ts(abs_us), "args": args or {}})
+
+    def flush(self) -> None:
+        if self._f is not None:
+            self._f.flush()
+
+    def close(self) -> None:
+        if self._f is None:
+            return
+        if self.dropped:
+            self._meta(CONTROLLER_PID, None, "trace_events_dropped", {"dropped": self.dropped,
+                                                                     "limit": self.max_events})
+        self._f.write("\n]\n")
+        self._f.close()
+        self._f = None
+
+
+def load_trace(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Events of a trace file: array format (closed or not, as a crashed run leaves it) or the
+    object format {"traceEvents": [...]}. A torn last line is skipped."""
+    text = Path(path).read_text(encoding="utf-8").strip()
+    if not text:
+        return []
+    if text.startswith("{"):
+        return list(json.loads(text).get("traceEvents", []))
+    try:
+        return list(json.loads(text))
+    except json.JSONDecodeError:
+        pass
+    events = []
+    for line in text.lstrip("[").splitlines():
+        line = line.strip().rstrip(",").rstrip("]").strip()
+        if not line:
+            continue
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # the line a crash cut in half
+    return events
+
+
+def track_names(events: list[dict[str, Any]]) -> dict[int, str]:
+    """Trace pid -> process name ("rollout/0", "controller")."""
+    return {e["pid"]: e["args"]["name"] for e in events
+            if e.get("ph") == "M" and e.get("name") == "process_name"}

@@ -1,0 +1,57 @@
+"""`flowrl report`: PNGs a person can read and a summary that names the known bottleneck."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from flowrl.metrics.report import ReportError, load_rows, make_report, main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("scenario, bottleneck, starved", [
+    ("rollout_bound", "rollout", "actor waits for input"),
+    ("actor_bound", "actor", "rollout waits for credit"),
+])
+def test_report_writes_pngs_and_a_summary_naming_the_known_bottleneck(
+        synthetic_runs, tmp_path, scenario, bottleneck, starved):
+    run = tmp_path / scenario
+    shutil.copytree(synthetic_runs[scenario], run)
+    paths = make_report(run)
+    names = sorted(p.name for p in paths)
+    assert names == ["losses.png", "reward.png", "staleness.png", "summary.txt", "throughput.png",
+                     "timeline.png"]
+    for p in paths:
+        assert p.parent == run / "report"
+        if p.suffix == ".png":
+            data = p.read_bytes()
+            assert data.startswith(PNG) and len(data) > 20_000, p  # a real, non-empty picture
+    summary = (run / "report" / "summary.txt").read_text()
+    assert f"bottleneck: {bottleneck}" in summary
+    assert starved in summary
+    for node in ("rollout", "reward", "actor"):
+        assert re.search(rf"idle ratio {node}: \d+%", summary), summary
+    suggestion = next(line for line in summary.splitlines() if line.startswith("suggestion:"))
+    assert "give" in suggestion and bottleneck in suggestion
+
+
+def test_report_reads_a_run_cut_short_by_a_crash(synthetic_runs, tmp_path):
+    run = tmp_path / "crashed"
+    shutil.copytree(synthetic_runs["rollout_bound"], run)
+    rows = (run / "metrics.jsonl").read_text()
+    (run / "metrics.jsonl").write_text(rows + '{"step": 31, "wall_')  # torn last row
+    trace = (run / "trace.json").read_text().rstrip().rstrip("]")  # never closed
+    (run / "trace.json").write_text(trace)
+    assert len(load_rows(run / "metrics.jsonl")) == 30
+    paths = make_report(run)
+    assert "bottleneck: rollout" in paths[-1].read_text()
+
+
+def test_report_of_a_directory_without_a_run_says_what_is_missing(tmp_path, capsys):
+    with pytest.raises(ReportError, match="neither metrics.jsonl nor trace.json"):
+        make_report(tmp_path)
+    assert main(tmp_path) == 2
+    assert "--run-dir" in capsys.readouterr().out

@@ -1,0 +1,128 @@
+"""trace.json: valid Chrome trace events, one track per node process, readable after a crash."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from flowrl.metrics import RUNTIME_SPANS, MetricsHub, Recorder
+from flowrl.metrics.trace import TraceWriter, load_trace, track_names
+
+
+def test_trace_json_is_valid_with_one_named_track_per_node_process(tmp_path):
+    hub = MetricsHub(tmp_path)
+    recs = [Recorder("rollout", 0), Recorder("rollout", 1), Recorder("actor", 0)]
+    for rec in recs:
+        for name in RUNTIME_SPANS:
+            with rec.span(name, batch_id="t1"):
+                pass
+    done = threading.Event()
+
+    def sync_thread():  # a second thread of the actor gets its own, named tid
+        with recs[2].span("weight_sync", version=1):
+            pass
+        done.set()
+
+    threading.Thread(target=sync_thread, name="weight-sync").start()
+    assert done.wait(10)
+    for rec in recs:
+        hub.ingest(rec.drain())
+    with hub.recorder.span("schedule"):  # the controller's own spans land on its track
+        pass
+    hub.set("queue_depth", 2, edge="rollout->actor")
+    hub.event("restart", node="rollout")
+    hub.end_step(step=1)
+    hub.close()
+
+    events = json.loads((tmp_path / "trace.json").read_text())  # strict JSON, closed array
+    assert events
+    for e in events:
+        assert {"ph", "ts", "pid", "tid"} <= e.keys(), e
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int) and e["ts"] >= 0
+        if e["ph"] == "X":
+            assert e["dur"] >= 0
+    names = track_names(events)
+    assert sorted(names.values()) == ["actor/0", "controller", "rollout/0", "rollout/1"]
+    assert len(set(names)) == len(names)  # one pid per node process
+    spans = [e for e in events if e["ph"] == "X"]
+    for pid, name in names.items():
+        got = {e["name"] for e in spans if e["pid"] == pid}
+        if name != "controller":
+            assert got >= set(RUNTIME_SPANS), (name, got)  # every node, every runtime span
+    actor = next(p for p, n in names.items() if n == "actor/0")
+    threads = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"
+               and e["pid"] == actor}
+    assert threads == {"MainThread", "weight-sync"}
+    assert any(e["ph"] == "C" and e["name"] == "queue_depth" for e in events)
+    assert any(e["ph"] == "i" and e["name"] == "restart" for e in events)
+    assert any(e["ph"] == "X" and e["name"] == "schedule" and names[e["pid"]] == "controller"
+               for e in events)
+
+
+def test_a_trace_cut_short_by_a_crash_still_loads(tmp_path):
+    w = TraceWriter(tmp_path / "trace.json", t0_us=0)
+    pid = w.track("rollout", 0, 4242, "h")
+    for i in range(3):
+        w.complete(pid, 1, "compute", 1000 * i, 500)
+    w.flush()  # no close(): the process died; also tear the last line in half
+    text = (tmp_path / "trace.json").read_text()
+    (tmp_path / "trace.json").write_text(text + ',\n{"ph":"X","na')
+    events = load_trace(tmp_path / "trace.json")
+    assert sum(e["ph"] == "X" for e in events) == 3
+    assert track_names(events)[pid] == "rollout/0"
+
+
+def test_the_trace_stops_growing_at_its_event_limit_and_says_so(tmp_path):
+    w = TraceWriter(tmp_path / "trace.json", t0_us=0, max_events=10)
+    pid = w.track("rollout", 0, 1, "h")
+    for i in range(25):
+        w.complete(pid, 1, "compute", i, 1)
+    w.close()
+    events = json.loads((tmp_path / "trace.json").read_text())
+    assert sum(e["ph"] == "X" for e in events) == 10
+    (note,) = [e for e in events if e["name"] == "trace_events_dropped"]
+    assert note["args"]["dropped"] == 15
+
+
+NODE = """
+import sys, msgpack
+from flowrl.metrics import Recorder
+rec = Recorder(sys.argv[1], int(sys.argv[2]))
+with rec.span("wait_input"):
+    pass
+with rec.span("compute", batch_id="t1"):
+    pass
+sys.stdout.buffer.write(msgpack.packb(rec.drain()))
+"""
+
+
+def test_snapshots_from_separate_node_processes_land_on_their_own_tracks(tmp_path):
+    import subprocess
+    import sys
+
+    import msgpack
+
+    hub = MetricsHub(tmp_path)
+    procs = [subprocess.Popen([sys.executable, "-c", NODE, node, "0"], stdout=subprocess.PIPE)
+             for node in ("rollout", "actor")]
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=60)
+            assert p.returncode == 0
+            hub.ingest(msgpack.unpackb(out))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    hub.close()
+    events = json.loads((tmp_path / "trace.json").read_text())
+    names = track_names(events)
+    by_track = {names[e["pid"]]: [] for e in events if e["ph"] == "X"}
+    for e in events:
+        if e["ph"] == "X":
+            by_track[names[e["pid"]]].append(e)
+    assert set(by_track) == {"rollout/0", "actor/0"}
+    for spans in by_track.values():
+        assert [e["name"] for e in spans] == ["wait_input", "compute"]
+        assert all(e["ts"] >= 0 and e["dur"] >= 0 for e in spans)  # on the controller's time axis
