@@ -36,7 +36,7 @@ def run(graph: str | Path | GraphSpec, *, overrides: list[str] = (), run_dir: st
     import time
 
     from flowrl.graph import check_structure
-    from flowrl.placement import load_inventory, make_plan
+    from flowrl.placement import get_inventory, make_plan
     from flowrl.runtime.run import execute
 
     if isinstance(graph, GraphSpec):
@@ -47,8 +47,8 @@ def run(graph: str | Path | GraphSpec, *, overrides: list[str] = (), run_dir: st
     if steps is not None:
         spec.schedule.steps = steps
     run_dir = Path(run_dir) if run_dir else Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    plan = make_plan(spec, load_inventory(inventory))
-    errors = [f for f in plan.findings if f.severity == "error"]
+    plan = make_plan(spec, get_inventory(inventory))
+    errors = plan.errors
     if errors:
         from flowrl.graph import GraphError, Problem
 

@@ -93,6 +93,7 @@ class Controller:
 
     def build_procs(self) -> None:
         spec = self.spec
+        self.master_ports: dict[tuple, int] = {}
         graph_file = str(self.run_dir / "graph.yaml")
         for entry in self.plan.entries:
             cls = self.classes[entry.node]
@@ -105,7 +106,10 @@ class Controller:
                     outputs.append(OutputRoute(edge=str(e), port=e.src_port,
                                                addresses=[self.address(e.dst, r, e.dst_port) for r in range(replicas)],
                                                capacity=e.capacity, capacity_bytes=e.capacity_bytes))
-            env = dict(self.plan.env_for(entry))
+            group = (entry.node, entry.replica)
+            if group not in self.master_ports:
+                self.master_ports[group] = free_port()
+            env = dict(self.plan.env_for(entry, master_port=self.master_ports[group]))
             ps = ProcSpec(node=entry.node, kind=node.kind, replica=entry.replica, replicas=node.replicas,
                           rank=entry.rank, world_size=entry.world_size, incarnation=0, run_dir=str(self.run_dir),
                           graph_file=graph_file, control=self.control_addr, inputs=inputs, outputs=outputs, env=env,
@@ -426,3 +430,12 @@ class Controller:
         for proc in self.procs:
             if proc.handle:
                 proc.handle.signal(signal.SIGKILL)
+
+
+def free_port() -> int:
+    """A free TCP port on loopback for a node's own torch.distributed group (MASTER_PORT)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -26,7 +26,7 @@ def _print_err(text: str) -> None:
 
 def prepare(args) -> tuple:
     """Graph, plan and run directory for a run (or a resumed one). Raises GraphError."""
-    from flowrl.placement import load_inventory, make_plan
+    from flowrl.placement import get_inventory, make_plan
     from flowrl.runtime.faults import parse_faults
 
     resume = None
@@ -46,7 +46,7 @@ def prepare(args) -> tuple:
     if args.steps is not None:
         spec.schedule.steps = args.steps
     parse_faults(list(spec.faults) + list(args.fault or []))
-    inventory = load_inventory(getattr(args, "inventory", None))
+    inventory = get_inventory(getattr(args, "inventory", None))
     plan = make_plan(spec, inventory)
     return spec, plan, run_dir, resume
 
@@ -63,11 +63,14 @@ def run_main(args) -> int:
     except FaultSpecError as e:
         _print_err(f"bad --fault: {e}")
         return 2
-    from flowrl.placement import render_plan
-
-    errors = [f for f in plan.findings if f.severity == "error"]
+    errors = plan.errors
     if args.dry_run or errors:
-        print(render_plan(plan, spec))
+        from rich.console import Console
+
+        from flowrl.placement.check import render
+
+        render(plan, str(args.graph or run_dir / "graph.yaml"), Console(width=None if sys.stdout.isatty() else 140,
+                                                                        highlight=False))
         if errors:
             _print_err(f"{len(errors)} placement error(s): fix them before running (flowrl check {args.graph or ''})")
             return 1

@@ -1,0 +1,122 @@
+"""Plan where every node process runs, then check the plan: `make_plan(spec, inventory) -> Plan`.
+
+    from flowrl.graph import load_graph
+    from flowrl.placement import get_inventory, make_plan
+    plan = make_plan(load_graph("graphs/ppo.yaml"), get_inventory())
+    plan.ok, plan.entries[0], plan.findings
+
+Order matters when devices are scarce: explicit lists are taken as written first, then counts and
+`auto` by role, biggest first (actor, critic, rollout, reference, reward, then the rest; within a
+role, the node asking for most devices), so the training groups get the best-connected devices.
+A node that declares `colocate_with` is placed on its partners' devices when they are placed.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from flowrl.graph.spec import GraphSpec
+from flowrl.placement import rules_hardware, rules_layout, rules_sharing
+from flowrl.placement.devices import Device, Inventory
+from flowrl.placement.findings import Finding
+from flowrl.placement.groups import Key, pick_cores, pick_gpus
+from flowrl.placement.plan import Plan, PlanEntry
+from flowrl.placement.requests import Request, colocated, read_request
+
+ROLE_ORDER = {"actor": 0, "critic": 1, "rollout": 2, "reference": 3, "reward": 4}
+
+
+def _place(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], findings: list[Finding]) -> None:
+    load: dict[Key, int] = {}
+    owner: dict[Key, set[str]] = {}
+
+    def take(req: Request, group: list[Device]) -> None:
+        req.placed.append(group)
+        for d in group:
+            load[d.host, d.id] = load.get((d.host, d.id), 0) + 1
+            owner.setdefault((d.host, d.id), set()).add(req.name)
+
+    for req in reqs.values():
+        for group in req.explicit or []:
+            take(req, group)
+    order = list(spec.nodes)
+    pending = sorted((r for r in reqs.values() if r.explicit is None and r.size),
+                     key=lambda r: (ROLE_ORDER.get(r.role or "", 9), -r.size * r.replicas, order.index(r.name)))
+    cursor: dict[str, int] = {}
+    for req in pending:
+        for _ in range(req.replicas):
+            if inv.device_type == "cpu":
+                group = pick_cores(inv, req.size, req.hosts, load, cursor)
+                shared = False
+            else:
+                partners = {k for k, names in owner.items() if any(colocated(spec, req.name, n) for n in names)}
+                group, shared = pick_gpus(inv, req.size, req.hosts, load, partners)
+            assert group is not None and len(group) == req.size, "read_request checked the capacity"
+            if shared and not req.short:
+                req.short = True
+                free = sum(1 for h in req.hosts for p in inv.host(h).visible if not load.get((h, p)))
+                asked = f"{req.replicas} x {req.size}" if req.replicas > 1 else str(req.size)
+                others = sorted({n for d in group for n in owner.get((d.host, d.id), ()) if n != req.name})
+                findings.append(Finding(
+                    "not-enough-devices", req.name,
+                    f"node `{req.name}` needs {asked} GPU(s), but only {free} are free after the nodes placed "
+                    f"before it, so it would share GPUs {[d.id for d in group]} with {', '.join(others) or 'itself'}. "
+                    "Fix: give it explicit devices, "
+                    "lower its `devices`/`replicas`, or declare `colocate_with:` for the nodes it may share with",
+                    tuple(d.id for d in group), group[0].host))
+            take(req, group)
+
+
+def _coord(rank: int, mesh: list[int]) -> list[int]:
+    out = []
+    for size in reversed(mesh):
+        out.append(rank % size)
+        rank //= size
+    return out[::-1]
+
+
+def _entries(inv: Inventory, req: Request) -> list[PlanEntry]:
+    out = []
+    for r in range(req.replicas):
+        group = req.placed[r] if req.size else []
+        if not group:  # an unpinned CPU process on a GPU host
+            host = inv.host(req.hosts[0])
+            out.append(PlanEntry(req.name, r, 0, 0, 1, host.name, [], [], "cpu", host.address, None, [1], [0]))
+            continue
+        master = inv.host(group[0].host).address
+        for rank, d in enumerate(group):
+            same_host = [x.id for x in group if x.host == d.host]
+            local_rank = sum(1 for x in group[:rank] if x.host == d.host)
+            if d.type == "cuda":
+                local, visible = [same_host.index(d.id)], same_host
+            else:
+                local, visible = [d.id], []
+            out.append(PlanEntry(req.name, r, rank, local_rank, len(group), d.host, [d.id], local, d.type,
+                                 master, None, list(req.mesh), _coord(rank, req.mesh) if _fits(req) else [rank],
+                                 visible))
+    return out
+
+
+def _fits(req: Request) -> bool:
+    return prod(req.mesh) == req.size
+
+
+def make_plan(spec: GraphSpec, inventory: Inventory, classes: dict[str, type] | None = None) -> Plan:
+    """Place every node of `spec` on `inventory` and check the result. Never raises for a bad
+    placement: every problem becomes a Finding (`plan.ok` is False when any is an error)."""
+    if classes is None:
+        from flowrl.graph.structure import node_classes
+
+        classes = node_classes(spec)
+    findings: list[Finding] = list(inventory.notes)
+    reqs: dict[str, Request] = {}
+    for name, node in spec.nodes.items():
+        req = read_request(name, node, getattr(classes.get(name), "role", None), inventory, findings)
+        if req is not None:
+            reqs[name] = req
+    _place(spec, inventory, reqs, findings)
+    findings += rules_sharing.check(spec, inventory, reqs)
+    findings += rules_hardware.check(spec, inventory, reqs)
+    findings += rules_layout.check(spec, inventory, reqs)
+    entries = [e for name in spec.nodes if name in reqs for e in _entries(inventory, reqs[name])]
+    return Plan(entries, findings, inventory.device_type, inventory.describe())

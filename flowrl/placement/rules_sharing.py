@@ -1,0 +1,96 @@
+"""Who shares a device with whom: overlapping groups and GPUs busy with other jobs.
+
+The rules from the field (seeds 3 and 4):
+- actor and critic never share a GPU (both train at once, each needs the card's memory);
+- reference and reward may share with each other (forward passes only), not with actor or critic;
+- any other undeclared sharing of a GPU is worth a warning; `colocate_with` declares it intended;
+- a GPU already used by a foreign process is an OOM waiting to happen, even at 40% apparent use.
+On a CPU-only machine cores are time-shared by design: sharing is only a note.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+from flowrl.graph.spec import GraphSpec
+from flowrl.placement.devices import Inventory
+from flowrl.placement.findings import Finding, ids_text
+from flowrl.placement.requests import Request, colocated
+
+TRAINERS = {"actor", "critic"}
+FORWARD_ONLY = {"reference", "reward"}
+
+
+def forbidden(role_a: str | None, role_b: str | None) -> bool:
+    """Pairs that must be disjoint unless colocation is declared."""
+    if role_a in TRAINERS and role_b in TRAINERS:
+        return True
+    return (role_a in FORWARD_ONLY and role_b in TRAINERS) or (role_b in FORWARD_ONLY and role_a in TRAINERS)
+
+
+def _why(role_a, role_b) -> str:
+    if role_a in TRAINERS and role_b in TRAINERS:
+        return "both train at the same time and each needs the whole card's memory"
+    return ("its forward passes compete with training for memory and bandwidth "
+            "(the classic OOM while nvidia-smi shows 40% use)")
+
+
+def _named(name: str, reqs: dict[str, Request]) -> str:
+    role = reqs[name].role
+    return f"`{name}`" + (f" ({role})" if role and role != name else "")
+
+
+def _owners(reqs: dict[str, Request]) -> dict[tuple[str, int], list[str]]:
+    out: dict[tuple[str, int], list[str]] = {}
+    for req in reqs.values():
+        for group in req.placed:
+            for d in group:
+                names = out.setdefault((d.host, d.id), [])
+                if req.name not in names:
+                    names.append(req.name)
+    return out
+
+
+def check(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request]) -> list[Finding]:
+    out: list[Finding] = []
+    owners = _owners(reqs)
+    if inv.device_type == "cpu":
+        for (host, core), names in sorted(owners.items()):
+            if len(names) > 1:
+                out.append(Finding("cpu-shared", None, f"core {core}{f' on {host}' if inv.multi_host else ''} is time-shared "
+                                   f"by {len(names)} node processes ({', '.join(names)}); fine for a CPU run, "
+                                   "slower than one core each", (core,), host))
+        return out
+    free = {h.name: [p for p in h.visible if (h.name, p) not in owners] for h in inv.hosts}
+    pairs: dict[tuple[str, str, str], list[int]] = {}
+    for (host, dev), names in owners.items():
+        for a, b in combinations(names, 2):
+            pairs.setdefault((a, b, host), []).append(dev)
+    for (a, b, host), devs in pairs.items():
+        ra, rb = reqs[a].role, reqs[b].role
+        if reqs[a].short or reqs[b].short or colocated(spec, a, b) or {ra, rb} <= FORWARD_ONLY:
+            continue  # scarcity was reported already; declared sharing is intended; ref + reward is fine
+        where = f" on {host}" if inv.multi_host else ""
+        second, first = (a, b) if ra in FORWARD_ONLY or (rb in TRAINERS and ra not in TRAINERS) else (b, a)
+        spare = f" (free{where}: {ids_text(free[host])})" if free[host] else ""
+        fix = (f"Fix: give them disjoint devices{spare}, or declare "
+               f"`colocate_with: [{first}]` on `{second}` if sharing is intended")
+        if forbidden(ra, rb):
+            out.append(Finding("overlap-forbidden", second,
+                               f"node {_named(second, reqs)} shares GPU(s) {ids_text(devs)}{where} with {_named(first, reqs)}: "
+                               f"{_why(reqs[second].role, reqs[first].role)}. {fix}", tuple(sorted(devs)), host))
+        else:
+            out.append(Finding("overlap", second, f"nodes `{first}` and `{second}` both use GPU(s) {ids_text(devs)}{where} "
+                               f"without declaring it; they will compete for its memory. {fix}", tuple(sorted(devs)), host))
+    for req in reqs.values():
+        busy = sorted({d for group in req.placed for d in group if d.busy}, key=lambda d: d.id)
+        if not busy:
+            continue
+        host = inv.host(busy[0].host)
+        idle = [d.id for d in host.visible_devices() if not d.busy]
+        procs = "; ".join(f"GPU {d.id}: {', '.join(p.describe() for p in d.processes)}" for d in busy)
+        out.append(Finding("device-busy", req.name,
+                           f"node `{req.name}` is planned on GPU(s) already used by another job ({procs}); it would run "
+                           f"out of memory or slow both jobs down. Fix: pick idle GPUs (idle: {ids_text(idle)}), or stop "
+                           "that job first", tuple(d.id for d in busy), host.name))
+    return out

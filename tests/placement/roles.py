@@ -1,0 +1,45 @@
+"""Tiny node classes with placement roles, for planner tests that must not depend on the
+built-in nodes' configs: `kind: "tests.placement.roles:Actor"`."""
+
+import flowrl
+
+
+class _Alone(flowrl.Node):
+    inputs = ()
+    outputs = ()
+
+
+class Actor(_Alone):
+    role = "actor"
+
+
+class Critic(_Alone):
+    role = "critic"
+
+
+class Rollout(_Alone):
+    role = "rollout"
+
+
+class Reference(_Alone):
+    role = "reference"
+
+
+class Reward(_Alone):
+    role = "reward"
+
+
+class Helper(_Alone):
+    """No role: no sharing rules; on a GPU host `auto` runs it on the CPU."""
+
+
+class Source(flowrl.Node):
+    role = "rollout"
+    inputs = ()
+    outputs = ("out",)
+
+
+class Sink(flowrl.Node):
+    role = "actor"
+    inputs = ("in",)
+    outputs = ()

@@ -1,0 +1,101 @@
+"""`flowrl check`, run as the real command in a subprocess: exit codes 0/1/2, JSON shape, speed,
+and no torch import."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+INV = "examples/inventories/"
+
+
+def flowrl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    exe = shutil.which("flowrl")
+    cmd = [exe] if exe else [sys.executable, "-m", "flowrl"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="120")
+    return subprocess.run([*cmd, "check", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_shipped_graph_plans_with_exit_0_and_prints_the_table():
+    r = flowrl("graphs/ppo.yaml")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for word in ("node", "rank", "actor", "critic", "rollout", "ok"):
+        assert word in r.stdout
+
+
+def test_json_output_has_the_contract_shape():
+    r = flowrl("examples/gpu/ppo-a100x8.yaml", "--inventory", INV + "a100x8-nvlink.yaml", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert set(data) == {"plan", "findings"} and data["findings"] == []
+    entry = data["plan"][0]
+    for key in ("node", "replica", "rank", "host", "devices", "local_devices"):
+        assert key in entry
+    actor = [e for e in data["plan"] if e["node"] == "actor"]
+    assert [e["devices"] for e in actor] == [[0], [1], [2], [3]] and actor[0]["mesh"] == [2, 2]
+
+
+def test_errors_give_exit_1_with_code_node_and_devices_in_json():
+    r = flowrl("examples/wrong/overlap.yaml", "--inventory", INV + "a100x8-nvlink.yaml", "--json")
+    assert r.returncode == 1, r.stderr
+    findings = json.loads(r.stdout)["findings"]
+    assert {(f["severity"], f["code"], f["node"]) for f in findings} == {
+        ("error", "overlap-forbidden", "reference"), ("error", "overlap-forbidden", "reward")}
+    assert all(f["devices"] and "Fix:" in f["message"] for f in findings)
+
+
+def test_errors_are_printed_in_the_table_view_too():
+    r = flowrl("examples/wrong/busy-gpus.yaml", "--inventory", INV + "busy4.yaml")
+    assert r.returncode == 1
+    assert "device-busy" in r.stdout and "pid 41007" in r.stdout
+
+
+def test_overrides_apply_before_planning():
+    r = flowrl("graphs/ppo.yaml", "nodes.actor.devices=[5]", "--inventory", INV + "laptop-2cpu.yaml", "--json")
+    assert r.returncode == 1
+    assert [f["code"] for f in json.loads(r.stdout)["findings"] if f["severity"] == "error"] == ["device-not-visible"]
+
+
+@pytest.mark.parametrize("args, where", [
+    (("no/such/graph.yaml",), "no/such/graph.yaml"),
+    (("graphs/ppo.yaml", "--inventory", "no/such/inventory.yaml"), "no/such/inventory.yaml"),
+    (("graphs/ppo.yaml", "nodes.actor.replicas=0"), "replicas"),
+])
+def test_unloadable_graph_or_inventory_gives_exit_2_without_traceback(args, where):
+    r = flowrl(*args)
+    assert r.returncode == 2
+    assert where in r.stderr and "Traceback" not in r.stderr + r.stdout
+
+
+def test_inventory_with_a_typo_names_file_and_line(tmp_path):
+    bad = tmp_path / "inv.yaml"
+    bad.write_text("hosts:\n  - name: h\n    gpus:\n      - {id: 0, memroy_gb: 80}\n")
+    r = flowrl("graphs/ppo.yaml", "--inventory", str(bad))
+    assert r.returncode == 2 and f"{bad}:4" in r.stderr and "memory_gb" in r.stderr
+
+
+def test_check_is_fast():
+    start = time.perf_counter()
+    r = flowrl("graphs/ppo.yaml")
+    elapsed = time.perf_counter() - start
+    assert r.returncode == 0
+    assert elapsed < 5.0, f"flowrl check took {elapsed:.2f}s (target: under 2 s on an idle machine)"
+
+
+def test_check_never_imports_torch():
+    code = ("import sys, io, contextlib\n"
+            "from flowrl.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    rc = main(['check', 'graphs/ppo.yaml'])\n"
+            "    main(['check', 'examples/wrong/overlap.yaml', '--inventory', 'examples/inventories/a100x8-nvlink.yaml', '--json'])\n"
+            "heavy = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]\n"
+            "print(rc, heavy)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.stdout.strip() == "0 []", r.stdout + r.stderr
