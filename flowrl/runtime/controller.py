@@ -83,9 +83,27 @@ class Controller:
         (run_dir / "procs").mkdir(exist_ok=True)
         (run_dir / "checkpoints").mkdir(exist_ok=True)
         if resume:
-            self.scheduler.load_state_dict(resume["scheduler"], applied=set(resume["applied"]))
-            self.last_checkpoint = resume
+            self.resume_ledger(resume)
         self.build_procs()
+
+    def resume_ledger(self, resume: dict) -> None:
+        """Continue from a checkpoint: tickets consumed after it were lost with the trainer's
+        state (rolled back), tickets in flight at it go out again."""
+        from flowrl.testing.harness import read_jsonl
+
+        applied = set(resume["applied"])
+        net: dict[str, int] = {}
+        for row in read_jsonl(self.run_dir / "ledger.jsonl"):
+            delta = {"consumed": 1, "rolled_back": -1}.get(row["event"], 0)
+            net[row["batch_id"]] = net.get(row["batch_id"], 0) + delta
+        self.scheduler.load_state_dict(resume["scheduler"], applied=applied)
+        ledger = self.scheduler.ledger
+        ledger.write("resumed", "-", 0, step=resume["step"])
+        for bid, n in sorted(net.items()):
+            if n > 0 and bid not in applied:
+                ledger.write("rolled_back", bid, 0, reason="consumed after the last checkpoint")
+        self.pending_tickets.extend(self.scheduler.reissue_in_flight(reason="resume"))
+        self.last_checkpoint = resume
 
     # ------------------------------------------------------------------------------------------
     def address(self, node: str, replica: int, port: str) -> str:

@@ -81,6 +81,9 @@ class NodeContext:
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("flowrl.node"))
     policy_version: int = 0
     """Version of the weights this process holds (subscribers) or has published (trainers)."""
+    applied: set = field(default_factory=set)
+    """Stateful nodes: batch ids that already changed this node's state (checkpointed with it).
+    A replayed batch whose id is here must not change the state again."""
 
 
 class Node:

@@ -167,4 +167,9 @@ class Scheduler:
             consumed = s["consumed"] if applied is None else bid in applied
             self.tickets[bid] = TicketState(index=s["index"], attempt=s["attempt"], consumed=consumed,
                                             consumers_done=set(self.sinks) if consumed else set())
+        for bid in applied or ():  # consumed after the snapshot was taken, before the sink saved
+            if bid not in self.tickets:
+                self.tickets[bid] = TicketState(index=self.index_of(bid), consumed=True, consumers_done=set(self.sinks))
+        if self.tickets:
+            self.next_index = max(self.next_index, max(s.index for s in self.tickets.values()) + 1)
         self.consumed_count = sum(1 for s in self.tickets.values() if s.consumed)

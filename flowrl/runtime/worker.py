@@ -95,7 +95,7 @@ class Worker:
             rank=spec.rank, world_size=spec.world_size, run_dir=Path(spec.run_dir), graph=graph,
             recorder=self.recorder, log=logging.getLogger(f"flowrl.node.{spec.node}"),
         )
-        self.nctx.applied = self.applied  # stateful nodes record batch ids that changed their state
+        self.nctx.applied = self.applied  # shared: checkpointed with the node's state
         if spec.world_size > 1:
             import torch.distributed as dist
 
@@ -112,7 +112,7 @@ class Worker:
             self.store = host_store()
         if spec.rank == 0:
             for port, address in spec.inputs.items():
-                route_caps = [o for o in graph.edges if o.dst == spec.node and o.dst_port == port]
+                route_caps = [o for o in graph.edges if o.dst == spec.node and o.dst_port in (None, port)]
                 cap = min((e.capacity for e in route_caps), default=4)
                 cap_bytes = min((e.capacity_bytes for e in route_caps), default=1 << 30)
                 rx = Receiver(ChannelConfig(capacity_messages=cap, capacity_bytes=cap_bytes), name=f"{spec.node}.{port}")
@@ -194,6 +194,8 @@ class Worker:
             from flowrl.runtime.node import Ticket
 
             ticket = Ticket(**{k: msg[k] for k in ("batch_id", "index", "attempt", "min_policy_version", "size")})
+            await self.faults.on_batch(self.step)
+            self.step += 1
             with self.recorder.span("compute", batch_id=ticket.batch_id):
                 batch = await self.node.generate(ticket)
             batch = self.stamp(batch, ticket.batch_id, ticket.attempt, ticket.index, ticket.min_policy_version)

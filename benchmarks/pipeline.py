@@ -1,0 +1,126 @@
+"""Pipeline throughput through the real runtime vs the ideal bound, with stages of known cost.
+
+    python benchmarks/pipeline.py              # all three tables
+    python benchmarks/pipeline.py --json out.json
+
+Stages sleep for a known time (so the 2 cores are not the limit and the bound is exact):
+
+1. bottleneck: numbers -> a (20 ms) -> b (60 ms) -> collect (10 ms), enough tickets in flight:
+   the bound is 1 / 60 ms.
+2. sync vs overlapped: follower ("rollout", 80 ms) -> trainer (60 ms) with weight sync after every
+   update. k = 0 costs 80 + 60 ms a step; k = 1 overlaps them: max(80, 60). Theoretical speedup
+   (80 + 60) / 80 = 1.75.
+3. replicas: numbers -> slow (200 ms, R replicas) -> collect: the bound is R / 200 ms.
+
+Throughput is measured between the 3rd and the last consumed ticket (start-up excluded), from the
+ledger's timestamps. Target: >= 0.9 of the bound in each row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from flowrl.testing import run_graph
+
+N = "flowrl.testing.nodes"
+
+
+def measured_rate(ledger: list[dict]) -> float:
+    t = sorted(r["t"] for r in ledger if r["event"] == "consumed")
+    skip = 3
+    return (len(t) - 1 - skip) / (t[-1] - t[skip])
+
+
+def run(text: str, workdir: Path, name: str) -> float:
+    g = workdir / f"{name}.yaml"
+    g.write_text(text)
+    result = run_graph(g, workdir / name, timeout_s=600)
+    if result.exit_code != 0:
+        raise SystemExit(f"{name} failed:\n{result.stderr[-3000:]}")
+    return measured_rate(result.ledger)
+
+
+def bottleneck(workdir: Path, steps: int) -> dict:
+    text = f"""
+name: bottleneck
+nodes:
+  numbers: {{kind: "{N}:Numbers"}}
+  a: {{kind: "{N}:Scale", config: {{delay_s: 0.02}}}}
+  b: {{kind: "{N}:Scale", config: {{delay_s: 0.06}}}}
+  collect: {{kind: "{N}:Collect", config: {{delay_s: 0.01}}}}
+edges: [numbers -> a, a -> b, b -> collect]
+schedule: {{steps: {steps}, batch_size: 4, max_staleness: 6}}
+"""
+    rate = run(text, workdir, "bottleneck")
+    bound = 1 / 0.06
+    return {"case": "bottleneck b=60ms", "measured_per_s": rate, "bound_per_s": bound, "ratio": rate / bound}
+
+
+def sync_vs_overlap(workdir: Path, steps: int) -> list[dict]:
+    rates = {}
+    for k in (0, 1):
+        text = f"""
+name: overlap{k}
+nodes:
+  numbers: {{kind: "{N}:Numbers"}}
+  follower: {{kind: "{N}:Follower", config: {{delay_s: 0.08}}}}
+  trainer: {{kind: "{N}:Trainer", config: {{delay_s: 0.06}}}}
+edges: [numbers -> follower, follower -> trainer]
+weights: [trainer -> follower]
+schedule: {{steps: {steps}, batch_size: 4, max_staleness: {k}}}
+"""
+        rates[k] = run(text, workdir, f"overlap{k}")
+    bound0, bound1 = 1 / 0.14, 1 / 0.08
+    return [
+        {"case": "k=0 (sync) 80+60ms", "measured_per_s": rates[0], "bound_per_s": bound0, "ratio": rates[0] / bound0},
+        {"case": "k=1 (overlap) max(80,60)ms", "measured_per_s": rates[1], "bound_per_s": bound1, "ratio": rates[1] / bound1},
+        {"case": "speedup k=1 / k=0", "measured_per_s": rates[1] / rates[0], "bound_per_s": bound1 / bound0,
+         "ratio": (rates[1] / rates[0]) / (bound1 / bound0)},
+    ]
+
+
+def replicas(workdir: Path, steps: int, counts: list[int]) -> list[dict]:
+    rows = []
+    for r in counts:
+        text = f"""
+name: replicas{r}
+nodes:
+  numbers: {{kind: "{N}:Numbers"}}
+  slow: {{kind: "{N}:Scale", replicas: {r}, config: {{delay_s: 0.2}}}}
+  collect: {{kind: "{N}:Collect"}}
+edges:
+  - numbers -> slow
+  - {{from: slow, to: collect, capacity: {max(4, 2 * r)}}}
+schedule: {{steps: {max(steps, 6 * r)}, batch_size: 2, max_staleness: {2 * r}}}
+"""
+        rate = run(text, workdir, f"replicas{r}")
+        bound = r / 0.2
+        rows.append({"case": f"{r} replica(s) of a 200ms stage", "measured_per_s": rate, "bound_per_s": bound,
+                     "ratio": rate / bound})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="flowrl-bench-") as d:
+        workdir = Path(d)
+        rows = [bottleneck(workdir, args.steps), *sync_vs_overlap(workdir, args.steps),
+                *replicas(workdir, args.steps, args.replicas)]
+    print(f"{'case':<34} {'measured /s':>12} {'bound /s':>10} {'ratio':>7}")
+    for r in rows:
+        print(f"{r['case']:<34} {r['measured_per_s']:>12.2f} {r['bound_per_s']:>10.2f} {r['ratio']:>7.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
