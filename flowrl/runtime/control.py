@@ -56,7 +56,7 @@ def unpack(data: bytes) -> dict:
     """Decode one control message; raises ValueError for anything that is not a small map with `t`."""
     if len(data) > MAX_CONTROL_BYTES:
         raise ValueError(f"control message of {len(data)} bytes exceeds {MAX_CONTROL_BYTES}")
-    msg = msgpack.unpackb(data, raw=False, strict_map_key=True, max_buffer_size=MAX_CONTROL_BYTES)
+    msg = msgpack.unpackb(data, raw=False, strict_map_key=True)
     if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
         raise ValueError("control message is not a map with a string field 't'")
     return msg

@@ -79,6 +79,7 @@ class Controller:
         self.step_t = time.monotonic()
         self.resume = resume
         self.interrupted = None
+        self.started = False
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (run_dir / "procs").mkdir(exist_ok=True)
         (run_dir / "checkpoints").mkdir(exist_ok=True)
@@ -145,7 +146,7 @@ class Controller:
     def launch(self, proc: Proc) -> None:
         path = self.run_dir / "procs" / f"{proc.spec.log_name}.json"
         proc.spec.write(path)
-        proc.ready = False
+        proc.ready = proc.wired = False
         proc.error = None
         proc.handle = self.launcher.start(path, self.run_dir / "logs" / f"{proc.spec.log_name}.log")
         proc.pid = proc.handle.pid
@@ -178,7 +179,7 @@ class Controller:
         if proc.handle and proc.handle.poll() is None:
             proc.handle.stop(0.5)  # hung: make sure it is gone before a replacement binds its address
         exit_text = describe_exit(proc.handle.poll() if proc.handle else None)
-        proc.ready = False
+        proc.ready = proc.wired = False
         proc.down_since = time.monotonic()
         if self.hub:
             self.hub.set("node_up", 0, node=proc.spec.node, replica=str(proc.spec.replica), across="min")
@@ -233,6 +234,9 @@ class Controller:
             if self.hub:
                 self.hub.set("node_up", 1, node=proc.spec.node, replica=str(proc.spec.replica), across="min")
             await self.after_ready(proc)
+        elif t == "wired":
+            proc.wired = True
+            await self.after_wired(proc)
         elif t == "consumed":
             done = self.scheduler.consumed(proc.spec.node, msg["batch_id"], msg["attempt"],
                                            policy_version=msg.get("policy_version"), staleness=msg.get("staleness"))
@@ -259,9 +263,19 @@ class Controller:
                 proc.error += "\n" + msg.get("traceback", "")[-2000:]
 
     async def after_ready(self, proc: Proc) -> None:
+        """Wire outputs once every consumer can receive: all at the start, a restarted one at once."""
+        if proc.spec.incarnation == 0 and not self.started:
+            if all(p.ready for p in self.procs):
+                self.started = True
+                for p in self.procs:
+                    await self.send(p, {"t": "wire"})
+            return
+        await self.send(proc, {"t": "wire"})
+
+    async def after_wired(self, proc: Proc) -> None:
         first_start = proc.spec.incarnation == 0
         if proc.spec.node in self.publishers or proc.spec.node in self.subscribers:
-            if all(p.ready for p in self.weight_procs()):
+            if all(p.ready and p.wired for p in self.weight_procs()):
                 await self.new_epoch()
         if not first_start:
             for ticket in self.scheduler.reissue_in_flight(reason=f"{proc.id} restarted"):
@@ -273,7 +287,7 @@ class Controller:
 
     async def new_epoch(self) -> None:
         """Form a fresh weight-sync group of every live member and send the newest weights."""
-        members = [p for p in self.weight_procs() if p.ready]
+        members = [p for p in self.weight_procs() if p.ready and p.wired]
         pubs = [p for p in members if p.spec.node in self.publishers]
         if not pubs or len(members) < 2:
             self.epoch_members = []
@@ -347,7 +361,7 @@ class Controller:
         for ticket in self.pending_tickets:
             sent = False
             for node in self.sources:
-                procs = [p for p in self.procs.of_node(node) if p.ready and p.spec.rank == 0]
+                procs = [p for p in self.procs.of_node(node) if p.ready and p.wired and p.spec.rank == 0]
                 if not procs:
                     continue
                 p = procs[self.source_rr % len(procs)]

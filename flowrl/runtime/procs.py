@@ -20,6 +20,7 @@ class Proc:
     spec: ProcSpec
     handle: ProcessHandle | None = None
     ready: bool = False
+    wired: bool = False
     started_at: float = 0.0
     last_seen: float = 0.0
     restarts: int = 0

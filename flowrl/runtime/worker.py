@@ -56,6 +56,7 @@ class Worker:
         self.weight_plan = None
         self.weight_buckets = None
         self.live_weights = None
+        self.version_tensor = None
         self.applied: set[str] = set()
         self.pending: list = []  # subscribers: batches waiting for newer weights
         self.sink_next = spec.start_index
@@ -63,6 +64,10 @@ class Worker:
         self.join_parts: dict[str, dict] = {}
         self.join_done: set[str] = set()
         self.step = 0
+        self.wired = False
+        # A consumer that dies is restarted by the controller; until then senders wait rather
+        # than fail (the supervision deadline, not the channel, decides when a node is lost).
+        self.peer_timeout_s = 300.0
 
     async def send_ctl(self, msg: dict) -> None:
         await self.ctl.send(control.pack(msg))
@@ -115,15 +120,29 @@ class Worker:
                 route_caps = [o for o in graph.edges if o.dst == spec.node and o.dst_port in (None, port)]
                 cap = min((e.capacity for e in route_caps), default=4)
                 cap_bytes = min((e.capacity_bytes for e in route_caps), default=1 << 30)
-                rx = Receiver(ChannelConfig(capacity_messages=cap, capacity_bytes=cap_bytes), name=f"{spec.node}.{port}")
+                rx = Receiver(ChannelConfig(capacity_messages=cap, capacity_bytes=cap_bytes,
+                                            peer_timeout_s=self.peer_timeout_s), name=f"{spec.node}.{port}")
                 await rx.bind(address)
                 self.receivers[port] = rx
-            for route in spec.outputs:
-                tx = Sender(ChannelConfig(capacity_messages=route.capacity, capacity_bytes=route.capacity_bytes),
-                            name=route.edge)
-                for address in route.addresses:
-                    await tx.connect(address)
-                self.senders.append((route, tx))
+
+    async def wire(self) -> None:
+        """Connect our outputs (the controller says so once every consumer reported READY), then
+        start taking input: nothing is processed before its results have somewhere to go."""
+        from flowrl.transport import ChannelConfig, Sender
+
+        if self.wired:
+            return
+        for route in self.spec.outputs:
+            cfg = ChannelConfig(capacity_messages=route.capacity, capacity_bytes=route.capacity_bytes,
+                                peer_timeout_s=self.peer_timeout_s)
+            tx = Sender(cfg, name=route.edge.split("->")[1].strip())  # channels are named by their consumer port
+            for address in route.addresses:
+                await tx.connect(address)
+            self.senders.append((route, tx))
+        self.wired = True
+        for port, rx in self.receivers.items():
+            self.tg.start_soon(self.input_loop, port, rx)
+        await self.send_ctl({"t": "wired"})
 
     def load_checkpoint(self, path: str) -> None:
         import torch
@@ -205,6 +224,8 @@ class Worker:
         elif t == "checkpoint":
             self.save_checkpoint(msg["path"], msg["step"])
             await self.send_ctl({"t": "checkpointed", "step": msg["step"], "applied": sorted(self.applied)})
+        elif t == "wire":
+            await self.wire()
         elif t == "stop":
             self.stopping = True
 
@@ -314,6 +335,14 @@ class Worker:
             self.weight_buckets = self.weight_plan.allocate(self.nctx.device)
         with self.recorder.span("weight_snapshot"):
             self.weight_plan.pack(tensors, out=self.weight_buckets)
+        self.version_tensor = self.version_tensor_for(self.version)
+
+    def version_tensor_for(self, version: int):
+        """Travels first in every broadcast: the version the buckets really hold (a newer snapshot
+        may have replaced the one a sync order was issued for)."""
+        import torch
+
+        return torch.tensor([version], dtype=torch.int64, device=self.nctx.device)
 
     bucket_bytes = 32 << 20
 
@@ -343,16 +372,20 @@ class Worker:
                 if self.faults.fail_sync(msg["version"]):
                     raise RuntimeError("injected weight-sync failure")
                 plan, buckets = self.weight_plan, self.weight_buckets
-                drain = None if publisher else (lambda i: plan.drain(i, buckets, self.live_weights))
-                seconds = await anyio.to_thread.run_sync(lambda: self.group.broadcast(buckets, drain=drain))
+                if not publisher:
+                    self.version_tensor = self.version_tensor_for(-1)
+                tensors = [self.version_tensor, *buckets]
+                drain = None if publisher else (lambda i: plan.drain(i - 1, buckets, self.live_weights) if i else None)
+                seconds = await anyio.to_thread.run_sync(lambda: self.group.broadcast(tensors, drain=drain))
                 nbytes = sum(b.numel() * b.element_size() for b in buckets)
                 self.recorder.count("weight_sync_bytes", nbytes)
                 self.recorder.observe("weight_sync_s", seconds)
+            version = int(self.version_tensor[0])
             if not publisher:
-                self.node.load_weights(self.live_weights, msg["version"])
-                self.version = msg["version"]
-                self.nctx.policy_version = self.version
-            await self.send_ctl({"t": "synced", "version": msg["version"], "epoch": epoch})
+                self.node.load_weights(self.live_weights, version)
+                self.version = version
+                self.nctx.policy_version = version
+            await self.send_ctl({"t": "synced", "version": version, "epoch": epoch})
         except Exception as e:  # noqa: BLE001 - reported; the controller forms a new epoch
             if self.group:
                 self.group.close()
@@ -376,10 +409,9 @@ class Worker:
         self.faults.arm(self.spec.incarnation)
         try:
             async with anyio.create_task_group() as tg:
+                self.tg = tg
                 tg.start_soon(self.control_loop)
                 tg.start_soon(self.metrics_loop)
-                for port, rx in self.receivers.items():
-                    tg.start_soon(self.input_loop, port, rx)
                 tg.start_soon(self.faults.timer_loop)
                 await self.main_loop()
                 tg.cancel_scope.cancel()
