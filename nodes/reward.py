@@ -42,7 +42,7 @@ class Reward(flowrl.Node):
 
         responses, _ = _responses(batch)
         scores = torch.as_tensor(self.fn(responses, batch.tensors["targets"], batch), dtype=torch.float32)
-        self.ctx.recorder.mean("reward", float(scores.mean()), weight=len(scores))
+        self.ctx.recorder.mean("score", float(scores.mean()), weight=len(scores), per_node=True)
         return batch.replace(tensors={**batch.tensors, "scores": scores})
 
 
@@ -74,5 +74,5 @@ class RewardModel(flowrl.Node):
             v = values(self.model, tokens.to(self.ctx.device), p_len).float().cpu()  # [B, T]
         last = (mask.long().cumsum(1).argmax(1))  # index of the last valid response token
         scores = v.gather(1, last[:, None]).squeeze(1) * self.config.scale
-        self.ctx.recorder.mean("reward", float(scores.mean()), weight=len(scores))
+        self.ctx.recorder.mean("score", float(scores.mean()), weight=len(scores), per_node=True)
         return batch.replace(tensors={**batch.tensors, "scores": scores})

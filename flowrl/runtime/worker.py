@@ -378,8 +378,8 @@ class Worker:
                 drain = None if publisher else (lambda i: plan.drain(i - 1, buckets, self.live_weights) if i else None)
                 seconds = await anyio.to_thread.run_sync(lambda: self.group.broadcast(tensors, drain=drain))
                 nbytes = sum(b.numel() * b.element_size() for b in buckets)
-                self.recorder.count("weight_sync_bytes", nbytes)
-                self.recorder.observe("weight_sync_s", seconds)
+                self.recorder.count("weight_sync_bytes", nbytes, per_node=True)
+                self.recorder.observe("weight_sync_s", seconds, per_node=True)
             version = int(self.version_tensor[0])
             if not publisher:
                 self.node.load_weights(self.live_weights, version)
