@@ -1,0 +1,104 @@
+"""Hugging Face causal LMs behind the same interface as the built-in model (optional extra).
+
+    pip install 'flowrl[hf]'
+    model: {type: hf, path: /models/Qwen2.5-0.5B-Instruct, dtype: bfloat16}
+
+A policy or reference is ``AutoModelForCausalLM``; a critic is the base ``AutoModel`` (no LM head)
+plus a zero-initialised linear value head on the last hidden state. Only local folders are read
+(``local_files_only``): a node never downloads. transformers is imported when a model is built,
+never when flowrl is imported, so everything else works without it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from flowrl.models.base import CausalLM
+from flowrl.models.spec import HFModelSpec
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError(
+            "model type `hf` needs the transformers package: pip install 'flowrl[hf]' "
+            "(or pip install transformers)"
+        ) from None
+    return transformers
+
+
+def _load_kwargs(spec: HFModelSpec, transformers: Any) -> dict[str, Any]:
+    major, minor = (int(p) for p in transformers.__version__.split(".")[:2])
+    dtype_key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"  # renamed in 4.56
+    kwargs: dict[str, Any] = {
+        dtype_key: _DTYPES[spec.dtype],
+        "trust_remote_code": spec.trust_remote_code,
+        "local_files_only": True,
+    }
+    if spec.attn_implementation is not None:
+        kwargs["attn_implementation"] = spec.attn_implementation
+    return kwargs
+
+
+class HFCausalLM(CausalLM):
+    """Adapter: ``forward`` / ``new_cache`` / ``forward_cached`` over a transformers model."""
+
+    def __init__(self, backbone: nn.Module, *, value_head: bool, seed: int = 0) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.has_value_head = value_head
+        config = backbone.config
+        self.vocab_size = int(config.vocab_size)
+        # transformers 5 renamed the cache argument; accept either.
+        params = inspect.signature(backbone.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        if value_head:
+            dtype = next(backbone.parameters()).dtype
+            self.value_head = nn.Linear(int(config.hidden_size), 1, dtype=dtype)
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.has_value_head:
+            hidden = self.backbone(input_ids=tokens, use_cache=False).last_hidden_state
+            return self.value_head(hidden).squeeze(-1)  # [B, L]
+        return self.backbone(input_ids=tokens, use_cache=False).logits  # [B, L, V]
+
+    def new_cache(self, batch: int, max_len: int) -> dict[str, Any]:
+        # The library creates its own cache on the first call; we keep whatever it returns.
+        return {"past": None, "length": 0}
+
+    def forward_cached(self, tokens: torch.Tensor, cache: dict[str, Any], start: int) -> torch.Tensor:
+        if self.has_value_head:
+            raise TypeError("forward_cached samples tokens; a value-head model (critic) has no logits")
+        if start != cache["length"]:
+            raise ValueError(f"cache holds {cache['length']} positions but start={start}; feed tokens in order")
+        kwargs = {"input_ids": tokens, "use_cache": True}
+        if cache["past"] is not None:
+            kwargs[self._cache_arg] = cache["past"]
+        out = self.backbone(**kwargs)
+        past = getattr(out, "cache", None)
+        cache["past"] = past if past is not None else out.past_key_values
+        cache["length"] = start + tokens.shape[1]
+        return out.logits
+
+
+def load_hf_model(spec: HFModelSpec, *, value_head: bool = False, seed: int = 0) -> HFCausalLM:
+    """Load ``spec.path`` as a policy (causal LM) or, with ``value_head``, a critic."""
+    if not (Path(spec.path) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.path={spec.path!r} has no config.json; point it at a local folder saved with "
+            "save_pretrained (flowrl never downloads models)"
+        )
+    transformers = _transformers()
+    auto = transformers.AutoModel if value_head else transformers.AutoModelForCausalLM
+    backbone = auto.from_pretrained(spec.path, **_load_kwargs(spec, transformers))
+    return HFCausalLM(backbone, value_head=value_head, seed=seed)

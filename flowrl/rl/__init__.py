@@ -1,0 +1,40 @@
+"""RL algorithms: pure advantage and loss functions, and the actor / critic trainers built on them.
+
+    >>> from flowrl.rl import ActorTrainer, ActorConfig, gae, group_advantages, ppo_policy_loss
+
+Layout: ``masked`` (reductions over valid tokens), ``advantages`` (GAE, GRPO groups, KL-penalised
+token rewards), ``losses`` (clipped policy and value losses, KL estimators), ``trainer`` / ``actor``
+/ ``critic`` (model-aware update steps with checkpointable state), ``single_process`` (the whole
+algorithm as one plain loop). The configs import without torch; the rest loads it on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowrl.rl.config import ActorConfig, AdvantageConfig, CriticConfig, OptimConfig, RolloutConfig
+
+__all__ = [
+    "ActorConfig", "AdvantageConfig", "CriticConfig", "OptimConfig", "RolloutConfig",
+    "ActorTrainer", "CriticTrainer",
+    "masked_mean", "masked_sum", "masked_var", "masked_whiten",
+    "gae", "group_advantages", "token_rewards", "ppo_advantages", "broadcast_to_tokens", "compute_advantages",
+    "aggregate", "kl_estimate", "ppo_policy_loss", "value_loss", "entropy_bonus",
+]
+
+_LAZY = {
+    "ActorTrainer": "flowrl.rl.actor",
+    "CriticTrainer": "flowrl.rl.critic",
+    **{n: "flowrl.rl.masked" for n in ("masked_mean", "masked_sum", "masked_var", "masked_whiten")},
+    **{n: "flowrl.rl.advantages" for n in ("gae", "group_advantages", "token_rewards", "ppo_advantages",
+                                           "broadcast_to_tokens", "compute_advantages")},
+    **{n: "flowrl.rl.losses" for n in ("aggregate", "kl_estimate", "ppo_policy_loss", "value_loss", "entropy_bonus")},
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'flowrl.rl' has no attribute {name!r}")

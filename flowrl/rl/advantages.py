@@ -1,0 +1,166 @@
+"""Advantages: GAE for PPO (with a critic), group-normalised scores for GRPO (without one).
+
+    >>> rewards = token_rewards(scores, mask, kl=kl, kl_coef=0.05)     # [B, T]
+    >>> adv, returns = gae(rewards, values, mask, gamma=1.0, lam=0.95)  # [B, T] each
+    >>> adv = group_advantages(scores, group_size=8)                    # [B], one per sequence
+    >>> adv, returns = compute_advantages(AdvantageConfig(), scores=scores, mask=mask, values=values)
+
+Pure tensor functions, no gradients: the callers pass detached values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flowrl.rl.config import AdvantageConfig
+from flowrl.rl.losses import kl_estimate
+from flowrl.rl.masked import masked_whiten
+
+
+def last_token_index(mask: torch.Tensor) -> torch.Tensor:
+    """Index ``[B]`` of the last masked token of each row (0 for an empty row)."""
+    t = mask.shape[1]
+    pos = torch.arange(t, device=mask.device).expand_as(mask)
+    return torch.where(mask.bool(), pos, 0).amax(dim=1)
+
+
+@torch.no_grad()
+def token_rewards(
+    scores: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    kl: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> torch.Tensor:
+    """Per-token rewards ``[B, T]``: the sequence score on its last token, minus ``kl_coef * kl`` on every token.
+
+    This is the KL *penalty in the reward* of InstructGPT-style PPO; ``kl`` is a per-token estimate
+    such as :func:`flowrl.rl.losses.kl_estimate` of policy vs reference. Padding gets 0.
+    """
+    m = mask.to(torch.float32)
+    rewards = torch.zeros_like(m)
+    if kl is not None and kl_coef:
+        rewards = rewards - kl_coef * kl.float() * m
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    has_token = mask.bool().any(dim=1)
+    rewards[rows, last_token_index(mask)] += torch.where(has_token, scores.float(), 0.0)
+    return rewards
+
+
+@torch.no_grad()
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over ``[B, T]``; returns ``(advantages, returns)``.
+
+    ``delta_t = r_t + gamma V_{t+1} - V_t``, ``A_t = delta_t + gamma lam A_{t+1}``, with the value
+    after a row's last valid token taken as 0 (the episode ends there); ``returns = A + V`` are the
+    critic's targets. Padding gets 0 in both. The loop runs over ``T`` (a few dozen steps), not
+    over the batch.
+    """
+    m = mask.to(torch.float32)
+    r, v = rewards.float() * m, values.float() * m
+    t_len = r.shape[1]
+    adv = torch.zeros_like(r)
+    next_value = torch.zeros_like(r[:, 0])
+    next_adv = torch.zeros_like(r[:, 0])
+    for t in reversed(range(t_len)):
+        delta = r[:, t] + gamma * next_value - v[:, t]
+        a = delta + gamma * lam * next_adv
+        # a padded step passes the future through unchanged (it is not part of the episode)
+        adv[:, t] = a * m[:, t]
+        next_value = torch.where(m[:, t] > 0, v[:, t], next_value)
+        next_adv = torch.where(m[:, t] > 0, a, next_adv)
+    return adv, (adv + v) * m
+
+
+@torch.no_grad()
+def group_advantages(
+    scores: torch.Tensor,
+    group_size: int,
+    *,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GRPO: each score minus its group's mean, over the group's std (``[B]`` -> ``[B]``).
+
+    Rows ``[g * group_size, (g + 1) * group_size)`` are the samples of one prompt. The std is the
+    unbiased one (as in DeepSeekMath); a group whose samples all scored the same gets advantage 0.
+    ``normalize_std=False`` is Dr. GRPO (mean-centred only).
+    """
+    b = scores.shape[0]
+    if group_size < 1 or b % group_size:
+        raise ValueError(f"batch of {b} scores does not split into groups of {group_size}; "
+                         "use prompts_per_step * samples_per_prompt rows")
+    s = scores.float().view(b // group_size, group_size)
+    centred = s - s.mean(dim=1, keepdim=True)
+    if normalize_std and group_size > 1:
+        centred = centred / (s.std(dim=1, keepdim=True) + eps)
+    return centred.view(b)
+
+
+def broadcast_to_tokens(seq_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B]`` per-sequence values -> ``[B, T]`` on every valid token (0 on padding)."""
+    return seq_values.float()[:, None] * mask.to(torch.float32)
+
+
+@torch.no_grad()
+def ppo_advantages(
+    scores: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    kl: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    whiten: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole PPO advantage step: token rewards, GAE, then (optionally) whitened advantages.
+
+    Returns are computed before whitening (the critic learns the real scale).
+    """
+    rewards = token_rewards(scores, mask, kl=kl, kl_coef=kl_coef)
+    adv, returns = gae(rewards, values, mask, gamma=gamma, lam=lam)
+    if whiten:
+        adv = masked_whiten(adv, mask)
+    return adv, returns
+
+
+@torch.no_grad()
+def compute_advantages(
+    config: AdvantageConfig,
+    *,
+    scores: torch.Tensor,
+    mask: torch.Tensor,
+    values: torch.Tensor | None = None,
+    logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    group_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Advantages ``[B, T]`` (and GAE returns ``[B, T]``, None for GRPO) as ``config`` says.
+
+    What the advantages node and the single-process loop both call. ``gae`` needs the critic's
+    ``values``, and with ``kl_coef > 0`` the sampling ``logprobs`` and the reference's
+    ``ref_logprobs``; ``grpo`` needs ``group_size`` (samples per prompt, rows grouped by prompt).
+    """
+    if config.estimator == "grpo":
+        if group_size is None:
+            raise ValueError("advantage.estimator=grpo needs group_size (samples per prompt)")
+        seq = group_advantages(scores, group_size, normalize_std=config.normalize_std)
+        return broadcast_to_tokens(seq, mask), None
+    if values is None:
+        raise ValueError("advantage.estimator=gae needs the critic's values; add a critic or use estimator=grpo")
+    kl = None
+    if config.kl_coef:
+        if logprobs is None or ref_logprobs is None:
+            raise ValueError("advantage.kl_coef > 0 needs logprobs and ref_logprobs (a reference node); "
+                             "provide them or set kl_coef=0")
+        kl = kl_estimate(logprobs, ref_logprobs, config.kl_kind)
+    return ppo_advantages(scores, values, mask, gamma=config.gamma, lam=config.lam, kl=kl,
+                          kl_coef=config.kl_coef, whiten=config.whiten)

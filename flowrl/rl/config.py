@@ -1,0 +1,100 @@
+"""Typed configs of the RL algorithms (no torch import: the graph loader uses them).
+
+Unknown keys are rejected. The field defaults are plain, safe ones (one mini-batch, no KL, no
+entropy bonus); the values measured to learn the built-in tasks fastest on a CPU are the presets
+in ``flowrl/rl/single_process.py`` (measured with ``benchmarks/single_process.py``). For a large
+Hugging Face model use the usual smaller learning rates (1e-6 .. 1e-5).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OptimConfig(_Config):
+    """AdamW, linear warm-up then constant, gradient-norm clipping; shared by actor and critic."""
+
+    lr: float = Field(1e-3, gt=0)
+    """Peak learning rate."""
+    betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW moment decay rates."""
+    eps: float = Field(1e-8, gt=0)
+    """AdamW denominator epsilon."""
+    weight_decay: float = Field(0.0, ge=0)
+    """Decoupled weight decay."""
+    warmup_steps: int = Field(0, ge=0)
+    """Optimizer steps of linear warm-up from 0 to ``lr``."""
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm to this (None: no clipping; the norm is still reported)."""
+    epochs: int = Field(1, ge=1)
+    """Passes over each batch (PPO epochs)."""
+    mini_batches: int = Field(1, ge=1)
+    """Optimizer steps per epoch: the batch is shuffled and split into this many parts."""
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
+    """How per-token losses become one number; see ``flowrl.rl.losses.aggregate``."""
+
+
+class ActorConfig(OptimConfig):
+    """The policy update: PPO clipped objective, optional KL loss and entropy bonus."""
+
+    clip_low: float = Field(0.2, ge=0)
+    """Lower clip of the ratio: ``1 - clip_low``."""
+    clip_high: float = Field(0.2, ge=0)
+    """Upper clip of the ratio: ``1 + clip_high`` (larger than ``clip_low`` = DAPO's clip-higher)."""
+    dual_clip: float | None = Field(None, gt=1)
+    """Bound the loss of negative-advantage tokens by ``dual_clip * |A|`` (None: off)."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    kl_loss_coef: float = Field(0.0, ge=0)
+    """Weight of a KL(policy || reference) loss term (GRPO style); needs reference log-probs."""
+    kl_loss_kind: Literal["k1", "k2", "k3"] = "k3"
+    """Estimator of that KL loss; see ``flowrl.rl.losses.kl_estimate``."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of the rollout: log-probs are recomputed at the same temperature."""
+
+
+class CriticConfig(OptimConfig):
+    """The value update: clipped squared error against GAE returns."""
+
+    clip_range_value: float | None = Field(None, gt=0)
+    """Clip new values to ``old +- clip_range_value`` in the loss (None: plain squared error)."""
+
+
+class AdvantageConfig(_Config):
+    """How scores become per-token advantages."""
+
+    estimator: Literal["gae", "grpo"] = "gae"
+    """``gae``: PPO with a critic; ``grpo``: score minus the mean of its prompt's group (no critic)."""
+    gamma: float = Field(1.0, ge=0, le=1)
+    """Discount per token (GAE)."""
+    lam: float = Field(0.95, ge=0, le=1)
+    """GAE lambda: 1 = Monte-Carlo returns minus value, 0 = one-step TD."""
+    kl_coef: float = Field(0.0, ge=0)
+    """KL penalty in the reward: ``r_t -= kl_coef * KL_t`` vs the reference (needs reference log-probs)."""
+    kl_kind: Literal["k1", "k2", "k3"] = "k1"
+    """Estimator of that per-token KL."""
+    whiten: bool = True
+    """Normalise GAE advantages over the batch (mean 0, std 1)."""
+    normalize_std: bool = True
+    """GRPO: divide by the group's std (False = Dr. GRPO, mean-centred only)."""
+
+
+class RolloutConfig(_Config):
+    """How the policy samples."""
+
+    temperature: float = Field(1.0, ge=0)
+    """Softmax temperature; 0 = greedy (no exploration, for evaluation only)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """Generation budget; None = what the task needs (answer + EOS)."""
+    prompts_per_step: int = Field(16, ge=1)
+    """Distinct prompts in one training batch."""
+    samples_per_prompt: int = Field(4, ge=1)
+    """Completions per prompt (GRPO's group size; > 1 gives PPO several samples per prompt too)."""

@@ -1,0 +1,136 @@
+"""The built-in transformer: seeded init, cached sampling equal to full recomputation, determinism."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flowrl.models import (
+    TinyLMSpec, build_model, generate, parse_model_spec, token_logprobs, token_logprobs_and_entropy, values,
+)
+from flowrl.tasks import EOS, PAD, VOCAB_SIZE, build_task
+
+SPEC = TinyLMSpec(d_model=32, n_layers=2, n_heads=4, max_seq_len=24)
+
+
+def _prompts(n: int = 6) -> torch.Tensor:
+    return build_task({"name": "reverse", "digits": 4}).prompts(0, 0, n)[0]
+
+
+def _eos_prone(model):
+    """Make every position's distribution favour EOS, so rows stop at different steps."""
+    with torch.no_grad():
+        model.norm.weight.zero_()
+        model.norm.bias.zero_()
+        model.norm.bias[0] = 1.0  # every hidden state becomes e_0, logits = lm_head.weight[:, 0]
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[EOS, 0] = 1.5
+    return model
+
+
+def test_the_default_vocabulary_is_the_task_vocabulary():
+    assert TinyLMSpec().vocab_size == VOCAB_SIZE
+
+
+def test_same_seed_builds_bitwise_equal_weights_and_the_critic_trunk_equals_the_policy():
+    a, b = build_model(SPEC, seed=3), build_model(SPEC, seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert not torch.equal(build_model(SPEC, seed=4).tok_emb.weight, a.tok_emb.weight)
+    critic = build_model(SPEC, value_head=True, seed=3)
+    trunk = {k: v for k, v in a.state_dict().items() if not k.startswith("lm_head")}
+    assert all(torch.equal(critic.state_dict()[k], v) for k, v in trunk.items())
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+def test_cached_generation_gives_the_same_logprobs_as_a_full_forward(positions):
+    model = build_model(SPEC.model_copy(update={"positions": positions}), seed=0)
+    prompts = _prompts()
+    out = generate(model, prompts, max_new_tokens=8, eos_id=EOS, pad_id=PAD, generator=torch.Generator().manual_seed(0))
+    full = token_logprobs(model, out.tokens, prompts.shape[1])
+    torch.testing.assert_close(full * out.response_mask, out.logprobs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+def test_a_multi_token_chunk_after_the_prompt_sees_the_cache_causally(positions):
+    model = build_model(SPEC.model_copy(update={"positions": positions}), seed=1).eval()
+    tokens = torch.randint(0, VOCAB_SIZE, (3, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = model(tokens)
+        cache = model.new_cache(3, 12)
+        parts = [model.forward_cached(tokens[:, :5], cache, 0), model.forward_cached(tokens[:, 5:9], cache, 5),
+                 model.forward_cached(tokens[:, 9:], cache, 9)]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=0)
+
+
+def test_generation_is_deterministic_under_a_seeded_generator():
+    model = build_model(SPEC, seed=0)
+    runs = [generate(model, _prompts(), max_new_tokens=6, eos_id=EOS, generator=torch.Generator().manual_seed(s))
+            for s in (5, 5, 6)]
+    assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].logprobs, runs[1].logprobs)
+    assert not torch.equal(runs[0].tokens, runs[2].tokens)
+
+
+def test_after_eos_come_padding_a_false_mask_and_zero_logprobs():
+    model = _eos_prone(build_model(SPEC, seed=0))
+    out = generate(model, _prompts(32), max_new_tokens=6, eos_id=EOS, pad_id=PAD, generator=torch.Generator().manual_seed(0))
+    resp = out.responses
+    lengths = out.response_mask.sum(dim=1)
+    assert len(set(lengths.tolist())) > 1  # rows did stop at different steps
+    for row, mask, lp, n in zip(resp, out.response_mask, out.logprobs, lengths.tolist()):
+        assert mask[:n].all() and not mask[n:].any()
+        if (row == EOS).any():
+            assert int((row == EOS).nonzero()[0]) == n - 1  # the EOS is the last valid token
+        assert (row[n:] == PAD).all() and (lp[n:] == 0).all() and (lp[:n] < 0).all()
+
+
+def test_greedy_and_tiny_top_p_both_pick_the_most_likely_token():
+    model = build_model(SPEC, seed=2)
+    greedy = generate(model, _prompts(), max_new_tokens=5, temperature=0.0, eos_id=EOS)
+    nucleus = generate(model, _prompts(), max_new_tokens=5, top_p=1e-6, eos_id=EOS,
+                       generator=torch.Generator().manual_seed(0))
+    assert torch.equal(greedy.tokens, nucleus.tokens)
+
+
+def test_temperature_scales_the_recomputed_logprobs_the_same_way():
+    model = build_model(SPEC, seed=0)
+    out = generate(model, _prompts(), max_new_tokens=5, temperature=0.7, eos_id=EOS, generator=torch.Generator().manual_seed(1))
+    lp, ent = token_logprobs_and_entropy(model, out.tokens, 7, temperature=0.7)
+    torch.testing.assert_close(lp * out.response_mask, out.logprobs, atol=1e-5, rtol=0)
+    assert ent.shape == lp.shape and float(ent.detach().min()) >= 0.0
+
+
+def test_an_untrained_policy_is_close_to_uniform():
+    model = build_model(SPEC, seed=0)
+    _, ent = token_logprobs_and_entropy(model, generate(model, _prompts(), max_new_tokens=5, eos_id=EOS).tokens, 7)
+    assert float(ent.detach().mean()) > 0.95 * torch.log(torch.tensor(float(VOCAB_SIZE)))
+
+
+def test_values_come_one_per_response_token_and_only_from_a_critic():
+    critic = build_model(SPEC, value_head=True, seed=0)
+    tokens = torch.randint(0, VOCAB_SIZE, (4, 12))
+    v = values(critic, tokens, prompt_len=7)
+    assert v.shape == (4, 5) and torch.equal(v, torch.zeros(4, 5))  # zero-initialised head
+    with pytest.raises(TypeError, match="value_head=True"):
+        values(build_model(SPEC), tokens, 7)
+    with pytest.raises(TypeError, match="critic"):
+        token_logprobs(critic, tokens, 7)
+
+
+def test_sequences_longer_than_max_seq_len_are_refused_with_the_fix():
+    model = build_model(SPEC, seed=0)
+    with pytest.raises(ValueError, match="max_seq_len=24"):
+        generate(model, _prompts(), max_new_tokens=20, eos_id=EOS)
+
+
+def test_bad_model_configs_are_rejected_with_the_reason():
+    with pytest.raises(ValueError, match="tiny, hf"):
+        parse_model_spec({"type": "gpt"})
+    with pytest.raises(ValueError, match="d_modle"):
+        parse_model_spec({"type": "tiny", "d_modle": 64})
+    with pytest.raises(ValueError, match="must divide d_model"):
+        TinyLMSpec(d_model=64, n_heads=5)
+
+
+def test_tied_embeddings_share_one_tensor():
+    model = build_model(SPEC.model_copy(update={"tie_embeddings": True}), seed=0)
+    assert model.lm_head.weight is model.tok_emb.weight
