@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the plan and findings as JSON")
 
     r = sub.add_parser("run", help="run a graph")
-    r.add_argument("graph", help="graph file (YAML)")
+    r.add_argument("graph", nargs="?", help="graph file (YAML); not needed with --resume")
     r.add_argument("overrides", nargs="*", metavar="key.path=value", help="override graph values")
     r.add_argument("--run-dir", metavar="DIR", help="run directory (default: runs/<name>-<timestamp>)")
     r.add_argument("--steps", type=int, help="training steps (overrides schedule.steps)")
@@ -60,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return check_main(args)
     if args.command == "run":
+        if not args.graph and not args.resume:
+            _parser().parse_args(["run", "--help"])
+        if args.graph and "=" in args.graph and not args.resume:
+            print(f"flowrl run: {args.graph!r} looks like an override; give the graph file first", file=sys.stderr)
+            return 2
+        if args.resume and args.graph and "=" in args.graph:
+            args.overrides, args.graph = [args.graph, *args.overrides], None
         from flowrl.runtime.run import run_main
 
         return run_main(args)

@@ -8,6 +8,7 @@ raised together as one `GraphError`.
 
 from __future__ import annotations
 
+import copy
 import difflib
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,14 @@ class Located:
         return self.lines.get(())
 
 
-def _construct(node: yaml.Node, loc: Loc, lines: dict, problems: list, file: str | None):
+def _construct(node: yaml.Node, loc: Loc, lines: dict, problems: list, file: str | None, memo: dict | None = None):
+    """YAML node -> Python data. An anchor and its aliases become one shared object, so an
+    override of `vars.model.d_model` reaches every node that says `model: *model`."""
+    memo = {} if memo is None else memo
     lines.setdefault(loc, node.start_mark.line + 1)
+    if id(node) in memo and isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+        _record_lines(memo[id(node)][1], loc, lines)
+        return memo[id(node)][0]
     if isinstance(node, yaml.MappingNode):
         out: dict = {}
         for key_node, value_node in node.value:
@@ -49,11 +56,19 @@ def _construct(node: yaml.Node, loc: Loc, lines: dict, problems: list, file: str
                                         "give every key (and every node) a unique name", file,
                                         key_node.start_mark.line + 1))
             lines[loc + (key,)] = key_node.start_mark.line + 1
-            out[key] = _construct(value_node, loc + (key,), lines, problems, file)
+            out[key] = _construct(value_node, loc + (key,), lines, problems, file, memo)
+        memo[id(node)] = (out, {k[len(loc):]: v for k, v in lines.items() if k[:len(loc)] == loc})
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_construct(v, loc + (i,), lines, problems, file) for i, v in enumerate(node.value)]
+        out = [_construct(v, loc + (i,), lines, problems, file, memo) for i, v in enumerate(node.value)]
+        memo[id(node)] = (out, {k[len(loc):]: v for k, v in lines.items() if k[:len(loc)] == loc})
+        return out
     return yaml.SafeLoader(yaml.serialize(node)).get_single_data() if node.tag != "tag:yaml.org,2002:str" else node.value
+
+
+def _record_lines(relative: dict, loc: Loc, lines: dict) -> None:
+    for sub, line in relative.items():
+        lines.setdefault(loc + sub, line)
 
 
 def _dotted(loc: Loc) -> str:
@@ -94,6 +109,7 @@ def apply_overrides(located: Located, overrides: list[str]) -> None:
         except yaml.YAMLError:
             value = raw
         cur = located.data
+        shared = keys[0] == "vars"  # `vars.x=...` changes every alias of the anchor; other paths only their own copy
         for i, key in enumerate(keys[:-1]):
             nxt = cur.get(key) if isinstance(cur, dict) else (cur[key] if isinstance(cur, list) and isinstance(key, int) and key < len(cur) else None)
             if nxt is None and isinstance(cur, dict):
@@ -101,6 +117,8 @@ def apply_overrides(located: Located, overrides: list[str]) -> None:
             if not isinstance(nxt, (dict, list)):
                 raise GraphError([Problem(_dotted(keys[: i + 1]), f"cannot descend into {nxt!r}",
                                           "override a key that exists in the graph file", where)])
+            if not shared:
+                nxt = cur[key] = copy.copy(nxt)
             cur = nxt
         last = keys[-1]
         if isinstance(cur, list):

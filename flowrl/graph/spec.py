@@ -182,7 +182,9 @@ class SupervisionSpec(StrictModel):
 class LauncherSpec(StrictModel):
     """Who starts node processes: `local` subprocesses, or `ray` placement groups."""
 
-    type: Literal["local", "ray"] = "local"
+    type: Literal["local", "subprocess", "ray"] = "local"
+    """`local`: forked from a server with torch imported (fast restarts); `subprocess`: a fresh
+    interpreter per node; `ray`: Ray placement groups (not in this release)."""
     address: str | None = None
     """Ray cluster address (`ray` only)."""
 

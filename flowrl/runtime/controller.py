@@ -73,6 +73,7 @@ class Controller:
         self.pending_tickets: list = []
         self.source_rr = 0
         self.checkpoints: dict[int, dict[str, list[str]]] = {}
+        self.checkpoint_versions: dict[int, int] = {}
         self.last_checkpoint: dict | None = None
         self.failure: str | None = None
         self.t0 = time.monotonic()
@@ -97,7 +98,8 @@ class Controller:
         for row in read_jsonl(self.run_dir / "ledger.jsonl"):
             delta = {"consumed": 1, "rolled_back": -1}.get(row["event"], 0)
             net[row["batch_id"]] = net.get(row["batch_id"], 0) + delta
-        self.scheduler.load_state_dict(resume["scheduler"], applied=applied)
+        self.scheduler.load_state_dict(resume["scheduler"], applied=applied,
+                                       version=resume.get("version") if self.publishers else len(applied))
         ledger = self.scheduler.ledger
         ledger.write("resumed", "-", 0, step=resume["step"])
         for bid, n in sorted(net.items()):
@@ -253,6 +255,8 @@ class Controller:
                 await self.new_epoch()
         elif t == "checkpointed":
             self.checkpoints.setdefault(msg["step"], {})[proc.id] = msg["applied"]
+            if proc.spec.node in self.publishers:
+                self.checkpoint_versions[msg["step"]] = msg.get("version", 0)
             self.maybe_commit_checkpoint(msg["step"])
         elif t == "dropped":
             self.scheduler.ledger.write("duplicate_dropped", msg["batch_id"], msg["attempt"], node=proc.id,
@@ -341,6 +345,8 @@ class Controller:
         sink_ids = [pid for pid in got if pid.split("/")[0] in self.sinks]
         applied = sorted(set().union(*(got[s] for s in sink_ids))) if sink_ids else []
         record = {**self.checkpoint_state.pop(step), "step": step, "applied": applied, "consumed": len(applied),
+                  # the publisher's own version: it may have published more after the order went out
+                  **({"version": self.checkpoint_versions.pop(step)} if step in self.checkpoint_versions else {}),
                   "files": {pid: str(self.run_dir / "checkpoints" / f"{pid.replace('/', '.')}.step{step:06d}.pt") for pid in got}}
         path = self.run_dir / "checkpoints" / "latest.json"
         tmp = path.with_suffix(".tmp")

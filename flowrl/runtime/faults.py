@@ -118,7 +118,7 @@ class FaultInjector:
             if f.action == "slow":
                 await anyio.sleep(f.seconds)
 
-    async def on_send(self, tx, batch) -> bool:
+    async def on_send(self, addresses: list[str], batch) -> bool:
         """Returns True when the message must not be sent (dropped or replaced by garbage)."""
         if not self.faults:
             return False
@@ -129,7 +129,7 @@ class FaultInjector:
         if self._due("drop", step):
             return True
         if self._due("corrupt", step):
-            await send_garbage(tx)
+            await send_garbage(addresses)
             return True
         return False
 
@@ -149,13 +149,13 @@ class FaultInjector:
             os.kill(os.getpid(), signal.SIGKILL if f.action == "kill" else signal.SIGSTOP)
 
 
-async def send_garbage(tx) -> None:
-    """Send frames that are not a valid message to every consumer of `tx` from a foreign socket."""
+async def send_garbage(addresses: list[str]) -> None:
+    """Send frames that are not a valid message to every consumer address from a foreign socket."""
     import zmq
     import zmq.asyncio
 
     ctx = zmq.asyncio.Context.instance()
-    for address in list(getattr(tx, "addresses", [])):
+    for address in addresses:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 500)
         sock.connect(address)

@@ -1,8 +1,8 @@
 """Launchers start node processes; the worker code does not care which one did.
 
-`local` (default): processes on this host, forked from a fork server that has already imported
-torch and the worker, so a restarted node is running in well under the ~1.5 s a fresh
-`import torch` costs. `subprocess`: plain `python -m flowrl.runtime.worker` (no preloading).
+`local` (default): processes on this host, forked from a fork server (`forkserver.py`) that has
+already imported torch and the worker, so a restarted node is running in well under the ~1.5 s a
+fresh `import torch` costs. `subprocess`: plain `python -m flowrl.runtime.worker` (no preloading).
 A `ray` launcher plugs into the same seam.
 
 Every handle is ended by PID: SIGTERM, a bounded wait, SIGKILL.
@@ -68,46 +68,99 @@ class Launcher(ABC):
 
 
 # ---------------------------------------------------------------------------------------------
-class _MPHandle(ProcessHandle):
-    def __init__(self, proc):
-        self.proc = proc
-        self.pid = proc.pid
-
-    def poll(self) -> int | None:
-        return self.proc.exitcode
-
-
-def _child(spec_path: str, log_path: str) -> None:
+def run_child(spec_path: str, log_path: str, stdin_fd: int | None = None) -> None:
+    """In a freshly forked node process: logs to its file, then the worker; never returns."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the controller, which stops us
-    from flowrl.runtime.worker import main
+    code = 1
+    try:
+        from flowrl.runtime.worker import main
 
-    code = main([spec_path])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        code = main([spec_path])
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class _ForkedHandle(ProcessHandle):
+    def __init__(self, pid: int, server: "LocalLauncher"):
+        self.pid = pid
+        self.server = server
+
+    def poll(self) -> int | None:
+        return self.server.exit_codes.get(self.pid)
 
 
 class LocalLauncher(Launcher):
-    """Fork-server launcher: the server imports torch + the worker once; each node forks from it."""
+    """Node processes forked from `flowrl.runtime.forkserver`, which has torch imported already.
 
-    def __init__(self, preload: bool = True):
-        import multiprocessing as mp
+    The server dies with the controller (and its children with it), so a `kill -9` of the
+    controller leaves nothing behind."""
 
-        self.ctx = mp.get_context("forkserver")
-        if preload:
-            self.ctx.set_forkserver_preload(["flowrl.runtime.worker", "torch", "flowrl.metrics", "flowrl.transport"])
+    def __init__(self, start_timeout_s: float = 120.0):
+        import queue
+        import threading
+
+        self.start_timeout_s = start_timeout_s
+        self.exit_codes: dict[int, int] = {}
+        self.replies: queue.Queue = queue.Queue()
+        self.server = subprocess.Popen([sys.executable, "-m", "flowrl.runtime.forkserver"], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, bufsize=0)
+        self.reader = threading.Thread(target=self._read, daemon=True, name="flowrl-forkserver-reader")
+        self.reader.start()
+
+    def _read(self) -> None:
+        import json
+
+        for line in self.server.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if "exit" in msg:
+                self.exit_codes[msg["exit"]] = msg["code"]
+            elif "pid" in msg:
+                self.replies.put(msg["pid"])
+        self.replies.put(None)  # the server is gone
 
     def start(self, spec_path: Path, log_path: Path) -> ProcessHandle:
-        proc = self.ctx.Process(target=_child, args=(str(spec_path), str(log_path)), daemon=False)
-        proc.start()
-        return _MPHandle(proc)
+        import json
+        import queue
+
+        if self.server.poll() is not None:
+            raise RuntimeError(f"the fork server exited ({describe_exit(self.server.returncode)}); "
+                               "run with launcher: {type: subprocess} to see why")
+        self.server.stdin.write((json.dumps({"spec": str(spec_path), "log": str(log_path)}) + "\n").encode())
+        self.server.stdin.flush()
+        try:
+            pid = self.replies.get(timeout=self.start_timeout_s)
+        except queue.Empty:
+            raise RuntimeError(f"the fork server did not start a process within {self.start_timeout_s} s") from None
+        if pid is None:
+            raise RuntimeError("the fork server exited; run with launcher: {type: subprocess} to see why")
+        return _ForkedHandle(pid, self)
+
+    def close(self) -> None:
+        if self.server.poll() is None:
+            try:
+                self.server.stdin.close()  # the server kills what is left and exits
+            except OSError:
+                pass
+            try:
+                self.server.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+                self.server.wait()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,9 +179,11 @@ class SubprocessLauncher(Launcher):
     def start(self, spec_path: Path, log_path: Path) -> ProcessHandle:
         log = open(log_path, "ab")
         try:
+            from flowrl.runtime.forkserver import die_with_parent
+
             popen = subprocess.Popen([sys.executable, "-m", "flowrl.runtime.worker", str(spec_path)],
                                      stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=die_with_parent)
         finally:
             log.close()
         return _PopenHandle(popen)

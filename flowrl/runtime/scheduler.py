@@ -158,10 +158,11 @@ class Scheduler:
                 "tickets": {b: {"index": s.index, "attempt": s.attempt, "consumed": s.consumed}
                             for b, s in self.tickets.items()}}
 
-    def load_state_dict(self, state: dict, applied: set[str] | None = None) -> None:
-        """Restore; tickets the sinks' checkpoint did not apply become in flight again."""
+    def load_state_dict(self, state: dict, applied: set[str] | None = None, version: int | None = None) -> None:
+        """Restore; tickets the sinks' checkpoint did not apply become in flight again.
+        `version`: the trainer's version as its checkpoint recorded it (it wins)."""
         self.next_index = state["next_index"]
-        self.version = state["version"]
+        self.version = state["version"] if version is None else version
         self.tickets = {}
         for bid, s in state["tickets"].items():
             consumed = s["consumed"] if applied is None else bid in applied

@@ -223,7 +223,8 @@ class Worker:
             await self.weight_sync(msg)
         elif t == "checkpoint":
             self.save_checkpoint(msg["path"], msg["step"])
-            await self.send_ctl({"t": "checkpointed", "step": msg["step"], "applied": sorted(self.applied)})
+            await self.send_ctl({"t": "checkpointed", "step": msg["step"], "applied": sorted(self.applied),
+                                 "version": self.version})
         elif t == "wire":
             await self.wire()
         elif t == "stop":
@@ -249,7 +250,7 @@ class Worker:
             batch = per_port.get(route.port)
             if batch is None:
                 continue
-            if await self.faults.on_send(tx, batch):
+            if await self.faults.on_send(route.addresses, batch):
                 continue
             with self.recorder.span("wait_credit", batch_id=batch.batch_id):
                 await tx.send(batch)

@@ -127,3 +127,22 @@ def test_graph_built_in_python_equals_the_file_and_dumps_back():
     assert built.model_dump() == loaded.model_dump()
     again = load_graph_text(dump_graph(loaded))
     assert again.model_dump() == loaded.model_dump()
+
+
+def test_vars_override_reaches_every_alias_but_a_node_override_only_that_node():
+    text = """\
+vars:
+  model: &m {d: 1}
+nodes:
+  prompts: {kind: prompts}
+  rollout: {kind: "tests.graph.kinds:Pass", config: {}}
+  actor: {kind: actor}
+edges: [prompts -> rollout, rollout -> actor]
+"""
+    from flowrl.graph.loader import apply_overrides, parse_yaml
+
+    located = parse_yaml(text.replace("config: {}", "config: {m: *m}") + "other: {m: *m}\n")
+    apply_overrides(located, ["vars.model.d=2"])
+    assert located.data["other"]["m"]["d"] == 2 and located.data["nodes"]["rollout"]["config"]["m"]["d"] == 2
+    apply_overrides(located, ["other.m.d=3"])
+    assert located.data["other"]["m"]["d"] == 3 and located.data["nodes"]["rollout"]["config"]["m"]["d"] == 2

@@ -1,0 +1,114 @@
+"""A fork server for node processes: imports torch once, then forks a node process per request.
+
+    python -m flowrl.runtime.forkserver        (started by LocalLauncher; speaks JSON lines)
+
+A fresh `import torch` costs about 1.5 s on a small CPU; a fork of a process that has already
+imported it costs milliseconds, which is what makes replacing a dead node fast.
+
+Lifetime is tied to the controller, so nothing outlives a `kill -9` of `flowrl run`:
+the server asks the kernel for SIGKILL when its parent (the controller) dies, and exits when its
+stdin closes; every node it forks asks for SIGKILL when the server dies. The server reaps its
+children and reports each exit status, so the controller still sees exit codes and signals.
+
+Protocol (one JSON object per line):
+    controller -> server   {"spec": PATH, "log": PATH}
+    server -> controller   {"pid": PID}                       (the reply to a request, in order)
+                           {"exit": PID, "code": CODE}        (CODE < 0: killed by signal -CODE)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Linux: have the kernel send `sig` to this process when its parent exits."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except OSError:
+        pass
+
+
+def _decode_status(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _write(out, msg: dict) -> None:
+    out.write(json.dumps(msg) + "\n")
+    out.flush()
+
+
+def serve() -> None:
+    parent = os.getppid()
+    die_with_parent()
+    if os.getppid() != parent:  # the controller died before prctl took effect
+        os._exit(0)
+    # heavy imports once, before any fork
+    import torch  # noqa: F401
+
+    import flowrl.metrics  # noqa: F401
+    import flowrl.runtime.worker  # noqa: F401
+    import flowrl.transport  # noqa: F401
+    from flowrl.runtime.launcher import run_child
+
+    out = sys.stdout
+    stdin = sys.stdin.fileno()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the controller, which stops us
+    buf = b""
+    children: set[int] = set()
+    while True:
+        ready, _, _ = select.select([stdin, wake_r], [], [])
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        while children:  # reap
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            _write(out, {"exit": pid, "code": _decode_status(status)})
+        if stdin in ready:
+            chunk = os.read(stdin, 65536)
+            if not chunk:  # the controller closed our stdin (or died): end
+                for pid in children:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                os._exit(0)
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                req = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    os.close(wake_r)
+                    os.close(wake_w)
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    die_with_parent()
+                    run_child(req["spec"], req["log"], stdin_fd=stdin)
+                children.add(pid)
+                _write(out, {"pid": pid})
+
+
+if __name__ == "__main__":
+    serve()
