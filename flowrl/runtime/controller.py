@@ -245,10 +245,14 @@ class Controller:
             if done:
                 await self.on_step(msg)
         elif t == "published":
+            if "digest" in msg:
+                self.scheduler.ledger.write("weights", "-", 0, node=proc.id, version=msg["version"], digest=msg["digest"])
             self.scheduler.set_version(msg["version"])
             await self.order_sync(msg["version"])
         elif t == "synced":
             proc.version = msg["version"]
+            if "digest" in msg:
+                self.scheduler.ledger.write("weights", "-", 0, node=proc.id, version=msg["version"], digest=msg["digest"])
         elif t == "sync_failed":
             log.warning("weight sync failed at %s: %s", proc.id, msg.get("error"))
             if msg.get("epoch") == self.epoch:

@@ -324,7 +324,7 @@ class Worker:
             self.version += 1
             self.nctx.policy_version = self.version
             self.snapshot_weights()
-            await self.send_ctl({"t": "published", "version": self.version})
+            await self.send_ctl({"t": "published", "version": self.version, **self.digest()})
 
     def snapshot_weights(self) -> None:
         """Publishers: copy the weights into the send buckets, so training can go on meanwhile."""
@@ -337,6 +337,19 @@ class Worker:
         with self.recorder.span("weight_snapshot"):
             self.weight_plan.pack(tensors, out=self.weight_buckets)
         self.version_tensor = self.version_tensor_for(self.version)
+
+    def digest(self) -> dict:
+        """With FLOWRL_WEIGHT_DIGEST=1: a digest of the weights this process now holds (tests use it
+        to check that rollouts hold bitwise the actor's weights of each version)."""
+        if os.environ.get("FLOWRL_WEIGHT_DIGEST") != "1" or self.weight_plan is None:
+            return {}
+        from flowrl.weights import weights_digest
+
+        if self.cls.publishes_weights:
+            tensors = self.weight_plan.views(self.weight_buckets)
+        else:
+            tensors = self.live_weights
+        return {"digest": weights_digest(tensors, self.weight_plan.layout)}
 
     def version_tensor_for(self, version: int):
         """Travels first in every broadcast: the version the buckets really hold (a newer snapshot
@@ -386,7 +399,7 @@ class Worker:
                 self.node.load_weights(self.live_weights, version)
                 self.version = version
                 self.nctx.policy_version = version
-            await self.send_ctl({"t": "synced", "version": version, "epoch": epoch})
+            await self.send_ctl({"t": "synced", "version": version, "epoch": epoch, **self.digest()})
         except Exception as e:  # noqa: BLE001 - reported; the controller forms a new epoch
             if self.group:
                 self.group.close()

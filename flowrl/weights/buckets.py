@@ -31,6 +31,15 @@ def layout_digest(layout: Layout) -> str:
     return hashlib.sha256(repr([tuple(x) for x in layout]).encode()).hexdigest()[:16]
 
 
+def weights_digest(tensors: dict[str, Any], layout: Layout) -> str:
+    """sha256 over the raw bytes of every tensor, in layout order: equal digests = bitwise equal."""
+    h = hashlib.sha256()
+    for name, _, _ in layout:
+        t = tensors[name].detach().contiguous().cpu()
+        h.update(t.reshape(-1).view(__import__("torch").uint8).numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
 class BucketPlan:
     """Which tensor lives where: tensors grouped by dtype, in layout order, into buckets of at
     most `bucket_bytes` (a larger tensor gets a bucket of its own)."""
