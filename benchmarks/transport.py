@@ -1,0 +1,276 @@
+"""One-way throughput between two processes: the flowrl channel against the usual alternatives.
+
+    python benchmarks/transport.py                       # table, under two minutes on 2 cores
+    python benchmarks/transport.py --json out.json       # the same numbers as JSON
+    python benchmarks/transport.py --sizes 4096 4194304  # some sizes only
+
+Each batch is int64 token ids + float32 logprobs (12 bytes per token) of 4 KiB, 256 KiB, 4 MiB and
+64 MiB. For every size and method a fresh receiver process and sender process run; the receiver
+reads every byte it gets (sums both arrays) and times from the end of a warm-up to the last message.
+Each cell runs `--repeat` times, interleaved with the others, and the best run is kept: on a shared
+machine the best run is the one least disturbed by other work.
+
+Methods: `flowrl` (Sender -> Receiver over ipc, with credit and acks), `pyzmq zero-copy` (PUSH/PULL
+over ipc, `copy=False`, `frombuffer` on receipt), `pyzmq pickle` (`send_pyobj`), `mp.Queue`
+(multiprocessing.Queue, pickling) and `memcpy` (one thread copying the batch: an upper bound).
+Targets (issue 3): at 4 MiB flowrl >= 0.8x pyzmq zero-copy and >= 10x mp.Queue in MB/s; at 4 KiB
+flowrl >= 0.5x pyzmq zero-copy in messages/s. Numbers from a shared or busy machine are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+
+SIZES = [4 << 10, 256 << 10, 4 << 20, 64 << 20]
+METHODS = ["flowrl", "pyzmq zero-copy", "pyzmq pickle", "mp.Queue"]
+TARGET_BYTES = 400 << 20  # data moved per measurement (bounded by the counts below)
+
+
+def count_for(size: int) -> int:
+    return int(min(10000, max(12, TARGET_BYTES // size)))
+
+
+def arrays(size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    n = max(1, size // 12)
+    return np.arange(seed, seed + n, dtype=np.int64), np.full(n, 0.5, dtype=np.float32)
+
+
+def read(tokens: np.ndarray, logprobs: np.ndarray) -> float:
+    """Touch every byte, as a real consumer would."""
+    return float(tokens.sum()) + float(logprobs.sum())
+
+
+class Clock:
+    """Times the messages after a warm-up (connection set-up and first allocations excluded), and
+    the receiving process's CPU time per message (all its threads), which load on a shared machine
+    disturbs far less than wall time."""
+
+    def __init__(self, count: int):
+        self.warmup, self.count, self.seen, self.t0, self.c0 = max(2, count // 20), count, 0, 0.0, 0.0
+
+    def tick(self) -> None:
+        self.seen += 1
+        if self.seen == self.warmup:
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
+
+    def result(self, size: int) -> dict:
+        dt, cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
+        n = self.count - self.warmup
+        return {"msgs_per_s": n / dt, "mb_per_s": n * size / dt / 1e6, "messages": self.count,
+                "rx_cpu_us": cpu / n * 1e6}
+
+
+def report_tx_cpu(results, c0: float, count: int) -> None:
+    results.put({"tx_cpu_us": (time.process_time() - c0) / count * 1e6})
+
+
+# ----------------------------------------------------------------------------------- flowrl
+def flowrl_rx(address, size, count, ready, results, capacity):
+    from flowrl.transport import ChannelConfig, EndOfStream, Receiver
+
+    async def main():
+        rx = Receiver(ChannelConfig(capacity_messages=capacity), name="bench")
+        await rx.bind(address)
+        ready.set()
+        clock = Clock(count)
+        while True:
+            try:
+                b = await rx.recv()
+            except EndOfStream:
+                break
+            read(b.tensors["tokens"], b.tensors["logprobs"])
+            await rx.ack(b)
+            clock.tick()
+        results.put(clock.result(size))
+        await rx.aclose()
+
+    asyncio.run(main())
+
+
+def flowrl_tx(address, size, count, results, capacity):
+    from flowrl.transport import Batch, ChannelConfig, Sender
+
+    async def main():
+        tx = Sender(ChannelConfig(capacity_messages=capacity), name="bench")
+        await tx.connect(address)
+        tokens, logprobs = arrays(size)
+        c0 = time.process_time()
+        for i in range(count):
+            await tx.send(Batch(tensors={"tokens": tokens, "logprobs": logprobs}, batch_id=f"b{i}"))
+        report_tx_cpu(results, c0, count)
+        await tx.end_of_stream()
+        if os.environ.get("FLOWRL_BENCH_STATS"):
+            print(tx.statistics(), flush=True)
+        await tx.aclose()
+
+    asyncio.run(main())
+
+
+# ----------------------------------------------------------------------------------- raw pyzmq
+def zmq_rx(address, size, count, ready, results, pickle_mode):
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.PULL)
+    sock.bind(address)
+    ready.set()
+    clock = Clock(count)
+    for _ in range(count):
+        if pickle_mode:
+            tokens, logprobs = sock.recv_pyobj()
+        else:
+            frames = sock.recv_multipart(copy=False)
+            tokens = np.frombuffer(frames[1].buffer, dtype=np.int64)
+            logprobs = np.frombuffer(frames[2].buffer, dtype=np.float32)
+        read(tokens, logprobs)
+        clock.tick()
+    results.put(clock.result(size))
+    sock.close(linger=0)
+
+
+def zmq_tx(address, size, count, results, pickle_mode):
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock.connect(address)
+    tokens, logprobs = arrays(size)
+    c0 = time.process_time()
+    for i in range(count):
+        if pickle_mode:
+            sock.send_pyobj((tokens, logprobs))
+        else:
+            sock.send_multipart([b"%d" % i, tokens, logprobs], copy=False)
+    report_tx_cpu(results, c0, count)
+    sock.close(linger=-1)
+    zmq.Context.instance().term()  # waits until everything is sent (buffers must outlive the I/O thread)
+
+
+# ----------------------------------------------------------------------------------- mp.Queue
+def queue_rx(queue, size, count, ready, results):
+    ready.set()
+    clock = Clock(count)
+    for _ in range(count):
+        tokens, logprobs = queue.get()
+        read(tokens, logprobs)
+        clock.tick()
+    results.put(clock.result(size))
+
+
+def queue_tx(queue, size, count, results):
+    tokens, logprobs = arrays(size)
+    c0 = time.process_time()
+    for _ in range(count):
+        queue.put((tokens, logprobs))
+    queue.close()
+    queue.join_thread()  # the feeder thread pickles and writes: count its work too
+    report_tx_cpu(results, c0, count)
+
+
+# ----------------------------------------------------------------------------------- driver
+def run_pair(method: str, size: int, count: int, capacity: int, tmp: str) -> dict:
+    ctx = mp.get_context("spawn")
+    ready, results = ctx.Event(), ctx.Queue()
+    address = f"ipc://{tmp}/{method.replace(' ', '_')}-{size}"
+    if method == "flowrl":
+        rx = ctx.Process(target=flowrl_rx, args=(address, size, count, ready, results, capacity))
+        tx = ctx.Process(target=flowrl_tx, args=(address, size, count, results, capacity))
+    elif method.startswith("pyzmq"):
+        pickle_mode = method == "pyzmq pickle"
+        rx = ctx.Process(target=zmq_rx, args=(address, size, count, ready, results, pickle_mode))
+        tx = ctx.Process(target=zmq_tx, args=(address, size, count, results, pickle_mode))
+    else:
+        queue = ctx.Queue(maxsize=8)
+        rx = ctx.Process(target=queue_rx, args=(queue, size, count, ready, results))
+        tx = ctx.Process(target=queue_tx, args=(queue, size, count, results))
+    rx.start()
+    try:
+        if not ready.wait(60):
+            raise RuntimeError(f"{method} receiver did not start")
+        tx.start()
+        result = {}
+        for _ in range(2):
+            result.update(results.get(timeout=300))
+        tx.join(60)
+        rx.join(60)
+        return result
+    finally:
+        for p in (tx, rx):
+            if p.pid is not None and p.is_alive():
+                p.kill()
+                p.join()
+
+
+def memcpy(size: int) -> dict:
+    src = np.ones(size, dtype=np.uint8)
+    dst = np.empty_like(src)
+    n = count_for(size)
+    np.copyto(dst, src)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        np.copyto(dst, src)
+    dt = time.perf_counter() - t0
+    return {"msgs_per_s": n / dt, "mb_per_s": n * size / dt / 1e6, "messages": n, "tx_cpu_us": dt / n * 1e6,
+            "rx_cpu_us": 0.0}
+
+
+def human(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=SIZES)
+    ap.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    ap.add_argument("--capacity", type=int, default=256, help="flowrl capacity_messages (credit window)")
+    ap.add_argument("--repeat", type=int, default=2, help="runs per cell, interleaved; the best is kept")
+    ap.add_argument("--json", help="also write the numbers to this file")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="flowrl-bench-")
+    runs: dict[str, dict[str, list[dict]]] = {str(size): {} for size in args.sizes}
+    try:
+        for _ in range(args.repeat):  # interleaved, so a burst of load elsewhere hits every method alike
+            for size in args.sizes:
+                for method in args.methods:
+                    runs[str(size)].setdefault(method, []).append(run_pair(method, size, count_for(size),
+                                                                           args.capacity, tmp))
+        for size in args.sizes:
+            runs[str(size)]["memcpy"] = [memcpy(size)]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rows = {size: {m: max(rs, key=lambda r: r["msgs_per_s"]) for m, rs in row.items()} for size, row in runs.items()}
+    print(f"one-way throughput between 2 processes over ipc; best of {args.repeat} interleaved runs; "
+          f"flowrl capacity_messages={args.capacity}; {os.cpu_count()} CPUs\n")
+    print(f"{'size':>8}  {'method':<16} {'MB/s':>9} {'msgs/s':>10} {'flowrl / this':>14} "
+          f"{'tx CPU us/msg':>14} {'rx CPU us/msg':>14}")
+    for size, row in rows.items():
+        base = row.get("flowrl")
+        for method, r in row.items():
+            ratio = f"{base['msgs_per_s'] / r['msgs_per_s']:.2f}x" if base and method != "flowrl" else ""
+            print(f"{human(int(size)):>8}  {method:<16} {r['mb_per_s']:9.0f} {r['msgs_per_s']:10.0f} {ratio:>14} "
+                  f"{r['tx_cpu_us']:14.1f} {r['rx_cpu_us']:14.1f}")
+        print()
+    checks = []
+    for size, method, goal in [(4 << 20, "pyzmq zero-copy", 0.8), (4 << 20, "mp.Queue", 10), (4 << 10, "pyzmq zero-copy", 0.5)]:
+        row = rows.get(str(size), {})
+        if "flowrl" in row and method in row:
+            got = row["flowrl"]["msgs_per_s"] / row[method]["msgs_per_s"]
+            checks.append({"size": size, "vs": method, "ratio": got, "target": goal, "ok": got >= goal})
+            print(f"target {human(size)}: flowrl / {method} = {got:.2f}x (>= {goal}x) {'PASS' if got >= goal else 'MISS'}")
+    print("\ntx CPU: sending process, send loop only (raw pyzmq and mp.Queue hand the bytes to a background "
+          "thread that may still be working); rx CPU: receiving process, all threads, per message")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"capacity_messages": args.capacity, "repeat": args.repeat, "best": rows, "runs": runs,
+                       "targets": checks}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""`Batch`: the unit that travels on a channel — named tensors, JSON-like metadata and work ids.
+
+    b = Batch(tensors={"tokens": tokens, "logprobs": logprobs}, meta={"task": "reverse"},
+              batch_id="t17", attempt=0, policy_version=3)
+    left, right = b.split(2)                 # two halves, for two replicas
+    joined = Batch.concat([left, right])     # the same samples again
+    b.select([0, 2]).num_samples == 2
+
+Tensors are numpy arrays or torch tensors of any shape, with a dtype from `DTYPES`; every tensor
+with at least one dimension shares the leading (sample) dimension. 0-d tensors are per-batch
+values: `select` / `split` keep them and `concat` requires them to be equal. A tensor comes out of a
+channel as the same kind (numpy or torch) it went in as.
+
+A batch is immutable (its fields cannot be reassigned) but its tensors are not copied: do not
+write into a tensor after sending it, since the sender holds it until the consumer acknowledges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from flowrl.transport.dtypes import dtype_name, is_torch, torch_module
+
+MAX_NAME_CHARS = 256
+
+
+def new_batch_id() -> str:
+    """A fresh random batch id (the scheduler normally gives ids; this is the fallback)."""
+    return uuid.uuid4().hex[:16]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Batch:
+    """Named tensors + metadata + ids; see the module docstring for an example."""
+
+    tensors: Mapping[str, Any] = field(default_factory=dict)
+    """name -> numpy array or torch tensor; all tensors with ndim >= 1 share dimension 0."""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    """JSON-like values only (None, bool, int, float, str, list, dict with str keys)."""
+    batch_id: str = field(default_factory=new_batch_id)
+    """The scheduler's work id; sinks and joins drop duplicates by it."""
+    attempt: int = 0
+    """How many times this work was re-issued after a failure (0 = first try)."""
+    policy_version: int = -1
+    """Weights version that produced the data; -1 when no policy was involved."""
+    _n: int = field(init=False, repr=False, default=0)
+    _delivery: Any = field(init=False, repr=False, default=None)
+
+    def __post_init__(self) -> None:
+        bid, attempt, version = self.batch_id, self.attempt, self.policy_version
+        if type(bid) is not str or not bid or len(bid) > MAX_NAME_CHARS:
+            raise ValueError(f"batch_id must be a non-empty str of at most {MAX_NAME_CHARS} chars, got {bid!r}")
+        if type(attempt) is not int or attempt < 0:
+            raise ValueError(f"attempt must be an int >= 0, got {attempt!r}")
+        if type(version) is not int:
+            raise TypeError(f"policy_version must be an int, got {type(version).__name__} {version!r}")
+        meta, tensors = self.meta, self.tensors
+        if type(meta) is not dict:
+            if not isinstance(meta, Mapping):
+                raise TypeError(f"meta must be a dict, got {type(meta).__name__}")
+        if type(tensors) is not dict and not isinstance(tensors, Mapping):
+            raise TypeError(f"tensors must be a dict name -> array, got {type(tensors).__name__}")
+        tensors = dict(tensors)
+        object.__setattr__(self, "tensors", tensors)
+        object.__setattr__(self, "meta", dict(meta))
+        object.__setattr__(self, "_n", _leading_dim(tensors))
+
+    @classmethod
+    def _trusted(cls, tensors: dict, meta: dict, batch_id: str, attempt: int, policy_version: int,
+                 n: int, delivery: Any = None) -> "Batch":
+        """Build without re-validating: for the decoder, which has checked everything already."""
+        b = object.__new__(cls)
+        setattr_ = object.__setattr__
+        setattr_(b, "tensors", tensors)
+        setattr_(b, "meta", meta)
+        setattr_(b, "batch_id", batch_id)
+        setattr_(b, "attempt", attempt)
+        setattr_(b, "policy_version", policy_version)
+        setattr_(b, "_n", n)
+        setattr_(b, "_delivery", delivery)
+        return b
+
+    # ------------------------------------------------------------------------------- properties
+    @property
+    def num_samples(self) -> int:
+        """Size of the shared leading dimension (0 when there are no tensors with ndim >= 1)."""
+        return self._n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensor data (what a channel moves, without the header)."""
+        return sum(_nbytes(t) for t in self.tensors.values())
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k}: {dtype_name(v)}{list(v.shape)}" for k, v in self.tensors.items())
+        return (f"Batch(id={self.batch_id!r}, attempt={self.attempt}, policy_version={self.policy_version}, "
+                f"samples={self._n}, tensors={{{shapes}}}, meta_keys={sorted(self.meta)})")
+
+    # ------------------------------------------------------------------------------- derived batches
+    def replace(self, **changes: Any) -> "Batch":
+        """A new batch with some fields changed; ids are kept unless given."""
+        return dataclasses.replace(self, **changes)
+
+    def select(self, indices: Any) -> "Batch":
+        """The samples at `indices` (ints, a bool mask, a slice, a numpy array or a torch tensor)."""
+        index = _as_index(indices, self._n)
+        return self.replace(tensors={k: _take(v, index) for k, v in self.tensors.items()})
+
+    def split(self, parts: int) -> "list[Batch]":
+        """`parts` contiguous batches of near-equal size (numpy.array_split rule; some may be empty)."""
+        if not isinstance(parts, int) or parts < 1:
+            raise ValueError(f"split needs parts >= 1, got {parts!r}")
+        base, extra = divmod(self._n, parts)
+        out, start = [], 0
+        for i in range(parts):
+            stop = start + base + (1 if i < extra else 0)
+            out.append(self.select(slice(start, stop)))
+            start = stop
+        return out
+
+    @classmethod
+    def concat(cls, batches: Sequence["Batch"], **ids: Any) -> "Batch":
+        """Samples of all batches in order. Ids and meta come from the first batch unless given;
+        `policy_version` defaults to the oldest of the parts (what staleness must account for)."""
+        batches = list(batches)
+        if not batches:
+            raise ValueError("concat needs at least one batch")
+        first = batches[0]
+        for i, b in enumerate(batches[1:], 1):
+            if b.tensors.keys() != first.tensors.keys():
+                raise ValueError(f"batch {i} has tensors {sorted(b.tensors)}, batch 0 has "
+                                 f"{sorted(first.tensors)}; concat needs the same names")
+        tensors = {name: _cat(name, [b.tensors[name] for b in batches]) for name in first.tensors}
+        fields = dict(meta=first.meta, batch_id=first.batch_id, attempt=first.attempt,
+                      policy_version=min(b.policy_version for b in batches))
+        fields.update(ids)
+        return cls(tensors=tensors, **fields)
+
+    def to_torch(self) -> "Batch":
+        """The same batch with every tensor as a torch tensor (numpy arrays are shared, not copied)."""
+        torch = torch_module()
+
+        def conv(v):
+            if is_torch(v):
+                return v
+            return torch.from_numpy(v if v.flags.writeable else v.copy())
+
+        return self.replace(tensors={k: conv(v) for k, v in self.tensors.items()})
+
+    def to_numpy(self) -> "Batch":
+        """The same batch with every tensor as a numpy array (CPU tensors are shared, not copied)."""
+
+        def conv(k, v):
+            if not is_torch(v):
+                return v
+            if dtype_name(v) == "bfloat16":
+                raise TypeError(f"tensor {k!r} is bfloat16, which numpy lacks; convert it with .float() first")
+            return v.detach().cpu().numpy()
+
+        return self.replace(tensors={k: conv(k, v) for k, v in self.tensors.items()})
+
+
+# ----------------------------------------------------------------------------------- helpers
+def _nbytes(t: Any) -> int:
+    return int(t.nbytes) if isinstance(t, np.ndarray) else t.numel() * t.element_size()
+
+
+def _leading_dim(tensors: dict) -> int:
+    n = first = None
+    for name, t in tensors.items():
+        if type(name) is not str or not name or len(name) > MAX_NAME_CHARS:
+            raise ValueError(f"tensor names must be non-empty str of at most {MAX_NAME_CHARS} chars, got {name!r}")
+        if not isinstance(t, np.ndarray):
+            if not is_torch(t):
+                raise TypeError(f"tensor {name!r} is a {type(t).__name__}; give a numpy array or a torch tensor")
+            if t.layout != torch_module().strided:
+                raise TypeError(f"tensor {name!r} has layout {t.layout}; only dense (strided) tensors travel")
+        dtype_name(t)
+        shape = t.shape
+        if not shape:
+            continue
+        if n is None:
+            n, first = int(shape[0]), name
+        elif shape[0] != n:
+            raise ValueError(f"tensor {name!r} has {shape[0]} samples (leading dim) but {first!r} has {n}; "
+                             "all tensors of a batch share the leading dimension")
+    return n or 0
+
+
+def _as_index(indices: Any, n: int) -> "slice | np.ndarray":
+    if isinstance(indices, slice):
+        return indices
+    if isinstance(indices, range):
+        indices = np.arange(indices.start, indices.stop, indices.step, dtype=np.int64)
+    elif is_torch(indices):
+        indices = indices.detach().cpu().numpy()
+    idx = np.asarray(indices)
+    if idx.dtype == np.bool_:
+        if idx.shape != (n,):
+            raise IndexError(f"a bool mask must have shape ({n},) for a batch of {n} samples, got {idx.shape}")
+        return np.flatnonzero(idx)
+    if idx.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+        raise IndexError(f"indices must be a 1-d sequence of ints or a bool mask, got dtype {idx.dtype} "
+                         f"and shape {idx.shape}")
+    idx = idx.astype(np.int64, copy=False)
+    bad = (idx < -n) | (idx >= n)
+    if bad.any():
+        raise IndexError(f"index {int(idx[bad][0])} is out of range for a batch of {n} samples")
+    return np.where(idx < 0, idx + n, idx)
+
+
+def _take(t: Any, index: "slice | np.ndarray") -> Any:
+    if t.ndim == 0:
+        return t
+    if isinstance(index, slice) or isinstance(t, np.ndarray):
+        return t[index]
+    torch = torch_module()
+    return t.index_select(0, torch.from_numpy(index).to(t.device))
+
+
+def _cat(name: str, parts: Iterable[Any]) -> Any:
+    parts = list(parts)
+    kinds = {is_torch(p) for p in parts}
+    if len(kinds) > 1:
+        raise TypeError(f"tensor {name!r} is numpy in some batches and torch in others; "
+                        "convert them alike with to_torch() or to_numpy() first")
+    dtypes = {dtype_name(p) for p in parts}
+    if len(dtypes) > 1:
+        raise TypeError(f"tensor {name!r} has dtypes {sorted(dtypes)} across batches; cast them alike first")
+    torch = torch_module() if kinds == {True} else None
+    if parts[0].ndim == 0:
+        same = all((torch.equal(parts[0], p) if torch else np.array_equal(parts[0], p)) for p in parts[1:])
+        if not same:
+            raise ValueError(f"0-d tensor {name!r} differs between batches; concat keeps one value per batch")
+        return parts[0]
+    tails = {tuple(p.shape[1:]) for p in parts}
+    if len(tails) > 1:
+        raise ValueError(f"tensor {name!r} has trailing shapes {sorted(tails)} across batches; they must match")
+    return torch.cat(parts) if torch else np.concatenate(parts)

@@ -1,0 +1,218 @@
+"""Codec: `Batch` <-> ZeroMQ frames, without pickle and without copying large tensors.
+
+    frames = encode(batch)                        # [header bytes, tensor buffer, ...]
+    same = decode(frames, limits=DecodeLimits())  # DecodeError on any violation
+
+Tensors up to `inline_max` bytes travel inside the msgpack header (one frame for a small batch);
+larger ones are their own frame, handed to ZeroMQ as a buffer (`copy=False`) and rebuilt on receipt
+with `numpy.frombuffer` / `torch.frombuffer` over the received frame. The codec is kept dumb: the
+schema lives in `wire.py`, the channel envelope (`env`) is added by the sender.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from flowrl.transport import wire
+from flowrl.transport.batch import Batch
+from flowrl.transport.dtypes import ITEMSIZE, NUMPY_DTYPES, dtype_name, is_torch, torch_dtype, torch_module
+from flowrl.transport.errors import DecodeError
+
+INLINE_MAX_BYTES = 8192
+"""Default: tensors of at most this many bytes are copied into the header instead of own frames."""
+
+_DATA_KEYS = frozenset({"v", "kind", "batch_id", "attempt", "policy_version", "meta", "tensors"})
+_DATA_OPTIONAL = frozenset({"env"})
+_DATA_KEYS_ENV = _DATA_KEYS | _DATA_OPTIONAL
+_TENSOR_KEYS = frozenset({"name", "dtype", "shape", "lib"})
+_TENSOR_OPTIONAL = frozenset({"frame", "data"})
+
+
+class Prepared:
+    """A batch turned into a header map and zero-copy buffers, ready to be sent (and re-sent)."""
+
+    __slots__ = ("batch", "header", "buffers", "payload_bytes")
+
+    def __init__(self, batch: Batch, header: dict, buffers: list, payload_bytes: int):
+        self.batch, self.header, self.buffers, self.payload_bytes = batch, header, buffers, payload_bytes
+
+    def frames(self, env: dict | None = None) -> list:
+        """[header, *buffers] with `env` as the channel envelope (None: no envelope)."""
+        if env is None:
+            self.header.pop("env", None)
+        else:
+            self.header["env"] = env
+        try:
+            head = wire.pack(self.header)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise TypeError(f"batch {self.batch.batch_id!r}: meta must hold JSON-like values only ({e})") from None
+        return [head, *self.buffers]
+
+
+def prepare(batch: Batch, inline_max: int = INLINE_MAX_BYTES) -> Prepared:
+    descs, buffers, payload = [], [], 0
+    for name, t in batch.tensors.items():
+        arr, lib = _host_array(t)
+        desc = {"name": name, "dtype": dtype_name(t), "shape": list(t.shape), "lib": lib}
+        nbytes = arr.nbytes
+        if nbytes <= inline_max:
+            desc["data"] = arr.tobytes()
+        else:
+            buffers.append(arr)
+            payload += nbytes
+            desc["frame"] = len(buffers)
+        descs.append(desc)
+    header = {"v": wire.SCHEMA_VERSION, "kind": wire.DATA, "batch_id": batch.batch_id, "attempt": batch.attempt,
+              "policy_version": batch.policy_version, "meta": batch.meta, "tensors": descs}
+    return Prepared(batch, header, buffers, payload)
+
+
+def encode(batch: Batch, inline_max: int = INLINE_MAX_BYTES) -> list:
+    """Frames of one `data` message (without channel envelope): [header, *tensor buffers]."""
+    return prepare(batch, inline_max).frames()
+
+
+def frame_view(frame: Any) -> memoryview:
+    """A flat byte view of a received frame (zmq.Frame, bytes, bytearray, memoryview, ndarray)."""
+    buf = getattr(frame, "buffer", None)  # zmq.Frame: a view of the received message, no copy
+    mv = buf if buf is not None else memoryview(frame)
+    return mv if mv.ndim == 1 and mv.format in ("B", "b", "c") else mv.cast("B")
+
+
+def decode(frames: Sequence[Any], limits: wire.DecodeLimits = wire.DecodeLimits()) -> Batch:
+    """Frames of one `data` message -> Batch. Raises DecodeError on anything unexpected."""
+    views, _ = check_frames(frames, limits)
+    header = wire.unpack_header(views[0], limits)
+    if header["kind"] != wire.DATA:
+        raise DecodeError("bad_kind", f"expected a data message, got {header['kind']!r}")
+    return decode_data(header, views, limits)
+
+
+def check_frames(frames: Sequence[Any], limits: wire.DecodeLimits) -> tuple[list, int]:
+    """Frame count and total size checks; returns flat views of the frames and their total size."""
+    if not frames:
+        raise DecodeError("no_frames", "empty message")
+    if len(frames) > limits.max_frames:
+        raise DecodeError("too_many_frames", f"{len(frames)} frames exceed max_frames={limits.max_frames}")
+    try:
+        views = [frame_view(f) for f in frames]
+    except (TypeError, ValueError) as e:
+        raise DecodeError("bad_frame", f"a frame is not a byte buffer ({e})") from None
+    total = 0
+    for v in views:
+        total += v.nbytes
+    if total > limits.max_message_bytes:
+        raise DecodeError("message_too_large", f"message of {total} bytes exceeds max_message_bytes="
+                                               f"{limits.max_message_bytes}")
+    return views, total
+
+
+def decode_data(header: dict, views: list, limits: wire.DecodeLimits, delivery: Any = None) -> Batch:
+    """A checked `data` header plus the message's frame views -> Batch (`delivery`: the receiver's
+    tag for `ack`)."""
+    keys = header.keys()
+    if keys != _DATA_KEYS_ENV and keys != _DATA_KEYS:
+        wire.check_keys(header, _DATA_KEYS, _DATA_OPTIONAL, "data header")
+    batch_id, attempt, policy_version = header["batch_id"], header["attempt"], header["policy_version"]
+    if type(batch_id) is not str or not 0 < len(batch_id) <= wire.MAX_STR:
+        wire.get_str(header, "batch_id")
+    if type(attempt) is not int or attempt < 0:
+        wire.get_int(header, "attempt", 0)
+    if type(policy_version) is not int or not -(1 << 63) <= policy_version < 1 << 63:
+        wire.get_int(header, "policy_version")
+    meta = header["meta"]
+    if type(meta) is not dict:
+        raise DecodeError("bad_field", f"meta must be a map, got {type(meta).__name__}")
+    if meta:
+        wire.check_json(meta, limits.max_depth)
+    descs = header["tensors"]
+    if type(descs) is not list or len(descs) > limits.max_tensors:
+        raise DecodeError("bad_field", f"tensors must be a list of at most max_tensors={limits.max_tensors}")
+    used = [False] * len(views)
+    tensors: dict[str, Any] = {}
+    n = None
+    for desc in descs:
+        name, t = _decode_tensor(desc, views, used, limits)
+        if name in tensors:
+            raise DecodeError("bad_field", f"tensor name {name!r} appears twice")
+        tensors[name] = t
+        shape = t.shape
+        if shape:
+            if n is None:
+                n = shape[0]
+            elif shape[0] != n:
+                raise DecodeError("batch_invalid", f"tensor {name!r} has {shape[0]} samples, others {n}")
+    if len(views) > 1 and not all(used[1:]):
+        raise DecodeError("stray_frame", f"frames {[i for i, u in enumerate(used) if i and not u]} are not "
+                                         "referenced by any tensor")
+    return Batch._trusted(tensors, meta, batch_id, attempt, policy_version, int(n or 0), delivery)
+
+
+_FRAME_KEYS = _TENSOR_KEYS | {"frame"}
+_INLINE_KEYS = _TENSOR_KEYS | {"data"}
+
+
+def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits) -> tuple[str, Any]:
+    if type(desc) is not dict or (desc.keys() != _INLINE_KEYS and desc.keys() != _FRAME_KEYS):
+        wire.check_keys(desc, _TENSOR_KEYS, _TENSOR_OPTIONAL, "tensor descriptor")
+        raise DecodeError("bad_field", "a tensor descriptor needs exactly one of `frame` and `data`")
+    name, dtype, lib, shape = desc["name"], desc["dtype"], desc["lib"], desc["shape"]
+    if type(name) is not str or not 0 < len(name) <= wire.MAX_STR:
+        raise DecodeError("bad_field", f"tensor name must be a str of 1..{wire.MAX_STR} chars, got {name!r:.40}")
+    itemsize = ITEMSIZE.get(dtype) if type(dtype) is str else None
+    if itemsize is None:
+        raise DecodeError("dtype", f"tensor {name!r}: dtype {dtype!r:.40} is not allowed")
+    if lib != "numpy" and lib != "torch" or (lib == "numpy" and dtype == "bfloat16"):
+        raise DecodeError("bad_field", f"tensor {name!r}: lib {lib!r:.40} with dtype {dtype} is not allowed")
+    if type(shape) is not list or len(shape) > limits.max_ndim:
+        raise DecodeError("shape", f"tensor {name!r}: shape must be a list of at most {limits.max_ndim} ints")
+    nbytes = itemsize
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise DecodeError("shape", f"tensor {name!r}: shape entries must be ints >= 0, got {d!r:.20}")
+        nbytes *= d
+    if "frame" in desc:
+        i = desc["frame"]
+        if type(i) is not int or not 0 < i < len(views) or used[i]:
+            raise DecodeError("frame_index", f"tensor {name!r}: frame {i!r:.20} is missing or used twice")
+        used[i] = True
+        buf = views[i]
+        size = buf.nbytes
+    else:
+        data = desc["data"]
+        if type(data) is not bytes:
+            raise DecodeError("bad_field", f"tensor {name!r}: inline data must be bin")
+        size = len(data)
+        buf = bytearray(data)  # writable, like a received frame
+    if size != nbytes:
+        raise DecodeError("size_mismatch", f"tensor {name!r}: shape {shape} x {dtype} needs {nbytes} bytes, "
+                                           f"got {size}")
+    if dtype == "bool" and nbytes and np.frombuffer(buf, np.uint8).max() > 1:
+        raise DecodeError("bad_value", f"tensor {name!r}: bool bytes must be 0 or 1")
+    if lib == "numpy":
+        arr = np.frombuffer(buf, dtype=NUMPY_DTYPES[dtype])
+        return name, arr if len(shape) == 1 else arr.reshape(shape)
+    torch = torch_module()
+    if not nbytes:
+        return name, torch.empty(shape, dtype=torch_dtype(dtype))
+    return name, torch.frombuffer(buf, dtype=torch_dtype(dtype)).reshape(shape)
+
+
+def _host_array(t: Any) -> tuple[np.ndarray, str]:
+    """A C-contiguous little-endian numpy view of a tensor's bytes (copying only when it must)."""
+    if isinstance(t, np.ndarray):
+        if t.dtype.byteorder == ">":
+            t = t.astype(t.dtype.newbyteorder("<"))
+        if not t.flags.c_contiguous:
+            t = t.copy(order="C")
+        return t, "numpy"
+    torch = torch_module()
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.resolve_conj().resolve_neg().contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy(), "torch"

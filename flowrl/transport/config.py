@@ -1,0 +1,117 @@
+"""Typed channel configuration; unknown keys are rejected, every field says what it bounds.
+
+    cfg = ChannelConfig(transport="ipc", capacity_messages=4, capacity_bytes=256 << 20)
+    cfg = ChannelConfig(transport="tcp", allow_remote=True, curve=CurveConfig(...))   # across hosts
+
+Both ends of a channel should use the same config; the consumer's capacities are the ones that
+count (it grants the credit).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from flowrl.transport.wire import DecodeLimits
+
+Z85_KEY_CHARS = 40
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class CurveConfig(_Model):
+    """CURVE keys (Z85 text, 40 chars) for an encrypted, authenticated tcp link between hosts.
+
+    Make a key pair with `zmq.curve_keypair()` (`CurveConfig.keypair()` returns it as text). The
+    consumer sets `server_public` + `server_secret`; each producer sets `server_public` (to know whom
+    it talks to) and its own client pair (or none: a fresh pair is made per connection).
+    """
+
+    server_public: str
+    """The consumer's public key; every producer must know it."""
+    server_secret: SecretStr | None = None
+    """The consumer's secret key (consumer side only)."""
+    client_public: str | None = None
+    """This producer's public key (producer side; default: an ephemeral pair)."""
+    client_secret: SecretStr | None = None
+    """This producer's secret key (producer side)."""
+    authorized_clients: tuple[str, ...] | None = None
+    """Consumer side: only producers holding one of these public keys may connect. None: any
+    producer that knows `server_public` may connect (encrypted, server authenticated)."""
+
+    @field_validator("server_public", "client_public")
+    @classmethod
+    def _z85(cls, v):
+        if v is not None and len(v) != Z85_KEY_CHARS:
+            raise ValueError(f"CURVE keys are {Z85_KEY_CHARS} Z85 chars, got {len(v)}; make one with "
+                             "zmq.curve_keypair()")
+        return v
+
+    @model_validator(mode="after")
+    def _pairs(self):
+        if (self.client_public is None) != (self.client_secret is None):
+            raise ValueError("give both client_public and client_secret, or neither (ephemeral pair)")
+        for key in self.authorized_clients or ():
+            if len(key) != Z85_KEY_CHARS:
+                raise ValueError(f"authorized client key {key[:8]}... is not {Z85_KEY_CHARS} Z85 chars")
+        return self
+
+    @staticmethod
+    def keypair() -> tuple[str, str]:
+        """A fresh (public, secret) pair as Z85 text."""
+        import zmq
+
+        public, secret = zmq.curve_keypair()
+        return public.decode(), secret.decode()
+
+
+class ChannelConfig(_Model):
+    """How one channel (one graph edge) behaves. Defaults are safe on one host."""
+
+    transport: Literal["ipc", "tcp", "inproc"] = "ipc"
+    """Address kind when `bind()` chooses the address: ipc (a socket file in a private directory),
+    tcp (loopback, a free port) or inproc (same process only; for tests)."""
+    capacity_messages: int = Field(16, ge=1)
+    """Messages a consumer holds at most (received, not yet acknowledged) plus credit it has
+    granted; a producer waits beyond that. Bounds memory and pipelining depth."""
+    capacity_bytes: int = Field(256 << 20, ge=1)
+    """Bytes a consumer holds at most plus credit it has granted. A single message larger than this
+    is refused by `send()` with a clear error."""
+    max_message_bytes: int = Field(1 << 30, ge=1)
+    """Largest message (all frames) a consumer decodes; larger ones are rejected."""
+    heartbeat_s: float = Field(0.5, gt=0)
+    """Interval of link heartbeats (credit refresh, liveness probes)."""
+    peer_timeout_s: float = Field(5.0, gt=0)
+    """How long a peer may stay unreachable: after it a producer hands unacknowledged batches back
+    (and `send()` raises BrokenChannel) and a consumer whose producers all died raises
+    BrokenChannel. Also the idle timeout of the ZeroMQ-level heartbeat on each connection."""
+    inline_max_bytes: int = Field(8192, ge=0)
+    """Tensors up to this size travel inside the header frame instead of in a frame of their own."""
+    max_header_bytes: int = Field(1 << 20, ge=64)
+    """Largest header frame (metadata and inline tensors) a consumer decodes."""
+    max_frames: int = Field(1024, ge=2)
+    """Most frames in one message a consumer decodes."""
+    max_meta_depth: int = Field(32, ge=1)
+    """Deepest nesting of `meta` a consumer decodes."""
+    ipc_dir: str | None = None
+    """Parent folder of the private (0700) folders that hold ipc socket files; default: the system
+    temp folder."""
+    allow_remote: bool = False
+    """Allow tcp addresses that are not loopback (binding 0.0.0.0, connecting to other hosts). Use
+    with `curve` so the link is encrypted and authenticated."""
+    curve: CurveConfig | None = None
+    """CURVE keys; None: no encryption (fine on loopback and ipc)."""
+
+    @model_validator(mode="after")
+    def _timeouts(self):
+        if self.peer_timeout_s < 2 * self.heartbeat_s:
+            raise ValueError(f"peer_timeout_s={self.peer_timeout_s} must be at least 2 x heartbeat_s="
+                             f"{self.heartbeat_s}; raise peer_timeout_s or lower heartbeat_s")
+        return self
+
+    def limits(self) -> DecodeLimits:
+        return DecodeLimits(max_header_bytes=self.max_header_bytes, max_frames=self.max_frames,
+                            max_message_bytes=self.max_message_bytes, max_depth=self.max_meta_depth)

@@ -1,0 +1,63 @@
+"""Producer-side state of one link (one socket to one consumer replica) and of one sent message.
+
+A link lives from a connect until its consumer is lost; then the sender closes it and opens a new
+one (new socket, new routing id `<sender id>.<epoch>`) to the same address, so that nothing of the
+old session — queued frames, credit counters, sequence bookkeeping — can leak into the new one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from flowrl.transport.codec import Prepared
+
+ENV_ALLOWANCE = 64  # bytes the channel envelope can add to a header
+
+
+class Entry:
+    """One batch on its way: held from its first send until acknowledged or handed back."""
+
+    __slots__ = ("seq", "prepared", "size")
+
+    def __init__(self, seq: int, prepared: Prepared):
+        self.seq, self.prepared, self.size = seq, prepared, 0  # size: bytes of the last framing
+
+
+class Link:
+    """Credit, acknowledgement and liveness state towards one consumer incarnation."""
+
+    def __init__(self, address: str, epoch: int, rid: bytes):
+        self.address, self.epoch, self.rid = address, epoch, rid
+        self.pump: Any = None          # sockets.Pump of the DEALER socket
+        self.mon: Any = None           # sockets.Pump of its connection monitor (ipc/tcp)
+        self.inc: str | None = None    # consumer incarnation, from its first status
+        self.dead = False
+        self.last_heard = time.monotonic()
+        self.cap_m = self.cap_b = self.max_msg = 0
+        self.lim_m = self.lim_b = 0    # cumulative limits granted by the consumer
+        self.sent_m = self.sent_b = 0  # cumulative, on this link
+        self.ret_m = self.ret_b = 0    # cumulative credit handed back
+        self.unacked: dict[int, Entry] = {}
+        self.eos_acked = False
+        self.used = False              # sent something since the last heartbeat
+        self.idle = False
+        self.need = 0                  # bytes of the message we wait to send (0: not waiting)
+
+    @property
+    def live(self) -> bool:
+        return self.inc is not None and not self.dead
+
+    @property
+    def avail_m(self) -> int:
+        return self.lim_m - self.sent_m - self.ret_m
+
+    @property
+    def avail_b(self) -> int:
+        return self.lim_b - self.sent_b - self.ret_b
+
+    def give_back_credit(self) -> None:
+        if self.avail_m > 0 or self.avail_b > 0:
+            self.ret_m += max(0, self.avail_m)
+            self.ret_b += max(0, self.avail_b)
+            self.idle = True

@@ -1,0 +1,410 @@
+"""`Receiver`: the consumer end of a channel. It binds; producers connect to it.
+
+    rx = Receiver(ChannelConfig(capacity_messages=4), name="rollout->reward")
+    address = await rx.bind()              # or bind("ipc:///run/x/reward") again after a crash
+    while True:
+        try:
+            batch = await rx.recv()
+        except EndOfStream:
+            break
+        ...                                # process
+        await rx.ack(batch)                # frees its credit; the producer forgets the batch
+    await rx.aclose()
+
+Memory is bounded by `capacity_messages` / `capacity_bytes`: credit for new messages is only granted
+as earlier ones are acknowledged. Producer links are told apart by their ZeroMQ routing id.
+
+How a producer's end is noticed: end-of-stream (it finished), its connection closing (ipc/tcp: the
+process exited or the network failed; the ZeroMQ heartbeat catches frozen hosts) or, for inproc,
+missed heartbeats. A producer lost without end-of-stream is *dropped from the set whose end-of-stream
+is awaited* (its replacement connects as a new link; its work is replayed upstream) and counted in
+`peers_lost`. `recv()` raises `EndOfStream` once every link still alive has finished and at least one
+finished. When no producer is left, none finished, and none came back within `peer_timeout_s` of the
+last loss, `recv()` raises `BrokenChannel` (with the cause) once; called again, it waits for a
+producer to connect (a supervisor may be restarting it).
+
+Heartbeats and credit run on the event loop: code that blocks the loop longer than `peer_timeout_s`
+makes this consumer look dead only on inproc channels (ipc/tcp liveness is ZeroMQ's, not the loop's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import deque
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from flowrl.transport import codec, security, sockets, wire
+from flowrl.transport.batch import Batch
+from flowrl.transport.config import ChannelConfig
+from flowrl.transport.endpoints import endpoint_for
+from flowrl.transport.errors import AddressInUse, BrokenChannel, ChannelClosed, DecodeError, EndOfStream
+from flowrl.transport.flow import CreditPool
+from flowrl.transport.stats import ChannelStats
+
+log = logging.getLogger("flowrl.transport")
+ACK_DELAY_S = 0.002  # acknowledgements wait at most this long to travel together
+
+
+class _Delivery:
+    """Attached to each received Batch so that `ack` finds its link and sequence number."""
+
+    __slots__ = ("rid", "seq", "size", "done")
+
+    def __init__(self, rid: bytes, seq: int, size: int):
+        self.rid, self.seq, self.size, self.done = rid, seq, size, False
+
+
+class _Peer:
+    __slots__ = ("rid", "fd", "state", "last_heard", "unacked", "acks", "dirty")
+
+    def __init__(self, rid: bytes, fd: int | None):
+        self.rid, self.fd, self.state = rid, fd, "open"
+        self.last_heard = time.monotonic()
+        self.unacked: dict[int, int] = {}  # seq -> bytes, received and not yet acknowledged
+        self.acks: list[int] = []          # acknowledged, not yet told to the producer
+        self.dirty = True                  # a status is owed
+
+
+class Receiver:
+    """Consumer end of one channel; see the module docstring."""
+
+    def __init__(self, config: ChannelConfig | None = None, *, name: str = "channel"):
+        self.config = config or ChannelConfig()
+        self.name = name
+        self.address: str | None = None
+        self._limits = self.config.limits()
+        self._inc = secrets.token_hex(8)
+        self._pool = CreditPool(self.config.capacity_messages, self.config.capacity_bytes)
+        self._peers: dict[bytes, _Peer] = {}
+        self._gone: set[bytes] = set()
+        self._orphans: dict[tuple[bytes, int], int] = {}
+        self._ready: deque[Batch] = deque()
+        self._outbox: list[tuple[bytes, bytes]] = []
+        self._state = "new"
+        self._ever_connected = False
+        self._finished = 0
+        self._lost: tuple[float, str] | None = None
+        self._changed = asyncio.Event()
+        self._unflushed = 0
+        self._flush_every = max(1, self.config.capacity_messages // 4)
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._blocked: set[bytes] = set()  # links waiting for credit
+        self._urgent = False  # a hello or a lost link changed the credit picture: flush now
+        self._tasks: list[asyncio.Task] = []
+        self._pump: Any = None
+        self._mon: Any = None
+        self._endpoint: Any = None
+        self._domain = ""
+        self._c = dict(received=0, received_bytes=0, acked=0, rejected=0, peers_lost=0)
+        self._rejects: dict[str, int] = {}
+
+    # ------------------------------------------------------------------------------- public API
+    async def bind(self, address: str | None = None) -> str:
+        """Bind `address` (or a fresh one of `config.transport`); returns the bound address."""
+        if self._state != "new":
+            raise RuntimeError(f"receiver {self.name!r} is already bound (or closed); make a new one")
+        self._endpoint = endpoint_for(address or self.config.transport, self.config, self.name)
+        sock = sockets.router(self.config)
+        self._domain = f"flowrl-{self._inc}"
+        try:
+            security.apply_server(sock, self.config.curve, self._domain)
+            mon = None if self._endpoint.scheme == "inproc" else sockets.monitor(sock, zmq.EVENT_DISCONNECTED)
+            self.address = await self._bind_retrying(sock, address)
+        except BaseException:
+            sockets.close(sock)
+            security.release(self._domain)
+            raise
+        self._state = "bound"
+        self._changed = asyncio.Event()
+        self._mon = None if mon is None else sockets.Pump(mon, self._on_monitor, copy=True)
+        self._pump = sockets.Pump(sock, self._on_messages)
+        self._pump.on_send_error = lambda e: log.debug("channel %s: status not sent: %s", self.name, e)
+        self._tasks = [asyncio.create_task(self._tick_loop())]
+        return self.address
+
+    async def _bind_retrying(self, sock: Any, address: str | None) -> str:
+        """A consumer restarted at its old address may find the old socket still closing (another
+        process exiting, or ZeroMQ's asynchronous close): retry for up to `peer_timeout_s`."""
+        deadline = time.monotonic() + self.config.peer_timeout_s
+        while True:
+            try:
+                return self._endpoint.bind(sock, address)
+            except (AddressInUse, zmq.ZMQError) as e:
+                in_use = isinstance(e, AddressInUse) or e.errno == zmq.EADDRINUSE
+                if not in_use or address is None or time.monotonic() > deadline:
+                    if in_use and not isinstance(e, AddressInUse):
+                        raise AddressInUse(f"{address} is in use: {e}") from e
+                    raise
+            await asyncio.sleep(0.02)
+
+    async def recv(self) -> Batch:
+        """The next batch; waits for one. Raises EndOfStream, BrokenChannel or ChannelClosed."""
+        while True:
+            if self._ready:
+                return self._ready.popleft()
+            if self._state != "bound":
+                raise ChannelClosed(f"receiver {self.name!r} is {'closed' if self._state == 'closed' else 'not bound'}")
+            if self._outbox:
+                self._flush()
+            changed = self._changed
+            self._check_end()
+            await changed.wait()
+
+    async def ack(self, batch: Batch) -> None:
+        """Done with `batch`: its credit returns and its producer stops holding it. Idempotent."""
+        d = batch._delivery
+        if not isinstance(d, _Delivery):
+            raise ValueError(f"ack() needs a Batch returned by recv(); {batch.batch_id!r} has no delivery tag "
+                             "(batches made by select/split/replace/concat carry none)")
+        if d.done:
+            return
+        d.done = True
+        self._c["acked"] += 1
+        peer = self._peers.get(d.rid)
+        if peer is not None and peer.unacked.pop(d.seq, None) is not None:
+            self._pool.on_ack(d.rid, d.size)
+            peer.acks.append(d.seq)
+            peer.dirty = True
+        elif self._orphans.pop((d.rid, d.seq), None) is not None:
+            self._pool.on_orphan_ack(d.size)
+        if self._state != "bound":
+            return
+        self._unflushed += 1
+        if self._unflushed >= self._flush_every:
+            self._flush()
+        elif self._flush_timer is None:  # acks go out in bursts: each message wakes two threads
+            self._flush_timer = asyncio.get_running_loop().call_later(ACK_DELAY_S, self._flush_soon)
+
+    def statistics(self) -> ChannelStats:
+        held_m = sum(len(p.unacked) for p in self._peers.values()) + self._pool.orphan_m
+        held_b = sum(sum(p.unacked.values()) for p in self._peers.values()) + self._pool.orphan_b
+        return ChannelStats(
+            name=self.name, role="receiver", peers=sum(p.state == "open" for p in self._peers.values()),
+            in_flight=held_m, in_flight_bytes=held_b, queued=len(self._ready),
+            queued_bytes=held_b, credit_messages=self._pool.free_m, credit_bytes=self._pool.free_b,
+            rejected_by_reason=dict(self._rejects), **self._c)
+
+    async def aclose(self) -> None:
+        """Close: producers are told (they re-send what this consumer did not acknowledge elsewhere)."""
+        if self._state == "bound":
+            for peer in self._peers.values():
+                self._outbox.append((peer.rid, self._status(peer, closing=True)))
+            self._send_outbox()
+        await self._shutdown()
+
+    def abort(self) -> None:
+        """Drop the socket without telling anyone, as a crash would (fault tests)."""
+        if self._state == "bound":
+            self._state = "closing"
+            for t in self._tasks:
+                t.cancel()
+            self._pump.close(monitor=self._mon)
+            security.release(self._domain)
+            self._state = "closed"
+            self._notify()
+
+    async def __aenter__(self) -> "Receiver":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------------------- incoming
+    def _on_messages(self, msgs: list) -> None:
+        for msg in msgs:
+            try:
+                self._handle(msg)
+            except DecodeError as e:
+                self._reject(e.reason, str(e), msg[0].bytes if msg else b"")
+            except Exception:  # noqa: BLE001 - a bug must not kill the channel; it is logged
+                log.exception("channel %s: internal error on an incoming message", self.name)
+                self._reject("internal", "internal error", b"")
+        if self._urgent or self._outbox:  # acknowledgements alone wait for their batch (see ack)
+            self._flush()
+        self._notify()
+
+    def _handle(self, msg: list) -> None:
+        rid = msg[0].bytes
+        views, size = codec.check_frames(msg[1:], self._limits)
+        header = wire.unpack_header(views[0], self._limits)
+        kind = header["kind"]
+        if kind == wire.DATA:
+            self._on_data(rid, header, views, size)
+        elif kind == wire.HELLO:
+            self._on_hello(rid, wire.Hello.from_header(header), msg)
+        else:
+            raise DecodeError("bad_kind", "status messages go from consumer to producer")
+
+    def _on_hello(self, rid: bytes, hello: wire.Hello, msg: list) -> None:
+        peer = self._peers.get(rid)
+        if hello.state in ("bye", "relink"):
+            if peer is not None:
+                quiet = hello.state == "relink" or peer.state == "eos"
+                self._drop(peer, None if quiet else "closed before end-of-stream")
+            return
+        if peer is None:
+            if rid in self._gone:  # a link we gave up on: tell it to start a new one
+                self._outbox.append((rid, wire.Status(ch=self.name, inc=self._inc, known=False).to_bytes()))
+                return
+            fd = msg[1].get(zmq.SRCFD) if self._mon is not None else -1
+            peer = self._peers[rid] = _Peer(rid, fd if fd >= 0 else None)
+            self._pool.add(rid)
+            self._ever_connected = True
+            log.debug("channel %s: producer link %r (%s) connected", self.name, rid, hello.ch)
+        peer.last_heard = time.monotonic()
+        self._urgent = True
+        self._pool.on_hello(rid, hello.need, hello.idle, hello.ret_m, hello.ret_b)
+        if hello.need:
+            self._blocked.add(rid)
+        else:
+            self._blocked.discard(rid)
+        if hello.state == "eos" and peer.state == "open":
+            peer.state = "eos"
+            self._pool.finish(rid)
+            self._finished += 1
+        peer.dirty = True
+
+    def _on_data(self, rid: bytes, header: dict, views: list, size: int) -> None:
+        env = header.get("env")
+        if type(env) is not dict or env.keys() != wire.ENV_KEYS:
+            wire.check_keys(env, wire.ENV_KEYS, where="env")
+        inc, seq = env["inc"], env["seq"]
+        if type(seq) is not int or seq < 0:
+            raise DecodeError("bad_field", f"env.seq must be an int >= 0, got {seq!r:.20}")
+        peer = self._peers.get(rid)
+        if peer is None:
+            self._outbox.append((rid, wire.Status(ch=self.name, inc=self._inc, known=False).to_bytes()))
+            raise DecodeError("unknown_link", f"data from link {rid!r} that sent no hello")
+        if inc != self._inc:
+            raise DecodeError("stale_incarnation", f"data addressed to consumer incarnation {inc!r}")
+        if seq in peer.unacked:
+            raise DecodeError("duplicate_seq", f"sequence number {seq} is already held")
+        account = self._pool.accounts[rid]
+        if not account.open or account.unused_m < 1 or account.unused_b < size:
+            raise DecodeError("no_credit", f"{size} bytes arrived without credit (or after end-of-stream)")
+        batch = codec.decode_data(header, views, self._limits, _Delivery(rid, seq, size))
+        self._pool.on_data(rid, size)
+        if self._blocked:
+            self._blocked.discard(rid)
+        peer.unacked[seq] = size
+        self._ready.append(batch)
+        c = self._c
+        c["received"] += 1
+        c["received_bytes"] += size
+
+    def _reject(self, reason: str, text: str, rid: bytes) -> None:
+        self._c["rejected"] += 1
+        n = self._rejects[reason] = self._rejects.get(reason, 0) + 1
+        if n <= 5 or n % 1000 == 0:
+            log.warning("channel %s: rejected a message from %r (%s; %d so far for this reason)",
+                        self.name, rid[:24], text[:300], n)
+
+    # ------------------------------------------------------------------------------- links
+    def _drop(self, peer: _Peer, cause: str | None) -> None:
+        self._urgent = True
+        del self._peers[peer.rid]
+        self._blocked.discard(peer.rid)
+        self._gone.add(peer.rid)
+        for seq, size in peer.unacked.items():
+            self._orphans[(peer.rid, seq)] = size
+        self._pool.remove(peer.rid)
+        if cause is not None:
+            self._c["peers_lost"] += 1
+            self._lost = (time.monotonic(), f"producer link {peer.rid.decode(errors='replace')} of channel "
+                                            f"{self.name!r}: {cause}")
+            log.warning("%s", self._lost[1])
+        self._notify()
+
+    def _on_monitor(self, msgs: list) -> None:
+        for frames in msgs:
+            event = parse_monitor_message(frames)
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                for peer in [p for p in self._peers.values() if p.fd == event["value"]]:
+                    self._drop(peer, "connection closed (process exited or network failed)"
+                               if peer.state == "open" else None)
+
+    async def _tick_loop(self) -> None:
+        hb = self.config.heartbeat_s
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(hb)
+            now = time.monotonic()
+            stalled, last = now - last > 2 * hb, now  # our loop was blocked: peers are not to blame
+            try:
+                self._tick(now, stalled)
+            except Exception:  # noqa: BLE001 - heartbeats must go on; the bug is logged
+                log.exception("channel %s: heartbeat failed", self.name)
+
+    def _tick(self, now: float, stalled: bool) -> None:
+        if self._mon is None and not stalled:  # inproc: no connection events, deadlines instead
+            for peer in [p for p in self._peers.values() if now - p.last_heard > self.config.peer_timeout_s]:
+                self._drop(peer, f"no heartbeat for {now - peer.last_heard:.1f}s" if peer.state == "open" else None)
+        for peer in self._peers.values():
+            peer.dirty = True
+        self._flush()
+        self._notify()
+
+    def _check_end(self) -> None:
+        if not self._ever_connected or any(p.state == "open" for p in self._peers.values()):
+            return
+        if self._finished:
+            raise EndOfStream(f"every producer of channel {self.name!r} finished")
+        if self._lost and time.monotonic() - self._lost[0] >= self.config.peer_timeout_s:
+            cause, self._lost = self._lost[1], None  # reported once: a retried recv() waits for producers
+            raise BrokenChannel(f"{cause}; no producer connected within {self.config.peer_timeout_s}s")
+
+    # ------------------------------------------------------------------------------- outgoing
+    def _status(self, peer: _Peer, closing: bool = False) -> bytes:
+        a = self._pool.accounts.get(peer.rid)
+        cfg = self.config
+        st = wire.Status(ch=self.name, inc=self._inc, known=True, closing=closing, cap_m=cfg.capacity_messages,
+                         cap_b=cfg.capacity_bytes, max_msg=cfg.max_message_bytes, lim_m=a.lim_m if a else 0,
+                         lim_b=a.lim_b if a else 0, acks=peer.acks, eos_ack=peer.state == "eos")
+        peer.acks, peer.dirty = [], False
+        return st.to_bytes()
+
+    def _flush_soon(self) -> None:
+        self._flush_timer = None
+        if self._unflushed and self._state == "bound":
+            self._flush()
+
+    def _flush(self) -> None:
+        """Grant free credit and send every status that is owed (acks, limits, heartbeats)."""
+        self._unflushed, self._urgent = 0, False
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        for rid in self._pool.regrant():
+            self._peers[rid].dirty = True
+        for peer in self._peers.values():
+            if peer.dirty:
+                self._outbox.append((peer.rid, self._status(peer)))
+        self._send_outbox()
+
+    def _send_outbox(self) -> None:
+        out, self._outbox = self._outbox, []
+        for rid, payload in out:
+            self._pump.send([rid, payload])
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _shutdown(self) -> None:
+        if self._state in ("new", "bound"):
+            self._state = "closing"
+            for t in self._tasks:
+                t.cancel()
+            if self._pump is not None:
+                self._pump.close(monitor=self._mon)
+                security.release(self._domain)
+            if self._endpoint is not None:
+                await self._endpoint.cleanup()
+        self._state = "closed"
+        self._notify()

@@ -1,0 +1,66 @@
+"""CURVE encryption and client authentication for channels that cross hosts.
+
+The consumer is the CURVE server. With `authorized_clients`, a process-wide ZAP handler (a
+thread, so it answers even while the event loop is busy) admits only those client keys, per
+channel (each receiver gets its own ZAP domain).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import zmq
+
+from flowrl.transport.config import CurveConfig
+from flowrl.transport.sockets import shared_context
+
+_lock = threading.Lock()
+_auth: Any = None
+_allowed: dict[str, frozenset[bytes] | None] = {}
+
+
+class _Provider:
+    def callback(self, domain: str, key: bytes) -> bool:
+        allowed = _allowed.get(domain, frozenset())
+        return allowed is None or key in allowed
+
+
+def apply_server(sock: Any, curve: CurveConfig | None, domain: str) -> None:
+    if curve is None:
+        return
+    if curve.server_secret is None:
+        raise ValueError("the consumer of a CURVE channel needs curve.server_secret")
+    sock.curve_server = True
+    sock.curve_publickey = curve.server_public.encode()
+    sock.curve_secretkey = curve.server_secret.get_secret_value().encode()
+    sock.zap_domain = domain.encode()
+    with _lock:
+        global _auth
+        keys = None if curve.authorized_clients is None else frozenset(k.encode() for k in curve.authorized_clients)
+        _allowed[domain] = keys
+        if _auth is None:
+            from zmq.auth.thread import ThreadAuthenticator
+
+            _auth = ThreadAuthenticator(zmq.Context.shadow(shared_context().underlying))
+            _auth.start()
+        _auth.configure_curve_callback(domain=domain, credentials_provider=_Provider())
+
+
+def release(domain: str) -> None:
+    with _lock:
+        _allowed.pop(domain, None)
+        if _auth is not None:
+            _auth.credentials_providers.pop(domain, None)
+
+
+def apply_client(sock: Any, curve: CurveConfig | None) -> None:
+    if curve is None:
+        return
+    if curve.client_public is None:
+        public, secret = zmq.curve_keypair()
+    else:
+        public, secret = curve.client_public.encode(), curve.client_secret.get_secret_value().encode()
+    sock.curve_serverkey = curve.server_public.encode()
+    sock.curve_publickey = public
+    sock.curve_secretkey = secret

@@ -1,0 +1,413 @@
+"""`Sender`: the producer end of a channel. It connects to one or more consumer replicas.
+
+    tx = Sender(ChannelConfig(), name="rollout->reward")
+    await tx.connect(address)              # once per consumer replica
+    await tx.send(batch)                   # waits for credit; goes to a replica that has some
+    await tx.end_of_stream()               # waits until everything sent is acknowledged
+    await tx.aclose()
+
+Every sent batch is held until its consumer acknowledges it. When a consumer is lost — its
+connection closes (ipc/tcp: process exited, or ZeroMQ's heartbeat gave up on a frozen host), it
+comes back as a new incarnation at the same address, it says it is closing, or (inproc only) its
+heartbeats stop — everything it had not acknowledged is re-sent, oldest first, to a live replica
+(the restarted one or another). If no replica is live for `peer_timeout_s`, those batches are
+handed back (`take_returned()`) and `send()` raises BrokenChannel instead of waiting forever.
+
+Delivery is at-least-once: a consumer that was only cut off (not dead) may also process a batch that
+was re-sent elsewhere; joins and sinks drop duplicates by `batch_id`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from typing import Any
+
+import anyio
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from flowrl.transport import codec, security, sockets, wire
+from flowrl.transport.batch import Batch
+from flowrl.transport.config import ChannelConfig
+from flowrl.transport.endpoints import endpoint_for, scheme_of
+from flowrl.transport.errors import BrokenChannel, ChannelClosed, DecodeError
+from flowrl.transport.link import ENV_ALLOWANCE, Entry, Link
+from flowrl.transport.stats import ChannelStats
+
+log = logging.getLogger("flowrl.transport")
+
+
+class Sender:
+    """Producer end of one channel; see the module docstring."""
+
+    def __init__(self, config: ChannelConfig | None = None, *, name: str = "channel"):
+        self.config = config or ChannelConfig()
+        self.name = name
+        self._id = secrets.token_hex(6)
+        self._links: dict[str, Link] = {}
+        self._seq = 0
+        self._pending: dict[int, Entry] = {}   # waiting to be re-sent, by sequence number
+        self._returned: list[Batch] = []
+        self._order = asyncio.Lock()            # one send at a time: order per producer
+        self._changed = asyncio.Event()
+        self._state = "open"                    # open | eos | closed
+        self._dead_since: float | None = time.monotonic()
+        self._cause = "no consumer has answered yet"
+        self._tasks: list[asyncio.Task] = []
+        self._resending: asyncio.Task | None = None
+        self._c = dict(sent=0, sent_bytes=0, acked=0, resent=0, returned=0, rejected=0, peers_lost=0,
+                       credit_waits=0, credit_wait_s=0.0)
+
+    # ------------------------------------------------------------------------------- public API
+    async def connect(self, address: str, *, wait: bool = True) -> None:
+        """Add the consumer replica at `address`. With `wait`, return once it answered (at most
+        `peer_timeout_s`, else BrokenChannel)."""
+        self._check_open()
+        if address in self._links:
+            raise ValueError(f"sender {self.name!r} is already connected to {address}")
+        endpoint_for(address, self.config, self.name).check_connect(address)
+        self._open_link(address, 0)
+        if not self._tasks:
+            self._tasks.append(asyncio.create_task(self._tick_loop()))
+        if wait:
+            with anyio.move_on_after(self.config.peer_timeout_s):
+                while not self._links[address].live:
+                    await self._wait_change(self.config.heartbeat_s)
+            if not self._links[address].live:
+                await self.disconnect(address)
+                raise BrokenChannel(f"no consumer of channel {self.name!r} answered at {address} within "
+                                    f"{self.config.peer_timeout_s}s (not bound yet? wrong address or keys?)")
+
+    async def disconnect(self, address: str) -> list[Batch]:
+        """Stop using the replica at `address`; returns what was sent there and not acknowledged."""
+        link = self._links.pop(address, None)
+        if link is None:
+            raise ValueError(f"sender {self.name!r} is not connected to {address}")
+        entries = sorted(link.unacked.values(), key=lambda e: e.seq)
+        link.unacked.clear()
+        self._close_link(link, "bye")
+        self._update_liveness()
+        return [e.prepared.batch for e in entries]
+
+    async def send(self, batch: Batch) -> None:
+        """Send `batch` to a replica with credit, waiting for credit if needed (never dropping).
+        Raises BrokenChannel when no replica was live for `peer_timeout_s` (the batch stays yours),
+        ValueError when it is larger than the consumer accepts, ChannelClosed after
+        `end_of_stream()` / `aclose()`."""
+        if not isinstance(batch, Batch):
+            raise TypeError(f"send() takes a Batch, got {type(batch).__name__}")
+        self._check_open()
+        prepared = codec.prepare(batch, self.config.inline_max_bytes)
+        async with self._order:
+            self._check_open()
+            if self._pending:
+                await self._drain_pending()
+            self._seq += 1
+            if not await self._place(Entry(self._seq, prepared), resend=False):
+                raise BrokenChannel(f"channel {self.name!r}: no consumer replica for {self.config.peer_timeout_s}s; "
+                                    f"last: {self._cause}")
+
+    def unacked(self) -> list[Batch]:
+        """Batches sent and not yet acknowledged, or waiting to be re-sent, oldest first."""
+        entries = [e for link in self._links.values() for e in link.unacked.values()] + list(self._pending.values())
+        return [e.prepared.batch for e in sorted(entries, key=lambda e: e.seq)]
+
+    def take_returned(self) -> list[Batch]:
+        """Batches no replica could take in time (handed back); the list is emptied."""
+        out, self._returned = self._returned, []
+        return out
+
+    async def end_of_stream(self) -> None:
+        """Finish the stream: waits until every sent batch is acknowledged (or handed back), then
+        tells every live replica, waiting (at most `peer_timeout_s`) for their confirmation."""
+        self._check_open()
+        self._state = "eos"
+        async with self._order:
+            while True:
+                if self._pending:
+                    await self._drain_pending()
+                    continue
+                if not any(link.unacked for link in self._links.values()):
+                    break
+                await self._wait_change(self.config.heartbeat_s)
+        for link in self._links.values():
+            self._send_hello(link)
+        with anyio.move_on_after(self.config.peer_timeout_s):
+            while not all(link.eos_acked for link in self._links.values() if link.live):
+                await self._wait_change(self.config.heartbeat_s)
+
+    def statistics(self) -> ChannelStats:
+        live = [link for link in self._links.values() if link.live]
+        unacked = [e for link in self._links.values() for e in link.unacked.values()]
+        return ChannelStats(
+            name=self.name, role="sender", peers=len(live),
+            in_flight=len(unacked) + len(self._pending),
+            in_flight_bytes=sum(e.size for e in unacked) + sum(e.size for e in self._pending.values()),
+            queued=len(self._pending), queued_bytes=sum(e.size for e in self._pending.values()),
+            credit_messages=sum(max(0, link.avail_m) for link in live),
+            credit_bytes=sum(max(0, link.avail_b) for link in live), **self._c)
+
+    async def aclose(self) -> None:
+        """Close every link; what was not acknowledged is handed back (`take_returned()`)."""
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        self._return(self.unacked())
+        self._pending.clear()
+        for link in self._links.values():
+            link.unacked.clear()
+            self._close_link(link, "bye")
+        for t in self._tasks + ([self._resending] if self._resending else []):
+            t.cancel()
+        self._notify()
+
+    async def __aenter__(self) -> "Sender":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------------------- placing
+    async def _place(self, entry: Entry, resend: bool) -> bool:
+        """Transmit `entry` on a live link with credit, waiting as long as some link is live."""
+        t0 = None
+        while True:
+            self._check_open(allow_eos=True)
+            if resend and entry.seq not in self._pending:
+                return False
+            link, frames, size, fits = self._pick(entry)
+            if link is not None:
+                self._transmit(link, entry, frames, size, resend)
+                if t0 is not None:
+                    self._c["credit_wait_s"] += time.monotonic() - t0
+                return True
+            if not fits:
+                limits = ", ".join(f"{a}: {lk.cap_b} B capacity / {lk.max_msg} B max message"
+                                   for a, lk in self._links.items() if lk.live)
+                raise ValueError(f"batch {entry.prepared.batch.batch_id!r} is a {size}-byte message; the "
+                                 f"consumers accept less ({limits}); split it (Batch.split) or raise "
+                                 "capacity_bytes / max_message_bytes")
+            if self._broken():
+                return False
+            if t0 is None:
+                t0 = time.monotonic()
+                self._c["credit_waits"] += 0 if resend else 1
+            for lk in self._links.values():
+                if lk.live and lk.need != size:
+                    lk.need, lk.idle = size, False
+                    self._send_hello(lk)
+            await self._wait_change(self.config.heartbeat_s)
+
+    def _pick(self, entry: Entry) -> tuple[Link | None, list | None, int, bool]:
+        """The least loaded live link with credit for `entry`: (link, frames, size, fits anywhere)."""
+        live = [lk for lk in self._links.values() if lk.live]
+        if len(live) > 1:
+            live.sort(key=lambda lk: len(lk.unacked))
+        fits = not live
+        size = entry.size
+        for lk in live:
+            frames = entry.prepared.frames({"inc": lk.inc, "seq": entry.seq})
+            size = entry.size = len(frames[0]) + entry.prepared.payload_bytes
+            if size > lk.cap_b or size > lk.max_msg:
+                continue
+            fits = True
+            if lk.avail_m >= 1 and lk.avail_b >= size:
+                return lk, frames, size, True
+        if not size:  # no live link yet: size without envelope, plus room for it
+            size = len(entry.prepared.frames()[0]) + ENV_ALLOWANCE + entry.prepared.payload_bytes
+        return None, None, size, fits
+
+    def _transmit(self, link: Link, entry: Entry, frames: list, size: int, resend: bool) -> None:
+        """Hand `entry` to `link`. From here the channel owns it: if the write fails, losing the
+        link moves it (with the link's other unacknowledged entries) back to pending."""
+        self._pending.pop(entry.seq, None)
+        link.unacked[entry.seq] = entry
+        link.sent_m += 1
+        link.sent_b += size
+        link.used = True
+        link.need = 0
+        self._c["sent"] += 1
+        self._c["sent_bytes"] += size
+        self._c["resent"] += resend
+        link.pump.send(frames)
+
+    async def _drain_pending(self) -> None:
+        """Re-send pending entries oldest first (caller holds the order lock)."""
+        while self._pending:
+            seq = min(self._pending)
+            try:
+                placed = await self._place(self._pending[seq], resend=True)
+            except ValueError as e:  # the replicas left accept less than this batch needs
+                log.warning("channel %s: %s", self.name, e)
+                self._return([self._pending.pop(seq).prepared.batch])
+                continue
+            if not placed:
+                self._return([e.prepared.batch for _, e in sorted(self._pending.items())])
+                self._pending.clear()
+
+    async def _resend_task(self) -> None:
+        try:
+            async with self._order:
+                if self._state != "closed":
+                    await self._drain_pending()
+        except ChannelClosed:
+            pass  # closed meanwhile: aclose() hands everything back
+
+    def _return(self, batches: list[Batch]) -> None:
+        if batches:
+            self._returned.extend(batches)
+            self._c["returned"] += len(batches)
+            log.warning("channel %s: %d batch(es) handed back undelivered (%s)", self.name, len(batches), self._cause)
+
+    # ------------------------------------------------------------------------------- links
+    def _open_link(self, address: str, epoch: int) -> Link:
+        rid = f"{self._id}.{epoch}".encode()
+        sock = sockets.dealer(self.config, rid)
+        security.apply_client(sock, self.config.curve)
+        mon = None if scheme_of(address) == "inproc" else sockets.monitor(sock, zmq.EVENT_DISCONNECTED)
+        sock.connect(address)
+        link = self._links[address] = Link(address, epoch, rid)
+        link.mon = None if mon is None else sockets.Pump(mon, lambda msgs: self._on_monitor(link, msgs), copy=True)
+        link.pump = sockets.Pump(sock, lambda msgs: self._on_messages(link, msgs), copy=True)
+        link.pump.on_send_error = lambda e: self._on_send_error(link, e)
+        self._send_hello(link)
+        return link
+
+    def _close_link(self, link: Link, state: str) -> None:
+        if link.dead:
+            return
+        link.dead = True
+        self._send_hello(link, state)
+        link.pump.close(linger_ms=100, monitor=link.mon)
+
+    def _lose(self, link: Link, cause: str) -> None:
+        """Give up on a link: its unacknowledged entries wait for re-sending; a new link (a new
+        socket, a new routing id) to the same address replaces it."""
+        if link.dead:
+            return
+        self._c["peers_lost"] += 1
+        self._cause = cause
+        log.warning("channel %s: %s; %d unacknowledged batch(es) will be re-sent", self.name, cause, len(link.unacked))
+        for seq, entry in link.unacked.items():
+            self._pending[seq] = entry
+        link.unacked.clear()
+        self._close_link(link, "relink")
+        if self._state != "closed" and self._links.get(link.address) is link:
+            self._open_link(link.address, link.epoch + 1)
+        self._update_liveness()
+        if self._pending and (self._resending is None or self._resending.done()):
+            self._resending = asyncio.get_running_loop().create_task(self._resend_task())
+
+    def _send_hello(self, link: Link, state: str | None = None) -> None:
+        state = state or ("eos" if self._state == "eos" else "open")
+        hello = wire.Hello(ch=self.name, state=state, need=link.need, idle=link.idle,
+                           ret_m=link.ret_m, ret_b=link.ret_b)
+        link.pump.send([hello.to_bytes()])
+
+    def _on_send_error(self, link: Link, error: zmq.ZMQError) -> None:
+        if link.inc is None or link.dead:  # not connected yet (inproc before bind): hellos retry
+            log.debug("channel %s: write to %s failed: %s", self.name, link.address, error)
+        else:
+            self._lose(link, f"writing to consumer at {link.address} failed ({error})")
+
+    def _on_messages(self, link: Link, msgs: list) -> None:
+        limits = wire.DecodeLimits(max_header_bytes=sockets.CONTROL_MAX_BYTES)
+        for frames in msgs:
+            if link.dead:
+                return
+            try:
+                if len(frames) != 1:
+                    raise DecodeError("bad_frames", f"a status has 1 frame, got {len(frames)}")
+                header = wire.unpack_header(frames[0], limits)
+                if header["kind"] != wire.STATUS:
+                    raise DecodeError("bad_kind", f"a consumer sent a {header['kind']!r} message")
+                self._on_status(link, wire.Status.from_header(header))
+            except DecodeError as e:
+                self._c["rejected"] += 1
+                log.warning("channel %s: bad message from consumer at %s: %s", self.name, link.address, e)
+            except Exception:  # noqa: BLE001 - a bug must not kill the channel; it is logged
+                log.exception("channel %s: internal error on a status from %s", self.name, link.address)
+        self._update_liveness()
+        self._notify()
+
+    def _on_status(self, link: Link, st: wire.Status) -> None:
+        if link.inc is None:
+            if not st.known:
+                return  # a reply to stale traffic; our hello will be answered
+            link.inc = st.inc
+        elif st.inc != link.inc:
+            return self._lose(link, f"consumer at {link.address} restarted (incarnation {link.inc} -> {st.inc})")
+        elif not st.known:
+            return self._lose(link, f"consumer at {link.address} had given up on this producer")
+        link.last_heard = time.monotonic()
+        link.cap_m, link.cap_b, link.max_msg = st.cap_m, st.cap_b, st.max_msg
+        link.lim_m, link.lim_b = max(link.lim_m, st.lim_m), max(link.lim_b, st.lim_b)
+        for seq in st.acks:
+            if link.unacked.pop(seq, None) is not None:
+                self._c["acked"] += 1
+        link.eos_acked = st.eos_ack
+        if st.closing:  # after its last acknowledgements: what is left goes elsewhere
+            self._lose(link, f"consumer at {link.address} closed the channel")
+
+    def _on_monitor(self, link: Link, msgs: list) -> None:
+        for frames in msgs:
+            event = parse_monitor_message(frames)
+            if event["event"] == zmq.EVENT_DISCONNECTED and link.inc is not None:
+                self._lose(link, f"connection to consumer at {link.address} closed (process exited or "
+                                 "network failed)")
+                return
+
+    async def _tick_loop(self) -> None:
+        hb = self.config.heartbeat_s
+        last = time.monotonic()
+        while self._state != "closed":
+            await asyncio.sleep(hb)
+            now = time.monotonic()
+            stalled, last = now - last > 2 * hb, now  # our loop was blocked: peers are not to blame
+            try:
+                self._tick(now, stalled)
+            except Exception:  # noqa: BLE001 - heartbeats must go on; the bug is logged
+                log.exception("channel %s: heartbeat failed", self.name)
+
+    def _tick(self, now: float, stalled: bool) -> None:
+        for link in list(self._links.values()):
+            if link.dead:
+                continue
+            silent = now - link.last_heard
+            if link.mon is None and link.live and not stalled and silent > self.config.peer_timeout_s:
+                self._lose(link, f"consumer at {link.address} sent no status for {silent:.1f}s")
+                continue
+            if link.live and not link.used and not link.need and not self._order.locked():
+                link.give_back_credit()  # idle: hand unused credit back so others can use it
+            link.used = False
+            self._send_hello(link)
+        self._update_liveness()
+        self._notify()
+
+    # ------------------------------------------------------------------------------- helpers
+    def _check_open(self, allow_eos: bool = False) -> None:
+        if self._state == "closed":
+            raise ChannelClosed(f"sender {self.name!r} is closed")
+        if self._state == "eos" and not allow_eos:
+            raise ChannelClosed(f"sender {self.name!r}: end_of_stream() was called; nothing more can be sent")
+
+    def _update_liveness(self) -> None:
+        if any(link.live for link in self._links.values()):
+            self._dead_since = None
+        elif self._dead_since is None:
+            self._dead_since = time.monotonic()
+
+    def _broken(self) -> bool:
+        return self._dead_since is not None and time.monotonic() - self._dead_since >= self.config.peer_timeout_s
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_change(self, timeout: float) -> None:
+        changed = self._changed
+        with anyio.move_on_after(timeout):
+            await changed.wait()

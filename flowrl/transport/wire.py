@@ -1,0 +1,207 @@
+"""Wire types: the only thing both ends of a channel share. Written down once, versioned.
+
+Every message is a ZeroMQ multipart message whose frame 0 is a msgpack map with `v`
+(= `SCHEMA_VERSION`) and `kind`. Three kinds exist:
+
+`data` (producer -> consumer), frames 1..n are raw C-contiguous little-endian tensor buffers::
+
+    {v, kind: "data", batch_id: str, attempt: int, policy_version: int, meta: {...},
+     tensors: [{name, dtype, shape: [int], lib: "numpy"|"torch", frame: i}      # bytes in frame i
+               | {name, dtype, shape, lib, data: bin}],                        # tiny: inline
+     env: {inc: str, seq: int}}                 # channel envelope, absent from `codec.encode`
+
+`hello` (producer -> consumer): announces a producer link and its state; sent on connect, on every
+heartbeat and whenever the state changes (idempotent: all counters are cumulative)::
+
+    {v, kind: "hello", ch: the producer's channel name (a label for logs; several edges may feed
+     one consumer), state: "open"|"eos"|"bye"|"relink",
+     need: bytes of the message it is blocked on (0: not blocked), idle: bool,
+     ret_m: int, ret_b: int}                    # credit handed back so far (messages, bytes)
+
+`status` (consumer -> one producer link): welcome, credit grant, acks and heartbeat in one
+idempotent message::
+
+    {v, kind: "status", ch, inc: consumer incarnation id, known: bool (false: hello again),
+     closing: bool, cap_m, cap_b, max_msg: the consumer's limits,
+     lim_m, lim_b: cumulative credit limits of this link, acks: [seq, ...], eos_ack: bool}
+
+A producer may have sent message number k (counting from 1 on its link) of s bytes only while
+k <= lim_m and (bytes sent before) + s <= lim_b, minus what it handed back (`ret_m`, `ret_b`).
+Decoding is bounded by `DecodeLimits`; any violation raises `DecodeError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from flowrl.transport.errors import DecodeError
+
+SCHEMA_VERSION = 1
+DATA, HELLO, STATUS = "data", "hello", "status"
+HELLO_STATES = ("open", "eos", "bye", "relink")
+MAX_STR = 256
+_I64 = 1 << 63
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """Bounds on what a decoder accepts from untrusted bytes."""
+
+    max_header_bytes: int = 1 << 20
+    """Size of frame 0 (the msgpack header, inline tensors included)."""
+    max_frames: int = 1024
+    """Frames in one message."""
+    max_message_bytes: int = 1 << 30
+    """All frames of one message together."""
+    max_depth: int = 32
+    """Nesting of lists / maps in `meta`."""
+    max_tensors: int = 1024
+    """Tensors in one batch."""
+    max_ndim: int = 32
+    """Dimensions of one tensor."""
+
+
+def pack(header: dict) -> bytes:
+    return msgpack.packb(header, use_bin_type=True)
+
+
+def unpack_header(buf: Any, limits: DecodeLimits) -> dict:
+    """Frame 0 -> header map, after the size, msgpack, version and kind checks."""
+    size = len(buf) if not isinstance(buf, memoryview) else buf.nbytes
+    if size > limits.max_header_bytes:
+        raise DecodeError("header_too_large", f"header of {size} bytes exceeds max_header_bytes="
+                                              f"{limits.max_header_bytes}")
+    try:
+        header = msgpack.unpackb(buf, raw=False, strict_map_key=True, use_list=True)
+    except Exception as e:  # noqa: BLE001 - any malformed input is one error type
+        raise DecodeError("bad_msgpack", f"frame 0 is not a msgpack map ({type(e).__name__}: {e})") from None
+    if not isinstance(header, dict):
+        raise DecodeError("bad_header", f"frame 0 holds a {type(header).__name__}, not a map")
+    if header.get("v") != SCHEMA_VERSION:
+        raise DecodeError("bad_version", f"schema version {header.get('v')!r}; this side speaks {SCHEMA_VERSION}")
+    if header.get("kind") not in (DATA, HELLO, STATUS):
+        raise DecodeError("bad_kind", f"unknown message kind {header.get('kind')!r}")
+    return header
+
+
+# ----------------------------------------------------------------------------------- field checks
+def check_keys(d: Any, required: frozenset, optional: frozenset = frozenset(), where: str = "header") -> dict:
+    if not isinstance(d, dict):
+        raise DecodeError("bad_field", f"{where} must be a map, got {type(d).__name__}")
+    keys = d.keys()
+    if not required <= keys:
+        raise DecodeError("missing_key", f"{where} lacks {sorted(required - keys)}")
+    extra = keys - required - optional
+    if extra:
+        raise DecodeError("unknown_key", f"{where} has unknown keys {sorted(extra)[:5]}")
+    return d
+
+
+def get_int(d: dict, key: str, lo: int = -_I64, hi: int = _I64 - 1) -> int:
+    v = d[key]
+    if type(v) is not int or not lo <= v <= hi:
+        raise DecodeError("bad_field", f"{key} must be an int in [{lo}, {hi}], got {v!r:.40}")
+    return v
+
+
+def get_str(d: dict, key: str, max_len: int = MAX_STR, allow_empty: bool = False) -> str:
+    v = d[key]
+    if type(v) is not str or len(v) > max_len or (not v and not allow_empty):
+        raise DecodeError("bad_field", f"{key} must be a str of 1..{max_len} chars, got {v!r:.40}")
+    return v
+
+
+def get_bool(d: dict, key: str) -> bool:
+    v = d[key]
+    if type(v) is not bool:
+        raise DecodeError("bad_field", f"{key} must be a bool, got {v!r:.40}")
+    return v
+
+
+def check_json(value: Any, max_depth: int, where: str = "meta") -> None:
+    """JSON-like values only, nested at most `max_depth` deep (iterative: no recursion limit)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        t = type(v)
+        if t in (str, int, float, bool) or v is None:
+            continue
+        if depth > max_depth:
+            raise DecodeError("depth", f"{where} nests deeper than max_depth={max_depth}")
+        if t is list:
+            stack.extend((x, depth + 1) for x in v)
+        elif t is dict:
+            for k, x in v.items():
+                if type(k) is not str:
+                    raise DecodeError("bad_field", f"{where} has a non-str key {k!r:.40}")
+                stack.append((x, depth + 1))
+        else:
+            raise DecodeError("bad_field", f"{where} holds a {t.__name__}; only JSON-like values travel")
+
+
+# ----------------------------------------------------------------------------------- control messages
+_HELLO_KEYS = frozenset({"v", "kind", "ch", "state", "need", "idle", "ret_m", "ret_b"})
+_STATUS_KEYS = frozenset({"v", "kind", "ch", "inc", "known", "closing", "cap_m", "cap_b", "max_msg",
+                          "lim_m", "lim_b", "acks", "eos_ack"})
+ENV_KEYS = frozenset({"inc", "seq"})
+
+
+@dataclass
+class Hello:
+    """Producer link state, sent to the consumer (see module docstring)."""
+
+    ch: str
+    state: str = "open"
+    need: int = 0
+    idle: bool = False
+    ret_m: int = 0
+    ret_b: int = 0
+
+    def to_bytes(self) -> bytes:
+        return pack({"v": SCHEMA_VERSION, "kind": HELLO, "ch": self.ch, "state": self.state, "need": self.need,
+                     "idle": self.idle, "ret_m": self.ret_m, "ret_b": self.ret_b})
+
+    @classmethod
+    def from_header(cls, h: dict) -> "Hello":
+        check_keys(h, _HELLO_KEYS, where="hello")
+        state = h["state"]
+        if state not in HELLO_STATES:
+            raise DecodeError("bad_field", f"hello state {state!r:.40} not in {HELLO_STATES}")
+        return cls(ch=get_str(h, "ch", allow_empty=True), state=state, need=get_int(h, "need", 0),
+                   idle=get_bool(h, "idle"), ret_m=get_int(h, "ret_m", 0), ret_b=get_int(h, "ret_b", 0))
+
+
+@dataclass
+class Status:
+    """Consumer state for one producer link (see module docstring)."""
+
+    ch: str
+    inc: str
+    known: bool = True
+    closing: bool = False
+    cap_m: int = 0
+    cap_b: int = 0
+    max_msg: int = 0
+    lim_m: int = 0
+    lim_b: int = 0
+    acks: list = field(default_factory=list)
+    eos_ack: bool = False
+
+    def to_bytes(self) -> bytes:
+        return pack({"v": SCHEMA_VERSION, "kind": STATUS, "ch": self.ch, "inc": self.inc, "known": self.known,
+                     "closing": self.closing, "cap_m": self.cap_m, "cap_b": self.cap_b, "max_msg": self.max_msg,
+                     "lim_m": self.lim_m, "lim_b": self.lim_b, "acks": self.acks, "eos_ack": self.eos_ack})
+
+    @classmethod
+    def from_header(cls, h: dict) -> "Status":
+        check_keys(h, _STATUS_KEYS, where="status")
+        acks = h["acks"]
+        if type(acks) is not list or any(type(a) is not int or a < 0 for a in acks):
+            raise DecodeError("bad_field", "status acks must be a list of non-negative ints")
+        return cls(ch=get_str(h, "ch", allow_empty=True), inc=get_str(h, "inc"), known=get_bool(h, "known"),
+                   closing=get_bool(h, "closing"), cap_m=get_int(h, "cap_m", 1), cap_b=get_int(h, "cap_b", 1),
+                   max_msg=get_int(h, "max_msg", 1), lim_m=get_int(h, "lim_m", 0), lim_b=get_int(h, "lim_b", 0),
+                   acks=acks, eos_ack=get_bool(h, "eos_ack"))

@@ -1,0 +1,126 @@
+"""A channel end in its own process, driven by the transport tests (never imports torch).
+
+    python tests/transport/peer.py consumer ADDRESS [--hold-after K] [--capacity N] [--gated]
+    python tests/transport/peer.py producer ADDRESS --count N [--size BYTES] [--capacity N]
+    python tests/transport/peer.py junk ADDRESS          # a plain pyzmq DEALER: frames from stdin
+
+It speaks JSON lines: events on stdout ({"event": "ready" | "recv" | "sent" | "done" | "rss" |
+"error", ...}), commands on stdin (consumer with --gated: {"cmd": "take", "n": 3} receives three
+more batches, {"cmd": "rss"} reports resident memory; junk: {"frames": [hex, ...]} sends one
+message). Every event is flushed at once, so the test can order its steps on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+import numpy as np
+
+
+def emit(**event) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def config(args):
+    from flowrl.transport import ChannelConfig
+
+    return ChannelConfig(capacity_messages=args.capacity, capacity_bytes=args.capacity_bytes,
+                         heartbeat_s=0.1, peer_timeout_s=args.peer_timeout)
+
+
+async def stdin_lines():
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 24)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while line := await reader.readline():
+        yield json.loads(line)
+
+
+async def consumer(args) -> None:
+    import psutil
+
+    from flowrl.transport import EndOfStream, Receiver
+
+    rx = Receiver(config(args), name=args.name)
+    address = await rx.bind(args.address)
+    emit(event="ready", address=address)
+    received = 0
+    commands = stdin_lines() if args.gated else None
+    budget = 0
+    try:
+        while True:
+            while commands is not None and budget == 0:
+                cmd = await commands.__anext__()
+                if cmd["cmd"] == "rss":
+                    emit(event="rss", rss=psutil.Process().memory_info().rss, stats=rx.statistics().as_dict())
+                else:
+                    budget += cmd["n"]
+            try:
+                batch = await rx.recv()
+            except EndOfStream:
+                emit(event="done", received=received, stats=rx.statistics().as_dict())
+                return
+            received += 1
+            budget -= 1 if commands is not None else 0
+            emit(event="recv", batch_id=batch.batch_id, first=int(batch.tensors["x"].reshape(-1)[0]),
+                 n=received, nbytes=batch.nbytes)
+            if args.hold_after is None or received <= args.hold_after:
+                await rx.ack(batch)
+    finally:
+        await rx.aclose()
+
+
+async def producer(args) -> None:
+    from flowrl.transport import Batch, Sender
+
+    tx = Sender(config(args), name=args.name)
+    await tx.connect(args.address)
+    emit(event="ready")
+    n = max(1, args.size // 8)
+    for i in range(args.count):
+        x = np.full(n, i, dtype=np.int64)
+        await tx.send(Batch(tensors={"x": x}, batch_id=f"b{i}"))
+        emit(event="sent", i=i, stats=tx.statistics().as_dict())
+    await tx.end_of_stream()
+    emit(event="done", stats=tx.statistics().as_dict())
+    await tx.aclose()
+
+
+async def junk(args) -> None:
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(args.address)
+    emit(event="ready")
+    async for cmd in stdin_lines():
+        sock.send_multipart([bytes.fromhex(f) for f in cmd["frames"]])
+        emit(event="sent")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("role", choices=["consumer", "producer", "junk"])
+    ap.add_argument("address", nargs="?")
+    ap.add_argument("--name", default="test->peer")
+    ap.add_argument("--count", type=int, default=10)
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--capacity", type=int, default=4)
+    ap.add_argument("--capacity-bytes", type=int, default=1 << 30)
+    ap.add_argument("--peer-timeout", type=float, default=2.0)
+    ap.add_argument("--hold-after", type=int, default=None, help="stop acknowledging after K batches")
+    ap.add_argument("--gated", action="store_true", help="receive only when told on stdin")
+    args = ap.parse_args()
+    try:
+        asyncio.run({"consumer": consumer, "producer": producer, "junk": junk}[args.role](args))
+    except Exception as e:  # noqa: BLE001 - reported to the test, which decides
+        emit(event="error", error=f"{type(e).__name__}: {e}")
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""Conformance suite: every channel kind (ipc, tcp, inproc) must pass every test here.
+
+Real-process variants of the failure cases (kill -9, flow control across processes) are in
+test_processes.py; here both ends live in the test process and a crash is `Receiver.abort()`.
+"""
+
+import numpy as np
+import pytest
+
+from flowrl.transport import Batch, BrokenChannel, ChannelClosed, EndOfStream, Receiver, Sender
+from tests.transport.helpers import KINDS, address_for, fast_config, wait_until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+
+def batch(i: int, n: int = 8, producer: str = "p") -> Batch:
+    return Batch(tensors={"x": np.full(n, i, dtype=np.int64)}, meta={"producer": producer, "i": i},
+                 batch_id=f"{producer}{i}")
+
+
+async def drain(rx: Receiver, ack: bool = True) -> list[Batch]:
+    out = []
+    while True:
+        try:
+            b = await rx.recv()
+        except EndOfStream:
+            return out
+        out.append(b)
+        if ack:
+            await rx.ack(b)
+
+
+@pytest.fixture(params=KINDS)
+def kind(request):
+    return request.param
+
+
+async def test_batches_arrive_in_order_and_intact(kind, tmp_path):
+    cfg = fast_config(transport=kind)
+    async with Receiver(cfg, name="e") as rx, Sender(cfg, name="e") as tx:
+        await tx.connect(await rx.bind(address_for(kind, tmp_path)))
+        sent = [batch(i, n=1 + 5000 * (i % 3)) for i in range(30)]  # inline and framed tensors
+
+        async def produce():
+            for b in sent:
+                await tx.send(b)
+            await tx.end_of_stream()
+
+        import anyio
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(produce)
+            got = await drain(rx)
+        assert [b.batch_id for b in got] == [b.batch_id for b in sent]
+        assert all(np.array_equal(a.tensors["x"], b.tensors["x"]) for a, b in zip(got, sent))
+        assert got[3].meta == {"producer": "p", "i": 3}
+        st_tx, st_rx = tx.statistics(), rx.statistics()
+        assert st_tx.sent == st_tx.acked == st_rx.received == st_rx.acked == 30
+        assert st_tx.in_flight == 0 and st_rx.in_flight == 0 and st_rx.rejected == 0
+
+
+async def test_two_producers_keep_their_order_and_nothing_is_lost_or_duplicated(kind, tmp_path):
+    import anyio
+
+    cfg = fast_config(transport=kind)
+    async with Receiver(cfg, name="e") as rx, Sender(cfg, name="e") as a, Sender(cfg, name="e") as b:
+        address = await rx.bind(address_for(kind, tmp_path))
+        await a.connect(address)
+        await b.connect(address)
+
+        async def produce(tx, name):
+            for i in range(40):
+                await tx.send(batch(i, producer=name))
+            await tx.end_of_stream()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(produce, a, "a")
+            tg.start_soon(produce, b, "b")
+            got = await drain(rx)
+        ids = [g.batch_id for g in got]
+        assert sorted(ids) == sorted([f"a{i}" for i in range(40)] + [f"b{i}" for i in range(40)])
+        for name in "ab":
+            assert [int(i[1:]) for i in ids if i[0] == name] == list(range(40))
+
+
+async def test_a_batch_is_held_by_its_sender_until_acknowledged(kind, tmp_path):
+    cfg = fast_config(transport=kind)
+    async with Receiver(cfg, name="e") as rx, Sender(cfg, name="e") as tx:
+        await tx.connect(await rx.bind(address_for(kind, tmp_path)))
+        await tx.send(batch(0))
+        await tx.send(batch(1))
+        first = await rx.recv()
+        assert [b.batch_id for b in tx.unacked()] == ["p0", "p1"]
+        await rx.ack(first)
+        await rx.ack(first)  # idempotent
+        await wait_until(lambda: [b.batch_id for b in tx.unacked()] == ["p1"])
+        with pytest.raises(ValueError, match="delivery tag"):
+            await rx.ack(first.select([0]))
+
+
+async def test_fan_out_skips_a_replica_without_credit(kind, tmp_path):
+    import anyio
+
+    cfg = fast_config(transport=kind, capacity_messages=2)
+    async with Receiver(cfg, name="e") as stuck, Receiver(cfg, name="e") as busy, Sender(cfg, name="e") as tx:
+        await tx.connect(await stuck.bind(address_for(kind, tmp_path, "stuck")))
+        await tx.connect(await busy.bind(address_for(kind, tmp_path, "busy")))
+
+        async def consume():
+            while True:
+                await busy.ack(await busy.recv())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consume)
+            for i in range(10):  # `stuck` never acknowledges: it holds at most its 2 credits
+                await tx.send(batch(i))
+            await wait_until(lambda: stuck.statistics().received + busy.statistics().received == 10)
+            tg.cancel_scope.cancel()
+        assert stuck.statistics().received <= 2
+        assert busy.statistics().received >= 8
+
+
+async def test_a_slow_consumer_slows_the_producer_instead_of_growing_memory(kind, tmp_path):
+    import anyio
+
+    cfg = fast_config(transport=kind, capacity_messages=3, capacity_bytes=64 << 10)
+    async with Receiver(cfg, name="e") as rx, Sender(cfg, name="e") as tx:
+        await tx.connect(await rx.bind(address_for(kind, tmp_path)))
+        sent = 0
+
+        async def produce():
+            nonlocal sent
+            for i in range(20):
+                await tx.send(batch(i, n=2048))  # 16 KiB each: bytes bind before messages
+                sent += 1
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(produce)
+            await wait_until(lambda: tx.statistics().credit_waits > 0)
+            st = rx.statistics()
+            assert st.queued_bytes <= 64 << 10 and st.in_flight <= 3
+            assert sent <= 4  # 64 KiB of credit holds 3 such messages (and one may be in flight)
+            for i in range(20):
+                b = await rx.recv()
+                assert b.batch_id == f"p{i}"
+                assert rx.statistics().queued_bytes <= 64 << 10
+                await rx.ack(b)
+        assert tx.statistics().credit_waits >= 1
+
+
+async def test_end_of_stream_comes_after_every_producer_finished(kind, tmp_path):
+    cfg = fast_config(transport=kind)
+    async with Receiver(cfg, name="e") as rx, Sender(cfg, name="e") as a, Sender(cfg, name="e") as b:
+        address = await rx.bind(address_for(kind, tmp_path))
+        await a.connect(address)
+        await b.connect(address)
+        await a.send(batch(0, producer="a"))
+        await rx.ack(await rx.recv())
+        await a.end_of_stream()
+        with pytest.raises(ChannelClosed, match="end_of_stream"):
+            await a.send(batch(1, producer="a"))
+        await b.send(batch(0, producer="b"))
+        got = await rx.recv()
+        assert got.batch_id == "b0"
+        await rx.ack(got)
+        await b.end_of_stream()
+        with pytest.raises(EndOfStream):
+            await rx.recv()
+
+
+async def test_closed_ends_say_so(kind, tmp_path):
+    cfg = fast_config(transport=kind)
+    rx, tx = Receiver(cfg, name="e"), Sender(cfg, name="e")
+    await tx.connect(await rx.bind(address_for(kind, tmp_path)))
+    await rx.aclose()
+    with pytest.raises(ChannelClosed):
+        await rx.recv()
+    await tx.aclose()
+    with pytest.raises(ChannelClosed):
+        await tx.send(batch(0))
+
+
+async def test_a_restarted_consumer_gets_every_unacknowledged_batch(kind, tmp_path):
+    cfg = fast_config(transport=kind, capacity_messages=8)
+    rx = Receiver(cfg, name="e")
+    address = await rx.bind(address_for(kind, tmp_path))
+    async with Sender(cfg, name="e") as tx:
+        await tx.connect(address)
+        for i in range(6):
+            await tx.send(batch(i))
+        for _ in range(2):
+            await rx.ack(await rx.recv())
+        await wait_until(lambda: tx.statistics().acked == 2)
+        rx.abort()  # a crash: nobody is told; p2..p5 were delivered but not acknowledged
+        async with Receiver(cfg, name="e") as again:
+            await again.bind(address)
+            await tx.send(batch(6))
+            got = []
+            while len(got) < 5:
+                b = await again.recv()
+                got.append(b.batch_id)
+                await again.ack(b)
+            assert got == ["p2", "p3", "p4", "p5", "p6"]
+            # p6 may have gone to the dead consumer before its loss was noticed: then it is re-sent too
+            assert tx.statistics().resent in (4, 5) and tx.statistics().peers_lost == 1
+            await wait_until(lambda: not tx.unacked())
+
+
+async def test_unacknowledged_batches_come_back_when_no_consumer_returns(kind, tmp_path):
+    cfg = fast_config(transport=kind, capacity_messages=8, peer_timeout_s=0.5)
+    rx = Receiver(cfg, name="e")
+    address = await rx.bind(address_for(kind, tmp_path))
+    async with Sender(cfg, name="e") as tx:
+        await tx.connect(address)
+        for i in range(3):
+            await tx.send(batch(i))
+        await wait_until(lambda: rx.statistics().received == 3)
+        rx.abort()
+        await wait_until(lambda: tx.statistics().peers == 0)  # the loss is noticed
+        with pytest.raises(BrokenChannel):
+            await tx.send(batch(3))  # waits at most peer_timeout_s for a replica; p3 stays ours
+        await wait_until(lambda: tx.statistics().returned == 3)
+        assert [b.batch_id for b in tx.take_returned()] == ["p0", "p1", "p2"]
+        assert tx.take_returned() == [] and tx.unacked() == []
+
+
+async def test_a_producer_gone_without_end_of_stream_breaks_recv(kind, tmp_path):
+    cfg = fast_config(transport=kind, peer_timeout_s=0.5)
+    async with Receiver(cfg, name="e") as rx:
+        tx = Sender(cfg, name="e")
+        await tx.connect(await rx.bind(address_for(kind, tmp_path)))
+        await tx.send(batch(0))
+        await rx.ack(await rx.recv())
+        await tx.aclose()  # closed without end_of_stream
+        with pytest.raises(BrokenChannel, match="before end-of-stream"):
+            await rx.recv()
+        assert rx.statistics().peers_lost == 1
+        async with Sender(cfg, name="e") as replacement:  # e.g. restarted by a supervisor
+            await replacement.connect(rx.address)
+            await replacement.send(batch(1))
+            assert (await rx.recv()).batch_id == "p1"  # reported once; recv() works again
+
+
+async def test_a_dead_producer_is_dropped_from_the_end_of_stream_set(kind, tmp_path):
+    cfg = fast_config(transport=kind)
+    async with Receiver(cfg, name="e") as rx, Sender(cfg, name="e") as ok:
+        address = await rx.bind(address_for(kind, tmp_path))
+        gone = Sender(cfg, name="e")
+        await gone.connect(address)
+        await ok.connect(address)
+        await gone.aclose()
+        await wait_until(lambda: rx.statistics().peers_lost == 1)
+        await ok.send(batch(0))
+        await rx.ack(await rx.recv())
+        await ok.end_of_stream()
+        with pytest.raises(EndOfStream):
+            await rx.recv()
+
+
+async def test_connect_gives_up_when_no_consumer_answers(kind, tmp_path):
+    cfg = fast_config(transport=kind, peer_timeout_s=0.3)
+    address = {"ipc": f"ipc://{tmp_path}/nobody", "tcp": "tcp://127.0.0.1:1", "inproc": "inproc://nobody"}[kind]
+    async with Sender(cfg, name="e") as tx:
+        with pytest.raises(BrokenChannel, match="no consumer"):
+            await tx.connect(address)
+
+
+async def test_a_batch_larger_than_the_consumer_accepts_is_refused_by_send(kind, tmp_path):
+    cfg = fast_config(transport=kind, capacity_bytes=4096)
+    async with Receiver(cfg, name="e") as rx, Sender(cfg, name="e") as tx:
+        await tx.connect(await rx.bind(address_for(kind, tmp_path)))
+        with pytest.raises(ValueError, match="split it"):
+            await tx.send(batch(0, n=1024))
+        await tx.send(batch(1, n=16))
+        assert (await rx.recv()).batch_id == "p1"

@@ -1,0 +1,131 @@
+"""Credit pool of a consumer: memory stays within capacity whatever producers do, and nobody starves."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flowrl.transport.flow import CreditPool
+
+
+def committed(pool: CreditPool) -> tuple[int, int]:
+    m = sum(a.unused_m + a.held_m for a in pool.accounts.values()) + pool.orphan_m
+    b = sum(a.unused_b + a.held_b for a in pool.accounts.values()) + pool.orphan_b
+    return m, b
+
+
+def check(pool: CreditPool) -> None:
+    m, b = committed(pool)
+    assert (m, b) == (pool.used_m, pool.used_b)
+    assert m <= pool.cap_m and b <= pool.cap_b
+    assert all(a.unused_m >= 0 and a.unused_b >= 0 for a in pool.accounts.values())
+
+
+def test_a_single_producer_gets_the_whole_capacity():
+    pool = CreditPool(8, 1000)
+    pool.add("p")
+    assert pool.regrant() == ["p"]
+    a = pool.accounts["p"]
+    assert (a.lim_m, a.lim_b) == (8, 1000)
+    check(pool)
+
+
+def test_two_active_producers_share_the_capacity_and_acks_refill_it():
+    pool = CreditPool(8, 1000)
+    pool.add("p"), pool.add("q")
+    pool.regrant()
+    for k in ("p", "q"):
+        assert pool.accounts[k].lim_m == 4
+    for _ in range(4):
+        assert pool.can_accept("p", 100)
+        pool.on_data("p", 100)
+    assert not pool.can_accept("p", 100)  # out of messages: a fifth would be a protocol violation
+    pool.on_ack("p", 100)
+    pool.regrant()
+    assert pool.can_accept("p", 100)
+    check(pool)
+
+
+def test_a_blocked_large_message_is_served_before_anyone_else_gets_more():
+    pool = CreditPool(10, 1000)
+    pool.add("small"), pool.add("big")
+    pool.regrant()  # 5 messages, 500 bytes each
+    for _ in range(5):
+        pool.on_data("small", 100)
+    pool.on_hello("big", need=900, idle=False, ret_m=0, ret_b=0)
+    pool.regrant()
+    assert pool.accounts["big"].unused_b < 900  # not yet: `small` holds 500 bytes
+    for _ in range(5):
+        pool.on_ack("small", 100)
+        pool.regrant()
+        assert pool.accounts["small"].unused_m + pool.accounts["small"].held_m <= 5
+    assert pool.accounts["big"].unused_b >= 900
+    check(pool)
+
+
+def test_an_idle_producer_hands_its_credit_back_and_gets_none_eagerly():
+    pool = CreditPool(8, 800)
+    pool.add("p"), pool.add("q")
+    pool.regrant()
+    pool.on_hello("q", need=0, idle=True, ret_m=4, ret_b=400)
+    pool.regrant()
+    assert pool.accounts["q"].unused_m == 0
+    assert pool.accounts["p"].unused_m == 8  # the active one may use everything now
+    check(pool)
+
+
+def test_end_of_stream_and_a_lost_link_release_their_credit():
+    pool = CreditPool(4, 400)
+    pool.add("p")
+    pool.regrant()
+    pool.on_data("p", 100)
+    pool.finish("p")
+    assert pool.free_m == 3 and not pool.can_accept("p", 1)
+    pool.add("q")
+    pool.regrant()
+    pool.on_data("q", 50)
+    pool.remove("q")  # gone while its batch is still held by the consumer: an orphan
+    assert pool.orphan_m == 1
+    pool.on_orphan_ack(50)
+    check(pool)
+
+
+def test_a_need_larger_than_the_capacity_does_not_freeze_the_pool():
+    pool = CreditPool(4, 100)
+    pool.add("p"), pool.add("q")
+    pool.on_hello("p", need=10_000, idle=False, ret_m=0, ret_b=0)
+    assert "q" in pool.regrant()
+
+
+ops = st.lists(st.tuples(st.sampled_from(["add", "data", "ack", "hello", "finish", "remove", "orphan_ack"]),
+                         st.integers(0, 3), st.integers(1, 300), st.booleans()), max_size=80)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops)
+def test_credit_never_exceeds_capacity_under_any_sequence_of_events(events):
+    pool = CreditPool(6, 1000)
+    held: dict[int, list[int]] = {}
+    orphans: list[int] = []
+    for op, k, size, flag in events:
+        if op == "add" and k not in pool.accounts:
+            pool.add(k)
+            held[k] = []
+        elif k not in pool.accounts:
+            if op == "orphan_ack" and orphans:
+                pool.on_orphan_ack(orphans.pop())
+            continue
+        elif op == "data" and pool.can_accept(k, size):
+            pool.on_data(k, size)
+            held[k].append(size)
+        elif op == "ack" and held[k]:
+            pool.on_ack(k, held[k].pop())
+        elif op == "hello":
+            a = pool.accounts[k]
+            pool.on_hello(k, need=size if flag else 0, idle=not flag, ret_m=a.ret_m + (a.unused_m if not flag else 0),
+                          ret_b=a.ret_b + (a.unused_b if not flag else 0))
+        elif op == "finish":
+            pool.finish(k)
+        elif op == "remove":
+            pool.remove(k)
+            orphans.extend(held.pop(k))
+        pool.regrant()
+        check(pool)
