@@ -139,8 +139,7 @@ class Controller:
                           is_sink=entry.node in self.sinks, is_source=entry.node in self.sources,
                           faults=self.faults, heartbeat_s=spec.supervision.heartbeat_s)
             if self.resume:
-                ck = self.resume["files"].get(ps.proc_id)
-                ps.resume_from = ck
+                ps.resume_from = self.checkpoint_file(self.resume, ps.proc_id)
                 ps.start_index = self.resume["consumed"]
             self.procs.add(Proc(spec=ps))
 
@@ -207,8 +206,7 @@ class Controller:
         proc.restart_at = None
         proc.spec.incarnation += 1
         if proc.spec.node in self.stateful:
-            ck = self.last_checkpoint["files"].get(proc.id) if self.last_checkpoint else None
-            proc.spec.resume_from = ck
+            proc.spec.resume_from = self.checkpoint_file(self.last_checkpoint, proc.id)
             if proc.spec.node in self.sinks:
                 applied = set(self.last_checkpoint["applied"]) if self.last_checkpoint else set()
                 lost = [b for b, s in self.scheduler.tickets.items() if s.consumed and b not in applied]
@@ -332,6 +330,10 @@ class Controller:
         await self.flush_tickets()
 
     # checkpoints ----------------------------------------------------------------------------
+    def checkpoint_file(self, record: dict | None, proc_id: str) -> str | None:
+        name = (record or {}).get("files", {}).get(proc_id)
+        return str((self.run_dir / "checkpoints" / name).resolve()) if name else None
+
     async def order_checkpoint(self, step: int) -> None:
         self.checkpoints[step] = {}
         self.checkpoint_state = getattr(self, "checkpoint_state", {})
@@ -351,7 +353,8 @@ class Controller:
         record = {**self.checkpoint_state.pop(step), "step": step, "applied": applied, "consumed": len(applied),
                   # the publisher's own version: it may have published more after the order went out
                   **({"version": self.checkpoint_versions.pop(step)} if step in self.checkpoint_versions else {}),
-                  "files": {pid: str(self.run_dir / "checkpoints" / f"{pid.replace('/', '.')}.step{step:06d}.pt") for pid in got}}
+                  # names relative to RUN_DIR/checkpoints, so a moved run directory still resumes
+                  "files": {pid: f"{pid.replace('/', '.')}.step{step:06d}.pt" for pid in got}}
         path = self.run_dir / "checkpoints" / "latest.json"
         tmp = path.with_suffix(".tmp")
         with open(tmp, "w") as f:
