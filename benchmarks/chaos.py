@@ -4,7 +4,7 @@
     python benchmarks/chaos.py --trials 3 --json out.json
 
 Each trial runs `graphs/grpo.yaml` (a small, quick variant: 4 digits, 1 layer) for real with
-one fault `kill:NODE@t=T` — NODE drawn from every node of the graph, T uniform in [1, 6] s after
+one fault `kill:NODE@t=T` — NODE drawn from every node of the graph, T uniform in [0.5, 4] s after
 the node reported READY — and then checks:
 
 - completed: the run reached its configured end (exit 0);
@@ -28,7 +28,7 @@ from flowrl.testing import run_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 NODES = ["prompts", "rollout", "reward", "reference", "advantages", "actor"]
-OVERRIDES = ["schedule.steps=30", "schedule.batch_size=4", "schedule.checkpoint_every=5",
+OVERRIDES = ["schedule.steps=80", "schedule.batch_size=4", "schedule.checkpoint_every=5",
              "vars.model.d_model=64", "vars.model.n_layers=1", "vars.task.digits=4",
              "supervision.heartbeat_s=0.2", "supervision.deadline_s=3"]
 
@@ -43,7 +43,7 @@ def recovery_s(ledger: list[dict]) -> float | None:
 
 def trial(i: int, rng: random.Random, workdir: Path) -> dict:
     node = rng.choice(NODES)
-    t = round(rng.uniform(1.0, 6.0), 2)
+    t = round(rng.uniform(0.5, 4.0), 2)
     fault = f"kill:{node}@t={t}"
     result = run_graph(ROOT / "graphs" / "grpo.yaml", workdir / f"trial{i}", overrides=OVERRIDES, faults=[fault],
                        timeout_s=300)

@@ -5,7 +5,8 @@ the node before it), for credit (blocked by back-pressure from the node after it
 In a pipeline the busiest node sets the pace — the bottleneck — and the nodes around it show
 the mirror image: downstream nodes wait for input, upstream ones wait for credit. Ratios are
 over the whole run's window (first to last node span), so a node that started late or died early
-counts as idle for the time it was not there.
+counts as idle for the time it was not there. Each process is in one state at a time
+(`exclusive_segments`): where its spans overlap, work outranks waiting.
 
     uses = node_utilisation(load_trace(run_dir / "trace.json"))
     b, advice = diagnose(uses)    # "rollout", "rollout is busy 92% while actor waits for input 60%: ..."
@@ -25,7 +26,7 @@ from flowrl.metrics.trace import track_names
 class NodeUse:
     node: str
     replicas: int
-    seconds: dict[str, float]  # span -> seconds summed over replicas
+    seconds: dict[str, float]  # state -> seconds summed over replicas (exclusive states)
     window_s: float
 
     def ratio(self, span: str) -> float:
@@ -39,16 +40,69 @@ class NodeUse:
     def idle(self) -> float:
         return 1.0 - self.busy
 
+    @property
+    def sync(self) -> float:
+        """Weight sync, with the publisher's snapshot of its weights into the send buckets."""
+        return min(1.0, self.ratio("weight_sync") + self.ratio("weight_snapshot"))
+
+
+def _rank(name: str) -> int:
+    """Which state wins where spans of one process overlap: work, then blocked, then starved."""
+    if name in BUSY_SPANS:
+        return 0
+    return 2 if name == "wait_input" else 1
+
+
+STATES = (*BUSY_SPANS, "wait_credit", "wait_input")
+
+
+def exclusive_segments(spans: list[dict[str, Any]]) -> list[tuple[int, int, str]]:
+    """One process's spans as (start_us, end_us, state) with no overlap, in time order. A process
+    is in one state at a time; where spans overlap (an input task waits while the main task
+    computes: two asyncio tasks, one thread) work outranks waiting for credit, which outranks
+    waiting for input. Spans with other names (a node's own, usually inside compute) are left
+    out; time in none of the states is untracked."""
+    points: list[tuple[int, int, str]] = []
+    for e in spans:
+        name = e.get("name")
+        if name in STATES and e.get("dur", 0) > 0:
+            points.append((e["ts"], 1, name))
+            points.append((e["ts"] + e["dur"], -1, name))
+    points.sort(key=lambda p: (p[0], p[1]))
+    active: dict[str, int] = defaultdict(int)
+    out: list[tuple[int, int, str]] = []
+    prev_t, prev_state = None, None
+    for t, delta, name in points:
+        if prev_state is not None and prev_t is not None and t > prev_t:
+            if out and out[-1][2] == prev_state and out[-1][1] == prev_t:
+                out[-1] = (out[-1][0], t, prev_state)
+            else:
+                out.append((prev_t, t, prev_state))
+        active[name] += delta
+        live = [n for n, c in active.items() if c > 0]
+        prev_state = min(live, key=lambda n: (_rank(n), n)) if live else None
+        prev_t = t
+    return out
+
+
+def process_segments(events: list[dict[str, Any]]) -> dict[int, list[tuple[int, int, str]]]:
+    """Trace pid -> exclusive segments, for every node process (not the controller)."""
+    names = track_names(events)
+    spans: dict[int, list] = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and names.get(e.get("pid"), "controller") != "controller":
+            spans[e["pid"]].append(e)
+    return {pid: exclusive_segments(s) for pid, s in spans.items()}
+
 
 def node_utilisation(events: list[dict[str, Any]]) -> dict[str, NodeUse]:
-    """Per node (replicas aggregated): seconds in each span over the common run window."""
+    """Per node (replicas aggregated): seconds in each state over the common run window."""
     names = track_names(events)
-    spans = [e for e in events if e.get("ph") == "X" and names.get(e.get("pid"), "controller")
-             != "controller"]
-    if not spans:
+    segments = {p: s for p, s in process_segments(events).items() if s}
+    if not segments:
         return {}
-    t0 = min(e["ts"] for e in spans)
-    t1 = max(e["ts"] + e.get("dur", 0) for e in spans)
+    t0 = min(s[0][0] for s in segments.values())
+    t1 = max(s[-1][1] for s in segments.values())
     window = max(1e-9, (t1 - t0) / 1e6)
     seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     replicas: dict[str, set[str]] = defaultdict(set)
@@ -56,9 +110,10 @@ def node_utilisation(events: list[dict[str, Any]]) -> dict[str, NodeUse]:
         if name != "controller":
             node, _, rep = name.rpartition("/")
             replicas[node or name].add(rep)
-    for e in spans:
-        node, _, _ = names[e["pid"]].rpartition("/")
-        seconds[node][e["name"]] += e.get("dur", 0) / 1e6
+    for pid, segs in segments.items():
+        node = names[pid].rpartition("/")[0] or names[pid]
+        for a, b, state in segs:
+            seconds[node][state] += (b - a) / 1e6
     return {node: NodeUse(node, max(1, len(replicas[node])), dict(seconds[node]), window)
             for node in sorted(seconds)}
 
@@ -91,7 +146,7 @@ def diagnose(uses: dict[str, NodeUse]) -> tuple[str | None, str]:
         why += (f"{' and' if 'while' in why else ' while'} {blocked.node} waits for credit "
                 f"{_pct(blocked.ratio('wait_credit'))}")
     reps = f"{b.replicas} replica{'s' if b.replicas != 1 else ''}"
-    sync = b.ratio("weight_sync")
+    sync = b.sync
     if sync >= 0.25 * b.busy:
         fix = (f"weight sync is {_pct(sync)} of {b.node}'s time: sync less often (raise "
                f"max_staleness), use larger buckets, or place {b.node} and rollout on "
@@ -107,11 +162,17 @@ def diagnose(uses: dict[str, NodeUse]) -> tuple[str | None, str]:
     return b.node, f"{why}: {fix}"
 
 
-def utilisation_table(uses: dict[str, NodeUse]) -> list[str]:
+def ordered(uses: dict[str, NodeUse], order: list[str] | None = None) -> list[NodeUse]:
+    """Nodes in graph order (`order`, e.g. from RUN_DIR/graph.yaml), the rest by name."""
+    rank = {n: i for i, n in enumerate(order or [])}
+    return sorted(uses.values(), key=lambda u: (rank.get(u.node, len(rank)), u.node))
+
+
+def utilisation_table(uses: dict[str, NodeUse], order: list[str] | None = None) -> list[str]:
     cols = ("busy", "compute", "weight_sync", "wait_input", "wait_credit", "idle")
     lines = [f"{'node':<14}{'replicas':>9}" + "".join(f"{c:>13}" for c in cols)]
-    for u in uses.values():
-        vals = [u.busy, u.ratio("compute"), u.ratio("weight_sync"), u.ratio("wait_input"),
+    for u in ordered(uses, order):
+        vals = [u.busy, u.ratio("compute"), u.sync, u.ratio("wait_input"),
                 u.ratio("wait_credit"), u.idle]
         lines.append(f"{u.node:<14}{u.replicas:>9}" + "".join(f"{_pct(v):>13}" for v in vals))
     return lines

@@ -14,6 +14,10 @@ processor gives; the policy version and staleness columns say how far apart they
 Throughput follows verl: tokens_per_s_per_device = (prompt + response) tokens counted in the step
 / (step time x devices); nodes count tokens with `rec.count("tokens", n)`.
 
+Busy and wait ratios per node process (`actor/busy_ratio`) are not per step: a node reports every
+~0.5 s while a step may take 0.2 s, so they cover the trailing `ratio_window_s` (5 s; a row: the
+step, when it is longer) of each process's reports — `hub.node_ratios()`.
+
 Thread-safe: the Prometheus server reads from its own thread while the controller writes.
 """
 
@@ -24,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +37,7 @@ from typing import Any
 from flowrl.metrics import rows
 from flowrl.metrics.kinds import Gauge, Histogram, Reduction, Sum, default_buckets
 from flowrl.metrics.live_state import build_live_state
-from flowrl.metrics.recorder import Recorder, _labels, check_name
+from flowrl.metrics.recorder import SPAN_METRIC, Recorder, _labels, check_name
 from flowrl.metrics.trace import CONTROLLER_PID, TraceWriter
 from flowrl.metrics.wire import Snapshot, SnapshotError, parse_snapshot
 
@@ -55,6 +59,7 @@ class Series:
     window: Reduction | None = None  # since the last end_step; for gauges, the current value
     total: Reduction | None = None  # since the start: Prometheus counters, summaries, histograms
     last: dict[str, float | None] = field(default_factory=dict)  # last closed window's summary
+    recent: deque | None = None  # sums labelled `edge`: (hub time, amount), for rates per second
 
 
 @dataclass
@@ -67,19 +72,24 @@ class Reporter:
     seen_t: float
     state: str = "idle"
     seq: int = 0
+    received_t: float = 0.0  # hub clock at the last snapshot
+    # (since, t, {span: seconds}) of recent snapshots: what node_ratios divides
+    activity: deque = field(default_factory=lambda: deque(maxlen=10_000))
 
 
 class MetricsHub:
     """Reduces node snapshots; writes RUN_DIR/metrics.jsonl and RUN_DIR/trace.json."""
 
     def __init__(self, run_dir: str | os.PathLike, *, devices: int = 1,
-                 clock: Callable[[], float] = time.time, max_trace_events: int = 1_000_000):
+                 clock: Callable[[], float] = time.time, max_trace_events: int = 1_000_000,
+                 ratio_window_s: float = 5.0):
         if devices < 1:
             raise ValueError(f"devices={devices}: throughput is tokens / (step time x devices), "
                              f"so pass the number of devices the run uses (>= 1)")
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.devices = devices
+        self.ratio_window_s = ratio_window_s  # busy / wait ratios: trailing seconds per process
         self._clock = clock
         self._lock = threading.RLock()
         self.t0 = self._last_end = clock()
@@ -87,7 +97,7 @@ class MetricsHub:
         self.reporters: dict[tuple[str, int], Reporter] = {}
         self._window_reporters: set[tuple[str, int]] = set()
         self._run_names: dict[tuple, set[str]] = defaultdict(set)
-        self.ratios: dict[tuple[str, int], dict[str, float]] = {}
+        self.ratios: dict[tuple[str, int], dict[str, float]] = {}  # those of the last row
         self.derived: dict[str, float] = {}  # numeric contract keys of the last row
         self.last_known: dict[str, float] = {}  # ... and of the last row that had them
         self.rejected = 0
@@ -169,6 +179,7 @@ class MetricsHub:
                 tp = self.trace.track(snap.node, snap.replica, snap.pid, snap.host)
                 rep = self.reporters[ident] = Reporter(snap.node, snap.replica, snap.pid,
                                                        snap.host, tp, snap.t)
+            self._note_activity(rep, snap)
             rep.seen_t, rep.state, rep.seq = snap.t, snap.state, snap.seq
             self._window_reporters.add(ident)
             for m in snap.metrics:
@@ -181,13 +192,64 @@ class MetricsHub:
                                     "or pass per_node=True", m.name, dict(m.labels) or "",
                                     next(iter(names)), snap.node)
                     names.add(snap.node)
-                self._add(self._series_for(snap.node, snap.replica, m.name, m.kind, m.labels,
-                                           scope), m.value)
+                series = self._series_for(snap.node, snap.replica, m.name, m.kind, m.labels, scope)
+                self._add(series, m.value)
+                if m.kind == "sum" and any(k == "edge" for k, _ in m.labels):
+                    self._note_rate(series, m.value.value)
             for tid, tname in snap.threads.items():
                 self.trace.thread(rep.trace_pid, tid, tname)
             for tid, name, start, dur, args in snap.spans:
                 self.trace.complete(rep.trace_pid, tid, name, start, dur, args)
             self.dropped_spans += snap.dropped_spans
+
+    def _note_activity(self, rep: Reporter, snap: Snapshot) -> None:
+        """Keep the span seconds of this snapshot with the time it covers, for node_ratios."""
+        spans = {dict(m.labels).get("span", "?"): float(m.value.value) for m in snap.metrics
+                 if m.name == SPAN_METRIC and m.kind == "sum" and m.per_node}
+        since = min(snap.since if snap.since is not None else rep.seen_t, snap.t)
+        rep.received_t = self._clock()
+        if spans or snap.t > since:
+            rep.activity.append((since, snap.t, spans))
+        # keep what a row may still ask for: the ratio window, or the step so far if longer
+        keep = max(self.ratio_window_s, rep.received_t - self._last_end) + 2.0
+        while rep.activity and rep.activity[0][1] < snap.t - keep:
+            rep.activity.popleft()
+
+    def _note_rate(self, s: Series, amount: float) -> None:
+        now = self._clock()
+        if s.recent is None:
+            s.recent = deque(maxlen=10_000)
+        s.recent.append((now, amount))
+        while s.recent and s.recent[0][0] < now - self.ratio_window_s - 2.0:
+            s.recent.popleft()
+
+    def rate(self, s: Series, window_s: float | None = None) -> float | None:
+        """Per second over the trailing window (hub clock) of a sum series that keeps `recent`
+        (bytes and messages per edge); None for other series."""
+        if s.recent is None:
+            return None
+        window = self.ratio_window_s if window_s is None else window_s
+        with self._lock:
+            now = self._clock()
+            span = max(1e-9, min(window, now - self.t0))
+            return sum(a for t, a in s.recent if t > now - window) / span
+
+    def node_ratios(self, window_s: float | None = None) -> dict[tuple[str, int], dict[str, float]]:
+        """{(node, replica): {span: share}} over the trailing `window_s` (default
+        `ratio_window_s`) of each process's reports, spans made exclusive (rows.exclusive_ratios).
+        A snapshot straddling the window start counts pro rata. Processes silent for longer than
+        the window (dead, replaced) are left out, and so is the controller."""
+        window = self.ratio_window_s if window_s is None else window_s
+        with self._lock:
+            now = self._clock()
+            out = {}
+            for key, rep in self.reporters.items():
+                if key[0] == "controller" or not rep.activity or now - rep.received_t > window + 2.0:
+                    continue
+                raw = _window_shares(rep.activity, window)
+                if raw is not None:
+                    out[key] = rows.exclusive_ratios(raw)
+            return out
 
     def _controller(self, name: str, kind: str, labels: dict[str, Any]) -> Series:
         node = labels.pop("node", None)
@@ -231,13 +293,8 @@ class MetricsHub:
             self.ingest(self.recorder.drain())
             now = self._clock()
             step_time = max(now - self._last_end, 1e-9)
-            replicas = defaultdict(set)
-            for node, replica in self._window_reporters:
-                replicas[node].add(replica)
-            row, ratios = rows.build_row(self._series.values(), step_time,
-                                         {n: len(r) for n, r in replicas.items()})
-            for key, per_span in ratios.items():
-                self.ratios.setdefault(key, {}).update(per_span)
+            self.ratios = self.node_ratios(max(self.ratio_window_s, step_time))
+            row = rows.build_row(self._series.values(), self.ratios)
             tokens = row.get("tokens") or 0
             if policy_version is None:
                 policy_version = row.get("policy_version")
@@ -309,3 +366,21 @@ class MetricsHub:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _window_shares(activity: deque, window_s: float) -> dict[str, float] | None:
+    """Seconds per span / seconds covered, over the last `window_s` of one process's reports."""
+    end = activity[-1][1]
+    start = end - window_s
+    covered, seconds = 0.0, defaultdict(float)
+    for since, t, spans in reversed(activity):
+        if t <= start:
+            break
+        dur = t - since
+        frac = 1.0 if dur <= 0 else min(1.0, (t - max(since, start)) / dur)
+        covered += max(0.0, min(dur, t - start))
+        for span, v in spans.items():
+            seconds[span] += v * frac
+    if covered <= 0:
+        return None
+    return {span: v / covered for span, v in seconds.items()}

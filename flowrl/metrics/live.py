@@ -13,6 +13,8 @@ final line on exit — a log a person can read and a script can grep.
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -25,13 +27,20 @@ if TYPE_CHECKING:
 
 __all__ = ["LiveView", "GraphSummary"]
 
+log = logging.getLogger(__name__)
+
 
 class LiveView:
-    """`plain=None` decides by `stream.isatty()`; `clock` is injectable for tests."""
+    """`plain=None` decides by `stream.isatty()`; `clock` is injectable for tests.
+
+    `status_dir=RUN_DIR` also rewrites RUN_DIR/status.json about every `status_interval_s` from
+    `update()` (phase "starting" until the first step, then "running"), so `flowrl status` stays
+    fresh through start-up and long steps; the final status (finished / failed) is the caller's."""
 
     def __init__(self, hub: MetricsHub, graph_summary: Any = None, *, stream: IO[str] | None = None,
                  plain: bool | None = None, interval_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 status_dir: str | os.PathLike | None = None, status_interval_s: float = 1.0):
         self.hub = hub
         self.graph = GraphSummary.coerce(graph_summary)
         self.stream = stream if stream is not None else sys.stdout
@@ -42,6 +51,9 @@ class LiveView:
         self._last: float | None = None
         self._last_line = ""
         self._live: Any = None
+        self.status_dir = status_dir
+        self.status_interval_s = status_interval_s
+        self._last_status: float | None = None
 
     def start(self) -> LiveView:
         if not self.plain and self._live is None:
@@ -67,6 +79,10 @@ class LiveView:
     def update(self, force: bool = False) -> None:
         """Redraw (or print one line) unless the last one is younger than `interval_s`."""
         now = self._clock()
+        if self.status_dir is not None and (self._last_status is None
+                                            or now - self._last_status >= self.status_interval_s):
+            self._last_status = now
+            self.write_status()
         if not force and self._last is not None and now - self._last < self.interval_s:
             return
         self._last = now
@@ -79,6 +95,15 @@ class LiveView:
             self.stream.flush()
         elif self._live is not None:
             self._live.update(self._render(), refresh=True)
+
+    def write_status(self) -> None:
+        from flowrl.metrics.status import write_status
+
+        phase = "running" if self.hub.last_row is not None else "starting"
+        try:
+            write_status(self.status_dir, self.hub.live_state(), phase=phase, graph=self.graph)
+        except OSError as e:  # a full disk must not stop the run; the next tick tries again
+            log.warning("cannot write %s/status.json: %s", self.status_dir, e)
 
     def stop(self) -> None:
         """Final redraw / final line, then release the terminal."""

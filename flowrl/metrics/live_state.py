@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
 
+from flowrl.metrics.rows import busy_of
+
 if TYPE_CHECKING:
     from flowrl.metrics.hub import MetricsHub
 
@@ -55,10 +57,11 @@ def build_live_state(hub: MetricsHub, now: float) -> dict[str, Any]:
                 e[s.name] = e.get(s.name, 0) + s.window.value
             elif s.kind == "sum" and s.total is not None:
                 e[s.name] = e.get(s.name, 0) + s.total.value
-                per_step = row.get(f"{s.name}/{labels['edge']}")
-                if per_step is not None and row.get("step_time_s"):
-                    e[f"{s.name}_per_s"] = per_step / row["step_time_s"]
+                rate = hub.rate(s)  # trailing seconds: nodes report every ~0.5 s, steps are shorter
+                if rate is not None:
+                    e[f"{s.name}_per_s"] = e.get(f"{s.name}_per_s", 0) + rate
 
+    live_ratios = hub.node_ratios()  # trailing seconds, not the last step (see hub.py)
     by_node: dict[str, list] = defaultdict(list)
     for (node, replica), rep in sorted(hub.reporters.items()):
         if node != "controller":
@@ -69,12 +72,11 @@ def build_live_state(hub: MetricsHub, now: float) -> dict[str, Any]:
         detail = []
         for rep in reps:
             g = gauges.get((node, rep.replica), {})
-            ratios = hub.ratios.get((node, rep.replica), {})
+            ratios = live_ratios.get((node, rep.replica), {})
             detail.append({
                 "replica": rep.replica, "pid": rep.pid, "host": rep.host, "state": rep.state,
                 "silent_s": max(0.0, now - rep.seen_t),
-                "busy_ratio": (min(1.0, ratios.get("compute", 0) + ratios.get("weight_sync", 0))
-                               if ratios else None),
+                "busy_ratio": busy_of(ratios) if ratios else None,
                 **{f"{span}_ratio": r for span, r in ratios.items()},
                 "cpu_percent": _mean(g.get("cpu_percent", [])),
                 "rss_bytes": _mean(g.get("rss_bytes", [])),

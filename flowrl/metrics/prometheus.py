@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
 
+from flowrl.metrics.rows import busy_of
+
 if TYPE_CHECKING:
     from flowrl.metrics.hub import MetricsHub
 
@@ -83,9 +85,14 @@ class HubCollector:
             return f
 
         hub = self.hub
+        up, restarted = [], set()
         for s in hub.series():
             labels = {k: v for k, v in (("node", s.node), ("replica", s.replica)) if v is not None}
             labels = {k: str(v) for k, v in labels.items()} | dict(s.labels)
+            if s.name == "node_up":
+                up.append(labels)
+            elif s.name == "restarts":
+                restarted.add(tuple(sorted(labels.items())))
             base = prom_base(s.name)
             doc = HELP.get(s.name, f"flowrl {s.kind} metric {s.name}")
             if s.kind == "sum" and s.total is not None:
@@ -114,6 +121,10 @@ class HubCollector:
                     f.add_sample(base + "_bucket", labels | {"le": le}, cum)
                 f.add_sample(base + "_sum", labels, h.total)
                 f.add_sample(base + "_count", labels, h.count)
+        for labels in up:  # a node that never restarted reads 0, not "no data"
+            if tuple(sorted(labels.items())) not in restarted:
+                fam("flowrl_restarts", "counter", HELP["restarts"]).add_sample(
+                    "flowrl_restarts_total", labels, 0.0)
         yield from fams.values()
         yield from self._derived(Metric)
 
@@ -121,25 +132,27 @@ class HubCollector:
         hub = self.hub
         with hub._lock:
             derived = dict(hub.derived)
-            ratios = {k: dict(v) for k, v in hub.ratios.items()}
+            ratios = hub.node_ratios()
+            window = hub.ratio_window_s
             seen = {k: r.seen_t for k, r in hub.reporters.items()}
             rejected, dropped, now = hub.rejected, hub.dropped_spans + hub.trace.dropped, hub._clock()
         names = {"step": "step", "wall_s": "wall_seconds", "step_time_s": "step_time_seconds",
                  "policy_version": "run_policy_version", "tokens_per_s": "tokens_per_second",
                  "tokens_per_s_per_device": "tokens_per_second_per_device",
                  "samples_per_s": "samples_per_second", "reward_mean": "run_reward_mean",
-                 "staleness_max": "run_staleness_max"}
+                 "staleness_max": "run_staleness_max", "devices": "devices"}
         for key, pname in names.items():
             if key in derived:
                 m = Metric("flowrl_" + pname, f"{key} of the last completed step", "gauge")
                 m.add_sample("flowrl_" + pname, {}, derived[key])
                 yield m
-        busy = Metric("flowrl_node_busy_ratio", "share of the last step a node process spent "
-                      "in compute or weight_sync", "gauge")
-        span = Metric("flowrl_node_span_ratio", "share of the last step in each span", "gauge")
+        busy = Metric("flowrl_node_busy_ratio", f"share of the last {window:g} s a node process "
+                      f"spent in compute or weight sync", "gauge")
+        span = Metric("flowrl_node_span_ratio", f"share of the last {window:g} s in each span "
+                      f"(exclusive: work outranks waiting)", "gauge")
         for (node, replica), r in sorted(ratios.items()):
             lab = {"node": node, "replica": str(replica)}
-            busy.add_sample(busy.name, lab, min(1.0, r.get("compute", 0) + r.get("weight_sync", 0)))
+            busy.add_sample(busy.name, lab, busy_of(r))
             for sp, v in sorted(r.items()):
                 span.add_sample(span.name, lab | {"span": sp}, v)
         silent = Metric("flowrl_node_silent_seconds", "seconds since the node process's last "

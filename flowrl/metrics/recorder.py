@@ -35,6 +35,9 @@ WIRE_VERSION = 1
 SPAN_METRIC = "span_s"
 #: Span names the runtime uses; the report classifies time by them.
 RUNTIME_SPANS = ("wait_input", "compute", "wait_credit", "weight_sync")
+#: The node is occupied in these spans (the rest is waiting); weight_snapshot is the trainer
+#: copying its weights into the send buckets before a sync.
+BUSY_SPANS = ("compute", "weight_sync", "weight_snapshot")
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
 RESERVED_LABELS = ("node", "replica")
 
@@ -55,6 +58,11 @@ def _labels(labels: dict[str, Any]) -> tuple[tuple[str, str], ...]:
                              f"process); pass per_node=True or rename the label")
         check_name(k)
     return tuple(sorted((k, str(v)) for k, v in labels.items()))
+
+
+def _wait_rank(name: str) -> int:
+    """0 = work (any span not named wait_*), 1 = blocked (wait_credit ...), 2 = wait_input."""
+    return 2 if name == "wait_input" else (1 if name.startswith("wait_") else 0)
 
 
 def _plain(v: Any) -> Any:
@@ -78,6 +86,7 @@ class Recorder:
         self._threads: dict[str, str] = {}
         self._open: dict[int, list] = {}  # id -> [name, accounted_until (perf_counter)]
         self._seq = 0
+        self._since = clock()  # start of the window the next drain covers
         self._sampler = None
 
     # --- recording ----------------------------------------------------------------------------
@@ -168,9 +177,16 @@ class Recorder:
                             {k: _plain(v) for k, v in args.items()}])
 
     def state(self) -> str:
-        """Name of the most recently opened span still open, or 'idle'."""
+        """What the process does now: the most recently opened open span, where work outranks
+        waiting ('compute' while an input task waits in 'wait_input'), or 'idle'."""
         with self._lock:
-            return next(reversed(self._open.values()))[0] if self._open else "idle"
+            return self._state()
+
+    def _state(self) -> str:
+        if not self._open:
+            return "idle"
+        names = [e[0] for e in self._open.values()]  # in opening order
+        return min(reversed(names), key=_wait_rank)
 
     # --- process sampling ---------------------------------------------------------------------
     def sample_process(self) -> dict[str, float]:
@@ -207,8 +223,10 @@ class Recorder:
             spans, self._spans = self._spans, []
             dropped, self._dropped_spans = self._dropped_spans, 0
             self._seq += 1
-            state = next(reversed(self._open.values()))[0] if self._open else "idle"
+            t, since = self._clock(), self._since
+            self._since = t
             return {"v": WIRE_VERSION, "node": self.node, "replica": self.replica, "pid": self.pid,
-                    "host": self.host, "t": self._clock(), "seq": self._seq, "state": state,
+                    "host": self.host, "t": t, "since": since, "seq": self._seq,
+                    "state": self._state(),
                     "metrics": metrics, "spans": spans, "threads": dict(self._threads),
                     "dropped_spans": dropped}

@@ -4,13 +4,14 @@ Shared by the live view of `flowrl run` and by `flowrl status`, so both always a
 line is written for logs that get grepped:
 
     [flowrl] step 12/100 v12 | 1m21s | reward 0.412 | 5.3k tok/s (1.8k/dev) | staleness<=1 |
-    rollout x2 compute busy 92% | actor wait_input busy 40% wait_in 55% | q rollout->reward=3 | restarts 0
+    busy prompts 1% rollout x2 92% reward 4% actor 40% | q rollout->reward=3 | restarts 0
 
 rich is imported only inside `rich_view` (node processes never pay for it).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,11 @@ def fmt_num(x: float | None, digits: int = 3) -> str:
     return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
 
 
+def fmt_reward(x: float | None) -> str:
+    """Rewards are compared digit by digit (0.962 vs 0.970): always three decimals."""
+    return "-" if x is None else (f"{x:.3f}" if abs(x) < 1000 else fmt_num(x))
+
+
 def fmt_bytes(x: float | None) -> str:
     if x is None:
         return "-"
@@ -76,17 +82,14 @@ def fmt_time(s: float | None) -> str:
         f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
 
 
-def _state_word(n: dict[str, Any]) -> str:
-    states = n.get("states") or {}
-    return ",".join(k for k, _ in sorted(states.items(), key=lambda kv: -kv[1])) or "-"
-
-
 def _health(n: dict[str, Any]) -> str:
+    if not n.get("replicas"):
+        return "starting"  # launched (node_up 0) but no snapshot yet
     if n.get("up") is False:
         return "DOWN"
     if (n.get("silent_s") or 0) > STALE_S:
         return f"silent {fmt_time(n['silent_s'])}"
-    return "up" if n.get("replicas") else "starting"
+    return "up"
 
 
 def node_rows(state: dict[str, Any], graph: GraphSummary) -> list[dict[str, Any]]:
@@ -100,33 +103,51 @@ def node_rows(state: dict[str, Any], graph: GraphSummary) -> list[dict[str, Any]
     return [nodes[k] for k in order]
 
 
+def _edge_key(label: str) -> str:
+    """"critic.out -> actor.in" and "critic->actor" name one edge: compare without ports/spaces."""
+    return re.sub(r"\.[A-Za-z0-9_]+", "", label).replace(" ", "")
+
+
+def edge_rows(state: dict[str, Any], graph: GraphSummary) -> list[dict[str, Any]]:
+    """Edges in the graph's order (pipeline order as written), unknown ones after, by name."""
+    rank = {_edge_key(e): i for i, e in enumerate(graph.edges)}
+    return sorted(state.get("edges", []),
+                  key=lambda e: (rank.get(_edge_key(e["edge"]), len(rank)), e["edge"]))
+
+
 def plain_line(state: dict[str, Any], graph: Any = None) -> str:
+    """One log line, about 170 characters for six nodes: progress, reward, throughput, each
+    node's busy share of the last seconds (`blocked` when it waits for credit: the node after it
+    is slower), nodes that are not up grouped by health, queue depths, restarts."""
     graph = GraphSummary.coerce(graph or state.get("graph"))
     total = f"/{graph.total_steps}" if graph.total_steps else ""
     parts = [f"[flowrl] step {state.get('step') if state.get('step') is not None else '-'}{total}"
              + (f" v{state['policy_version']}" if state.get("policy_version") is not None else ""),
              fmt_time(state.get("elapsed_s")),
-             f"reward {fmt_num(state.get('reward_mean'))}",
+             f"reward {fmt_reward(state.get('reward_mean'))}",
              f"{fmt_num(state.get('tokens_per_s'))} tok/s "
              f"({fmt_num(state.get('tokens_per_s_per_device'))}/dev)",
              f"staleness<={fmt_num(state.get('staleness_max'))}"]
+    segs, unwell = [], {}
     for n in node_rows(state, graph):
-        seg = n["node"] + (f" x{n['replicas']}" if (n.get("replicas") or 0) > 1 else "")
-        seg += f" {_health(n)}" if _health(n) != "up" else f" {_state_word(n)}"
-        if n.get("busy_ratio") is not None:
-            seg += f" busy {fmt_pct(n['busy_ratio'])}"
-        if (n.get("wait_input_ratio") or 0) >= 0.05:
-            seg += f" wait_in {fmt_pct(n['wait_input_ratio'])}"
-        if (n.get("wait_credit_ratio") or 0) >= 0.05:
-            seg += f" wait_credit {fmt_pct(n['wait_credit_ratio'])}"
-        if n.get("restarts"):
-            seg += f" restarts {n['restarts']}"
-        parts.append(seg)
-    queues = [f"{e['edge']}={fmt_num(e['queue_depth'])}" for e in state.get("edges", [])
+        name = n["node"] + (f" x{n['replicas']}" if (n.get("replicas") or 0) > 1 else "")
+        health = _health(n)
+        if health != "up":  # grouped: "starting prompts rollout", "DOWN critic"
+            unwell.setdefault(health, []).append(name)
+            continue
+        seg = f"{name} {fmt_pct(n.get('busy_ratio'))}"
+        if (n.get("wait_credit_ratio") or 0) >= 0.2:
+            seg += f" (blocked {fmt_pct(n['wait_credit_ratio'])})"
+        segs.append(seg)
+    if segs:
+        parts.append("busy " + " ".join(segs))
+    parts += [f"{health} {' '.join(names)}" for health, names in unwell.items()]
+    queues = [f"{e['edge']}={fmt_num(e['queue_depth'])}" for e in edge_rows(state, graph)
               if e.get("queue_depth") is not None]
     if queues:
         parts.append("q " + " ".join(queues))
-    parts.append(f"restarts {state.get('restarts', 0)}")
+    restarted = [f"{n['node']} {n['restarts']}" for n in state.get("nodes", []) if n.get("restarts")]
+    parts.append(f"restarts {state.get('restarts', 0)}" + (f" ({', '.join(restarted)})" if restarted else ""))
     return " | ".join(parts)
 
 
@@ -150,8 +171,8 @@ def rich_view(state: dict[str, Any], graph: Any = None, title: str | None = None
         ("step ", "dim"), f"{state.get('step') if state.get('step') is not None else '-'}{total}",
         ("   policy v", "dim"), f"{fmt_num(state.get('policy_version'))}",
         ("   elapsed ", "dim"), fmt_time(state.get("elapsed_s")), "\n",
-        ("reward ", "dim"), (fmt_num(state.get("reward_mean")), "bold green"),
-        ("   throughput ", "dim"), f"{fmt_num(state.get('tokens_per_s'))} tok/s "
+        ("reward ", "dim"), (fmt_reward(state.get("reward_mean")), "bold green"),
+        "   ", f"{fmt_num(state.get('tokens_per_s'))} tok/s "
         f"({fmt_num(state.get('tokens_per_s_per_device'))}/device)",
         ("   staleness ", "dim"), f"max {fmt_num(state.get('staleness_max'))}",
         ("   restarts ", "dim"), str(state.get("restarts", 0)))
@@ -160,18 +181,20 @@ def rich_view(state: dict[str, Any], graph: Any = None, title: str | None = None
     rows = node_rows(state, graph)
     gpu = any(n.get("gpu_utilization_percent") is not None for n in rows)
     nodes = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1, 0, 0))
-    cols = ["node", "rep", "health", "state", "busy", "starved", "blocked", "cpu", "mem"]
+    # no "current state" column: a node's metrics go out from its event loop, i.e. only between
+    # two batches, so the state they carry is nearly always a wait; the shares below are exact
+    cols = ["node", "rep", "health", "busy", "starved", "blocked", "cpu", "mem"]
     cols += ["gpu", "frag"] if gpu else []
     for col in cols + ["restarts"]:
         nodes.add_column(col, no_wrap=col != "node",
-                         justify="left" if col in ("node", "state", "busy", "health") else "right")
+                         justify="left" if col in ("node", "busy", "health") else "right")
     for n in rows:
         health = _health(n)
         exp = n.get("expected")
         cells = [
             n["node"], f"{n.get('replicas', 0)}" + (f"/{exp}" if exp else ""),
             Text(health, style="red" if health == "DOWN" else ("yellow" if health != "up" else "green")),
-            _state_word(n), _bar(n.get("busy_ratio")), fmt_pct(n.get("wait_input_ratio")),
+            _bar(n.get("busy_ratio")), fmt_pct(n.get("wait_input_ratio")),
             fmt_pct(n.get("wait_credit_ratio")),
             "-" if n.get("cpu_percent") is None else f"{n['cpu_percent']:.0f}%",
             fmt_bytes(n.get("rss_bytes"))]
@@ -180,7 +203,7 @@ def rich_view(state: dict[str, Any], graph: Any = None, title: str | None = None
                       else f"{n['gpu_utilization_percent']:.0f}%", fmt_pct(n.get("memory_fragmentation"))]
         nodes.add_row(*cells, str(n.get("restarts", 0)))
     parts.append(nodes)
-    edges = state.get("edges", [])
+    edges = edge_rows(state, graph)
     if edges:
         et = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1, 0, 0))
         for col in ("edge", "queue", "msgs/s", "bytes/s", "bytes total"):

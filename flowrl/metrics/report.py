@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from flowrl.metrics.analysis import diagnose, node_utilisation, utilisation_table
+from flowrl.metrics.analysis import diagnose, node_utilisation, ordered, utilisation_table
 from flowrl.metrics.trace import load_trace
 
 
@@ -47,7 +47,27 @@ def _series(rows: list[dict[str, Any]], key: str) -> list[float]:
     return [r[key] for r in rows if isinstance(r.get(key), (int, float))]
 
 
-def summary_text(run_dir: Path, rows: list[dict[str, Any]], events: list[dict[str, Any]]) -> str:
+def node_order(run_dir: Path) -> list[str]:
+    """The graph's node order (pipeline order as written), from status.json or graph.yaml;
+    empty when neither says."""
+    try:
+        doc = json.loads((run_dir / "status.json").read_text(encoding="utf-8"))
+        nodes = (doc.get("graph") or {}).get("nodes") or {}
+        if nodes:
+            return [str(n) for n in nodes]
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        import yaml
+
+        spec = yaml.safe_load((run_dir / "graph.yaml").read_text(encoding="utf-8"))
+        return [str(n) for n in (spec.get("nodes") or {})]
+    except Exception:  # noqa: BLE001 - no graph file, or not one we can read: first-seen order
+        return []
+
+
+def summary_text(run_dir: Path, rows: list[dict[str, Any]], events: list[dict[str, Any]],
+                 order: list[str] | None = None) -> str:
     uses = node_utilisation(events)
     bottleneck, advice = diagnose(uses)
     out = [f"flowrl report: {run_dir.name}", ""]
@@ -82,9 +102,9 @@ def summary_text(run_dir: Path, rows: list[dict[str, Any]], events: list[dict[st
     if uses:
         window = next(iter(uses.values())).window_s
         out.append(f"time per node over the traced {window:.1f} s (replicas averaged):")
-        out += ["  " + line for line in utilisation_table(uses)]
+        out += ["  " + line for line in utilisation_table(uses, order)]
         out.append("")
-        for u in uses.values():
+        for u in ordered(uses, order):
             out.append(f"idle ratio {u.node}: {100 * u.idle:.0f}%")
         out.append("")
     out.append(f"bottleneck: {bottleneck or 'unknown'}")
@@ -110,9 +130,10 @@ def make_report(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = 
     events = load_trace(trace_path) if trace_path.exists() else []
     out = Path(out_dir) if out_dir is not None else run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
-    written = report_plots.write_plots(out, rows, events)
+    order = node_order(run_dir)
+    written = report_plots.write_plots(out, rows, events, order)
     summary = out / "summary.txt"
-    summary.write_text(summary_text(run_dir, rows, events), encoding="utf-8")
+    summary.write_text(summary_text(run_dir, rows, events, order), encoding="utf-8")
     return [*written, summary]
 
 

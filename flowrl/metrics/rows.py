@@ -12,6 +12,11 @@ histogram "_p50", "_p95", "_p99", "_mean", "_max", "_count". Labels other than n
 appended as "/value" in label-name order. Run-scope names reduce over every replica of every node
 that reports them; node-scope names over the replicas of that node. A series known from earlier
 steps but silent in this one still gets its keys (sums 0, the rest null), so columns stay stable.
+
+Span ratios (`actor/busy_ratio`, `critic/wait_input_ratio`, ...) are the one exception to "what
+was reported in this step": a node reports every ~0.5 s, so a 0.2 s step would see a node's work
+either three times or not at all. They cover the trailing max(ratio_window_s, step time) of each
+process instead (MetricsHub.node_ratios), made exclusive (exclusive_ratios).
 """
 
 from __future__ import annotations
@@ -21,15 +26,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from flowrl.metrics.kinds import Gauge, Reduction, finite
-from flowrl.metrics.recorder import SPAN_METRIC
+from flowrl.metrics.recorder import BUSY_SPANS, SPAN_METRIC
 
 #: Keys every row has, first and in this order (the run-directory contract, DESIGN.md section 10).
 REQUIRED = ("step", "wall_s", "reward_mean", "samples", "tokens", "policy_version", "staleness_max")
 LEADING = REQUIRED + ("step_time_s", "tokens_per_s", "tokens_per_s_per_device", "samples_per_s",
                       "devices")
 
-#: Spans counted as the node being occupied; every other span (wait_input, wait_credit) is waiting.
-BUSY_SPANS = ("compute", "weight_sync")
 
 EMPTY: dict[str, dict[str, float | None]] = {
     "sum": {"": 0},
@@ -84,43 +87,60 @@ def put(row: dict, key: str, value: float | None) -> None:
         row[key] = value
 
 
-def span_ratio_keys(node: str, seconds: dict[str, float], replicas: int,
-                    step_time_s: float) -> dict[str, float]:
-    """`{node}/{span}_ratio` = seconds spent in the span per replica per second of step time,
-    plus busy_ratio (compute + weight_sync) and idle_ratio = 1 - busy. Clamped to [0, 1]:
-    a span that straddles a step boundary can land in the later step."""
-    denom = max(replicas, 1) * max(step_time_s, 1e-9)
-    ratios = {span: min(1.0, max(0.0, s / denom)) for span, s in sorted(seconds.items())}
-    busy = min(1.0, sum(ratios.get(s, 0.0) for s in BUSY_SPANS))
-    out = {f"{node}/{span}_ratio": r for span, r in ratios.items()}
+def exclusive_ratios(raw: dict[str, float]) -> dict[str, float]:
+    """One process's span shares, made exclusive: a process is in one state at a time, work
+    outranks waiting. An input task that sits in `wait_input` while the main task computes (one
+    thread, two asyncio tasks) would otherwise count the same second twice, so waits are capped
+    by what work left over: wait_credit <= 1 - busy, wait_input <= 1 - busy - wait_credit."""
+    r = {s: min(1.0, max(0.0, v)) for s, v in raw.items()}
+    left = 1.0 - busy_of(r)
+    for s in sorted(r):
+        if s.startswith("wait_") and s != "wait_input":
+            r[s] = min(r[s], max(0.0, left))
+            left -= r[s]
+    if "wait_input" in r:
+        r["wait_input"] = min(r["wait_input"], max(0.0, left))
+    return r
+
+
+def busy_of(ratios: dict[str, float]) -> float:
+    return min(1.0, sum(ratios.get(s, 0.0) for s in BUSY_SPANS))
+
+
+def ratio_keys(node: str, per_replica: list[dict[str, float]]) -> dict[str, float]:
+    """`{node}/{span}_ratio`, `{node}/busy_ratio` (compute + weight_sync + weight_snapshot) and
+    `{node}/idle_ratio` = 1 - busy, averaged over the node's replicas."""
+    if not per_replica:
+        return {}
+    n = len(per_replica)
+    out = {f"{node}/{span}_ratio": sum(r.get(span, 0.0) for r in per_replica) / n
+           for span in sorted(set().union(*per_replica))}
+    busy = sum(busy_of(r) for r in per_replica) / n
     out[f"{node}/busy_ratio"] = busy
     out[f"{node}/idle_ratio"] = 1.0 - busy
     return out
 
 
-def build_row(series: Iterable[Any], step_time_s: float, replicas: dict[str, int]
-              ) -> tuple[dict[str, Any], dict[tuple[str, int], dict[str, float]]]:
-    """The metric keys of one row from every hub Series' window, plus each node replica's
-    span ratios ({(node, replica): {span: ratio}}). `replicas` = node -> replicas that reported
-    in this window (the denominator of the node's ratios)."""
+def build_row(series: Iterable[Any], ratios: dict[tuple[str, int], dict[str, float]]
+              ) -> dict[str, Any]:
+    """The metric keys of one row from every hub Series' window, plus each node's span ratios
+    from `ratios` ({(node, replica): {span: share}}, see MetricsHub.node_ratios)."""
     row: dict[str, Any] = {}
     groups: dict[tuple, list] = defaultdict(list)
-    spans: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    ratios: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
     for s in series:
         if s.name == SPAN_METRIC and s.scope == "node" and s.kind == "sum":
-            span, seconds = dict(s.labels).get("span", "?"), s.window.value if s.window else 0.0
-            spans[s.node][span] += seconds
-            ratios[(s.node, s.replica)][span] = min(1.0, seconds / max(step_time_s, 1e-9))
-            continue
+            continue  # span seconds become ratios (below) and Prometheus counters, not columns
         groups[(s.node if s.scope == "node" else None, s.name, s.kind, s.labels)].append(s)
     for (node, name, kind, labels), members in groups.items():
         value = reduce_values(m.window for m in members)
         for suffix, v in summarize(kind, value).items():
             put(row, row_key(node, name, suffix, labels), v)
-    for node, seconds in spans.items():
-        row.update(span_ratio_keys(node, seconds, replicas.get(node, 1), step_time_s))
-    return row, dict(ratios)
+    by_node: dict[str, list] = defaultdict(list)
+    for (node, _), r in sorted(ratios.items()):
+        by_node[node].append(r)
+    for node, per_replica in by_node.items():
+        row.update(ratio_keys(node, per_replica))
+    return row
 
 
 def order_row(row: dict) -> dict:

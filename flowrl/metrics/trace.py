@@ -15,12 +15,19 @@ from __future__ import annotations
 
 import json
 import os
+from collections import deque
 from pathlib import Path
 from typing import Any, TextIO
 
 CONTROLLER_PID = 1
+#: Spans of one thread that overlap without nesting (two asyncio tasks of one event loop, e.g. an
+#: input task waiting while the main task computes) would be mis-drawn by Perfetto, which wants
+#: slices of a thread properly nested: such a span goes to an extra lane of that thread, a
+#: separate track named "<thread> lane N" (tid LANE_BASE + tid * 8 + N).
+LANE_BASE = 1 << 40
+MAX_LANES = 4
 CATEGORIES = {"wait_input": "wait", "wait_credit": "wait", "compute": "compute",
-              "weight_sync": "sync"}
+              "weight_sync": "sync", "weight_snapshot": "sync"}
 
 
 class TraceWriter:
@@ -33,7 +40,8 @@ class TraceWriter:
         self.events = 0
         self.dropped = 0
         self._tracks: dict[tuple, int] = {}
-        self._threads: set[tuple[int, int]] = set()
+        self._threads: dict[tuple[int, int], str] = {}
+        self._lanes: dict[tuple[int, int], list[deque]] = {}
         self._f: TextIO | None = open(self.path, "w", encoding="utf-8")
         self._f.write("[")
         self._first = True
@@ -73,13 +81,33 @@ class TraceWriter:
 
     def thread(self, pid: int, tid: int, name: str) -> None:
         if (pid, tid) not in self._threads:
-            self._threads.add((pid, tid))
+            self._threads[(pid, tid)] = name
             self._meta(pid, tid, "thread_name", {"name": name})
+
+    def _lane(self, pid: int, tid: int, start: int, end: int) -> int:
+        """`tid`, or the tid of the first lane where [start, end] crosses no recent span."""
+        lanes = self._lanes.setdefault((pid, tid), [deque(maxlen=64)])
+        for k, recent in enumerate(lanes):
+            if not any(s < start < e < end or start < s < end < e for s, e in recent):
+                break
+        else:
+            if len(lanes) < MAX_LANES:
+                lanes.append(deque(maxlen=64))
+            k = len(lanes) - 1
+        lanes[k].append((start, end))
+        if k == 0:
+            return tid
+        lane = LANE_BASE + tid * 8 + k
+        if (pid, lane) not in self._threads:
+            self.thread(pid, lane, f"{self._threads.get((pid, tid), tid)} lane {k}")
+        return lane
 
     def complete(self, pid: int, tid: int, name: str, start_us: int, dur_us: int,
                  args: dict | None = None) -> None:
+        ts, dur = self._ts(start_us), max(0, int(dur_us))
+        tid = self._lane(pid, tid, ts, ts + dur)
         ev = {"ph": "X", "name": name, "cat": CATEGORIES.get(name, "user"), "pid": pid, "tid": tid,
-              "ts": self._ts(start_us), "dur": max(0, int(dur_us))}
+              "ts": ts, "dur": dur}
         if args:
             ev["args"] = args
         self._write(ev)

@@ -2,10 +2,13 @@
 bounded check the controller runs on it before believing a single number.
 
     {"v": 1, "node": "rollout", "replica": 0, "pid": 4242, "host": "h1", "t": 1718000000.5,
-     "seq": 17, "state": "compute",
+     "since": 1718000000.0, "seq": 17, "state": "compute",
      "metrics": [[name, kind, {label: value}, per_node, payload], ...],   # kinds.py payloads
      "spans":   [[tid, name, start_us (epoch), dur_us, {arg: value}], ...],
      "threads": {"<tid>": "MainThread"}, "dropped_spans": 0}
+
+`since` .. `t` is the time the snapshot covers (the previous drain to this one, epoch seconds);
+it is optional, so older nodes still parse, and is what per-node busy ratios are divided by.
 
 Snapshots arrive over a socket, so they are untrusted: sizes are capped, types checked, and a bad
 one raises `SnapshotError` naming the field — the controller counts it and keeps running.
@@ -47,6 +50,7 @@ class Snapshot:
     t: float
     seq: int
     state: str
+    since: float | None = None
     metrics: list[Metric] = field(default_factory=list)
     spans: list[tuple[int, str, int, int, dict]] = field(default_factory=list)
     threads: dict[int, str] = field(default_factory=dict)
@@ -104,6 +108,7 @@ def parse_snapshot(obj: Any) -> Snapshot:
                     pid=_int(obj.get("pid"), "pid"), host=_str(obj.get("host"), "host"),
                     t=_num(obj.get("t"), "t"), seq=_int(obj.get("seq", 0), "seq"),
                     state=_str(obj.get("state", "idle"), "state"),
+                    since=None if obj.get("since") is None else _num(obj.get("since"), "since"),
                     dropped_spans=_int(obj.get("dropped_spans", 0), "dropped_spans"))
     metrics, spans, threads = obj.get("metrics", []), obj.get("spans", []), obj.get("threads", {})
     if not isinstance(metrics, list) or len(metrics) > MAX_METRICS:

@@ -318,7 +318,7 @@ class Controller:
         now = time.monotonic()
         if self.hub:
             self.hub.end_step(step=sched.consumed_count, policy_version=sched.version,
-                              extra={"step_s": round(now - self.step_t, 4), "staleness_max": msg.get("staleness", 0)})
+                              extra={"staleness_max": msg.get("staleness", 0)})
         self.step_t = now
         if self.hub:
             from flowrl.metrics import write_status

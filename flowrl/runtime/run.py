@@ -101,7 +101,7 @@ def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=N
     launcher_obj = make_launcher(spec.launcher.type if launcher == "local" else launcher)
     print(f"flowrl: run {spec.name} -> {run_dir}", flush=True)
     summary = graph_summary(spec, plan)
-    view = _live_view(hub, summary, quiet)
+    view = _live_view(hub, summary, quiet, run_dir)
     controller = Controller(spec, plan, run_dir, launcher_obj, faults=list(faults), resume=resume, hub=hub,
                             on_tick=lambda c: view.update(), summary=summary)
     code = 0
@@ -132,7 +132,7 @@ def graph_summary(spec, plan) -> dict:
             "devices": len({(e.host, tuple(e.devices)) for e in plan.entries})}
 
 
-def _live_view(hub, summary: dict, quiet: bool):
+def _live_view(hub, summary: dict, quiet: bool, run_dir: Path):
     from flowrl.metrics import LiveView
 
-    return LiveView(hub, summary, plain=True if quiet else None)
+    return LiveView(hub, summary, plain=True if quiet else None, status_dir=run_dir)

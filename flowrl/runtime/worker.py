@@ -65,6 +65,9 @@ class Worker:
         self.join_done: set[str] = set()
         self.step = 0
         self.wired = False
+        self.last_metrics = 0.0
+        self.input_labels: dict[str, str] = {}
+        self.output_labels: dict[str, str] = {}
         # A consumer that dies is restarted by the controller; until then senders wait rather
         # than fail (the supervision deadline, not the channel, decides when a node is lost).
         self.peer_timeout_s = 300.0
@@ -115,6 +118,7 @@ class Worker:
             from flowrl.weights import host_store
 
             self.store = host_store()
+        self.input_labels, self.output_labels = edge_labels(graph, spec.node)
         if spec.rank == 0:
             for port, address in spec.inputs.items():
                 route_caps = [o for o in graph.edges if o.dst == spec.node and o.dst_port in (None, port)]
@@ -183,8 +187,7 @@ class Worker:
 
         while True:
             try:
-                with self.recorder.span("wait_input"):
-                    batch = await rx.recv()
+                batch = await rx.recv()
             except (ChannelClosed, EndOfStream):
                 return
             await self.events_tx.send(("data", port, batch, rx))
@@ -193,16 +196,29 @@ class Worker:
         """Metrics ride on heartbeats from the event loop; liveness comes from `Heartbeat` (a thread)."""
         while True:
             self.recorder.sample_process()
-            await self.send_ctl({"t": "hb", "metrics": self.recorder.drain(), "version": self.version})
+            for port, rx in self.receivers.items():
+                self.recorder.gauge("queue_depth", rx.statistics().queued, across="sum", edge=self.input_labels[port])
+            await self.send_metrics()
             await anyio.sleep(max(self.spec.heartbeat_s, 0.5))
 
+    async def send_metrics(self) -> None:
+        self.last_metrics = time.monotonic()
+        await self.send_ctl({"t": "hb", "metrics": self.recorder.drain(), "version": self.version})
+
     async def main_loop(self) -> None:
-        async for event in self.events_rx:
+        while True:
+            with self.recorder.span("wait_input"):  # idle: nothing to do until an event arrives
+                try:
+                    event = await self.events_rx.receive()
+                except anyio.EndOfStream:
+                    return
             if event[0] == "ctl":
                 await self.on_control(event[1])
             else:
                 _, port, batch, rx = event
                 await self.on_batch(port, batch, rx)
+                if time.monotonic() - self.last_metrics > 0.1:  # metrics land in their own step's row
+                    await self.send_metrics()
             if self.stopping:
                 return
 
@@ -254,8 +270,8 @@ class Worker:
                 continue
             with self.recorder.span("wait_credit", batch_id=batch.batch_id):
                 await tx.send(batch)
-            self.recorder.count("channel_bytes", batch.nbytes, edge=route.edge)
-            self.recorder.count("channel_messages", 1, edge=route.edge)
+            self.recorder.count("channel_bytes", batch.nbytes, edge=self.output_labels.get(route.edge, route.edge))
+            self.recorder.count("channel_messages", 1, edge=self.output_labels.get(route.edge, route.edge))
 
     async def on_batch(self, port: str, batch, rx) -> None:
         meta = batch.meta
@@ -317,6 +333,7 @@ class Worker:
         self.applied.add(batch.batch_id)
         self.step += 1
         self.recorder.max("staleness", staleness)
+        self.recorder.observe("staleness", staleness)
         await self.send_ctl({"t": "consumed", "batch_id": batch.batch_id, "attempt": batch.attempt,
                              "index": batch.meta.get("_index", 0), "policy_version": batch.policy_version,
                              "staleness": staleness, "metrics": self.recorder.drain()})
@@ -449,6 +466,25 @@ class Worker:
         log.error("%s failed: %s\n%s", where, e, tb)
         with anyio.move_on_after(2):
             await self.send_ctl({"t": "error", "where": where, "message": f"{type(e).__name__}: {e}", "traceback": tb})
+
+
+def edge_labels(graph, node: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Metric labels of this node's edges: `src->dst` (ports only where two edges would collide).
+    Returns ({input port: label}, {edge string: label})."""
+    def short(e):
+        return f"{e.src}->{e.dst}"
+
+    counts: dict[str, int] = {}
+    for e in graph.edges:
+        counts[short(e)] = counts.get(short(e), 0) + 1
+    label = {str(e): short(e) if counts[short(e)] == 1 else str(e).replace(" ", "") for e in graph.edges}
+    inputs: dict[str, str] = {}
+    for e in graph.edges:
+        if e.dst == node:
+            port = e.dst_port or "in"
+            inputs[port] = label[str(e)] if port not in inputs else f"{node}.{port}"
+    outputs = {str(e): label[str(e)] for e in graph.edges if e.src == node}
+    return inputs, outputs
 
 
 class Heartbeat(threading.Thread):

@@ -74,16 +74,19 @@ def test_throughput_is_tokens_over_step_time_times_devices(tmp_path, clock):
 
 def test_per_node_metrics_and_controller_labels_become_node_prefixed_keys(tmp_path, clock):
     with MetricsHub(tmp_path, clock=clock) as hub:
+        recs = []
         for replica, rss in ((0, 100.0), (1, 300.0)):
             rec = Recorder("rollout", replica, clock=clock)
             rec.gauge("rss_bytes", rss, per_node=True)
             rec.add_span("compute", clock.t, 1.5)
-            _ship(hub, rec)
+            recs.append(rec)
         hub.set("queue_depth", 3, edge="rollout->reward")
         hub.set("node_up", 0, node="critic")
         hub.inc("restarts", node="critic")
         hub.inc("restarts", node="critic")
         clock.t += 2.0
+        for rec in recs:  # each snapshot covers the 2 s since the recorder started
+            _ship(hub, rec)
         row = hub.end_step(step=1)
         state = hub.live_state()
     assert row["rollout/rss_bytes"] == 200.0  # gauges average over replicas by default
@@ -146,3 +149,35 @@ def test_non_finite_values_are_written_as_null_so_the_row_stays_valid_json(tmp_p
     line = (tmp_path / "metrics.jsonl").read_text()
     row = json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in JSONL"))
     assert row["policy_loss_mean"] is None and row["grad_norm"] is None
+
+
+def test_busy_ratios_cover_trailing_seconds_not_the_last_short_step(tmp_path, clock):
+    """Snapshots every 0.5 s, steps every 0.2 s: a per-step window would see the critic's work
+    in one step and 0% in the next two. The trailing window shows what it really does."""
+    with MetricsHub(tmp_path, clock=clock, ratio_window_s=5.0) as hub:
+        critic = Recorder("critic", clock=clock)
+        busy = []
+        for step in range(1, 51):  # 10 s: 0.2 s steps, the critic computes 0.12 s of each
+            critic.add_span("compute", clock.t, 0.12)
+            critic.add_span("wait_input", clock.t + 0.12, 0.08)
+            clock.t += 0.2
+            if step % 5 == 0 or step % 5 == 3:  # a drain about every 0.5 s
+                _ship(hub, critic)
+            busy.append(hub.end_step(step=step).get("critic/busy_ratio"))
+        live = hub.node_ratios()[("critic", 0)]
+    assert all(b == pytest.approx(0.6, abs=0.1) for b in busy[10:]), busy
+    assert live["compute"] == pytest.approx(0.6, abs=0.05)
+    assert live["wait_input"] == pytest.approx(0.4, abs=0.05)
+
+
+def test_an_input_task_waiting_while_the_main_task_computes_is_not_counted_twice(tmp_path, clock):
+    with MetricsHub(tmp_path, clock=clock) as hub:
+        rec = Recorder("actor", clock=clock)
+        rec.add_span("wait_input", clock.t, 2.0)  # the input task waits the whole time ...
+        rec.add_span("compute", clock.t + 0.5, 1.5)  # ... while the main task computes 75%
+        clock.t += 2.0
+        _ship(hub, rec)
+        row = hub.end_step(step=1)
+    assert row["actor/compute_ratio"] == pytest.approx(0.75)
+    assert row["actor/wait_input_ratio"] == pytest.approx(0.25)
+    assert row["actor/busy_ratio"] + row["actor/wait_input_ratio"] == pytest.approx(1.0)

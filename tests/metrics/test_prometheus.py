@@ -43,12 +43,12 @@ def test_a_real_http_scrape_carries_the_monitoring_list(tmp_path, clock):
     actor.observe("staleness", 1)
     actor.count("weight_sync_bytes", 5_000_000)
     actor.observe("weight_sync_s", 0.3)
+    clock.t += 2.0  # the snapshots cover 2 s
     hub.ingest(rollout.drain()), hub.ingest(actor.drain())
     hub.set("node_up", 1, node="rollout")
     hub.set("node_up", 0, node="critic")
     hub.inc("restarts", node="critic")
     hub.set("queue_depth", 2, edge="rollout->actor")
-    clock.t += 2.0
     hub.end_step(step=1, policy_version=1)
     server = serve_prometheus(hub, port=0)
     try:
@@ -74,6 +74,7 @@ def test_a_real_http_scrape_carries_the_monitoring_list(tmp_path, clock):
     assert s[("flowrl_node_up", (("node", "rollout"),))] == 1
     assert s[("flowrl_node_up", (("node", "critic"),))] == 0
     assert s[("flowrl_restarts_total", (("node", "critic"),))] == 1
+    assert s[("flowrl_restarts_total", (("node", "rollout"),))] == 0  # up, never restarted
     assert s[("flowrl_queue_depth", (("edge", "rollout->actor"),))] == 2
     assert types["flowrl_staleness"] == "histogram"
     assert s[("flowrl_staleness_bucket", tuple(sorted(ac + (("le", "0.0"),))))] == 1

@@ -84,6 +84,30 @@ def test_span_time_is_counted_per_node_including_spans_still_open_at_drain():
     assert snap["state"] == "idle"
 
 
+def test_state_is_the_work_a_process_does_while_another_task_waits_for_input():
+    rec = Recorder("actor")
+    with rec.span("wait_input"):  # the input task waits for the next batch ...
+        with rec.span("compute"):  # ... while the main task computes the current one
+            assert rec.state() == "compute"
+            with rec.span("wait_credit"):
+                assert rec.state() == "compute"
+        with rec.span("wait_credit"):
+            assert rec.state() == "wait_credit"
+        assert rec.state() == "wait_input"
+
+
+def test_each_snapshot_says_which_seconds_it_covers():
+    t = [1000.0]
+    rec = Recorder("actor", clock=lambda: t[0])
+    t[0] = 1002.5
+    first = rec.drain()
+    t[0] = 1003.0
+    second = rec.drain()
+    assert (first["since"], first["t"]) == (1000.0, 1002.5)
+    assert (second["since"], second["t"]) == (1002.5, 1003.0)
+    assert parse_snapshot(second).since == 1002.5
+
+
 def test_spans_beyond_the_buffer_limit_are_dropped_and_counted():
     rec = Recorder("rollout", max_spans=3)
     for i in range(5):

@@ -55,3 +55,20 @@ def test_report_of_a_directory_without_a_run_says_what_is_missing(tmp_path, caps
         make_report(tmp_path)
     assert main(tmp_path) == 2
     assert "--run-dir" in capsys.readouterr().out
+
+
+def test_overlapping_spans_of_one_process_count_once_work_first():
+    from flowrl.metrics.analysis import exclusive_segments, node_utilisation
+
+    spans = [{"ph": "X", "pid": 2, "tid": 7, "name": n, "ts": ts, "dur": d} for n, ts, d in (
+        ("wait_input", 0, 10_000_000),   # the input task waits all 10 s ...
+        ("compute", 2_000_000, 3_000_000),  # ... while the main task computes 3 s
+        ("wait_credit", 5_000_000, 1_000_000),  # ... then waits 1 s to send
+        ("compute", 8_000_000, 2_000_000))]
+    assert exclusive_segments(spans) == [
+        (0, 2_000_000, "wait_input"), (2_000_000, 5_000_000, "compute"),
+        (5_000_000, 6_000_000, "wait_credit"), (6_000_000, 8_000_000, "wait_input"),
+        (8_000_000, 10_000_000, "compute")]
+    meta = {"ph": "M", "name": "process_name", "pid": 2, "tid": 0, "args": {"name": "actor/0"}}
+    use = node_utilisation([meta, *spans])["actor"]
+    assert (use.busy, use.ratio("wait_input"), use.ratio("wait_credit")) == pytest.approx((0.5, 0.4, 0.1))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 from flowrl.metrics import RUNTIME_SPANS, MetricsHub, Recorder
 from flowrl.metrics.trace import TraceWriter, load_trace, track_names
@@ -126,3 +127,20 @@ def test_snapshots_from_separate_node_processes_land_on_their_own_tracks(tmp_pat
     for spans in by_track.values():
         assert [e["name"] for e in spans] == ["wait_input", "compute"]
         assert all(e["ts"] >= 0 and e["dur"] >= 0 for e in spans)  # on the controller's time axis
+
+
+def test_spans_of_two_tasks_of_one_thread_that_cross_go_to_a_second_lane(tmp_path):
+    """An asyncio input task waits (wait_input) while the main task computes: the spans share a
+    thread id but do not nest, which Perfetto would draw wrongly; the second goes to a lane."""
+    with MetricsHub(tmp_path) as hub:
+        rec = Recorder("actor", 0)
+        t = time.time()
+        rec.add_span("compute", t, 1.0)
+        rec.add_span("wait_input", t + 0.5, 1.0)  # crosses compute: starts inside, ends after
+        rec.add_span("wait_credit", t + 0.2, 0.3)  # nested inside compute: stays on the thread
+        hub.ingest(rec.drain())
+    events = load_trace(tmp_path / "trace.json")
+    tids = {e["name"]: e["tid"] for e in events if e["ph"] == "X"}
+    assert tids["compute"] == tids["wait_credit"] != tids["wait_input"]
+    lanes = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert lanes[tids["wait_input"]] == "MainThread lane 1"
