@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowrl.graph import GraphSpec, load_graph
-from flowrl.testing.harness import read_jsonl
+from flowrl.runtime.scheduler import read_jsonl
 
 
 @dataclass

@@ -91,7 +91,7 @@ class Controller:
     def resume_ledger(self, resume: dict) -> None:
         """Continue from a checkpoint: tickets consumed after it were lost with the trainer's
         state (rolled back), tickets in flight at it go out again."""
-        from flowrl.testing.harness import read_jsonl
+        from flowrl.runtime.scheduler import read_jsonl
 
         applied = set(resume["applied"])
         net: dict[str, int] = {}

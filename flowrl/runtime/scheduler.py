@@ -31,6 +31,21 @@ class TicketState:
     consumers_done: set = field(default_factory=set)
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSONL file (ledger.jsonl, metrics.jsonl); a last line cut by a kill is skipped."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return rows
+
+
 class Ledger:
     """Append-only record of ticket events (`RUN_DIR/ledger.jsonl`), flushed per event."""
 

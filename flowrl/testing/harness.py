@@ -20,6 +20,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flowrl.runtime.scheduler import read_jsonl
+
 
 @dataclass
 class Audit:
@@ -46,20 +48,6 @@ def audit_ledger(rows: list[dict]) -> Audit:
     return Audit(issued=issued, consumed=net,
                  lost=sorted(b for b in issued if net[b] < 1),
                  duplicated=sorted(b for b in issued if net[b] > 1))
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass  # a line cut by a kill -9 of the writer
-    return rows
 
 
 @dataclass

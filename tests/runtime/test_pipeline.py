@@ -198,3 +198,19 @@ def _ipc_addresses(run_dir: Path) -> list[str]:
 def test_custom_node_example_runs_with_flowrl_run(tmp_path):
     result = run_graph(ROOT / "examples" / "custom_node" / "graph.yaml", tmp_path / "run", cwd=ROOT, timeout_s=120)
     assert_exactly_once(result, len(audit_ledger(result.ledger).issued))
+
+
+def test_graph_built_in_python_runs_with_flowrl_run(tmp_path):
+    import flowrl
+    from flowrl.graph import GraphSpec, NodeSpec
+
+    spec = GraphSpec(
+        name="py",
+        nodes={"numbers": NodeSpec(kind=f"{N}:Numbers"), "scale": NodeSpec(kind=f"{N}:Scale"),
+               "collect": NodeSpec(kind=f"{N}:Collect")},
+        edges=["numbers -> scale", "scale -> collect"],
+        schedule={"steps": 5, "batch_size": 2},
+    )
+    summary = flowrl.run(spec, run_dir=tmp_path / "run")
+    assert summary.exit_code == 0
+    assert audit_ledger(summary.ledger).exactly_once and len(summary.metrics) == 5
