@@ -270,7 +270,7 @@ class Controller:
 
     async def after_ready(self, proc: Proc) -> None:
         """Wire outputs once every consumer can receive: all at the start, a restarted one at once."""
-        if proc.spec.incarnation == 0 and not self.started:
+        if not self.started:  # start-up: wait for all (a replica restarted meanwhile counts once ready)
             if all(p.ready for p in self.procs):
                 self.started = True
                 for p in self.procs:

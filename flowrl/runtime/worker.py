@@ -65,6 +65,7 @@ class Worker:
         self.join_done: set[str] = set()
         self.step = 0
         self.wired = False
+        self.t_start = time.monotonic()
         self.last_metrics = 0.0
         self.input_labels: dict[str, str] = {}
         self.output_labels: dict[str, str] = {}
@@ -144,6 +145,7 @@ class Worker:
                 await tx.connect(address)
             self.senders.append((route, tx))
         self.wired = True
+        log.info("wired %.2f s after start", time.monotonic() - self.t_start)
         for port, rx in self.receivers.items():
             self.tg.start_soon(self.input_loop, port, rx)
         await self.send_ctl({"t": "wired"})
@@ -436,6 +438,7 @@ class Worker:
         except Exception as e:  # noqa: BLE001 - the controller shows this and fails fast
             await self.report_error("setup", e)
             return 3
+        log.info("ready %.2f s after start (incarnation %d)", time.monotonic() - self.t_start, self.spec.incarnation)
         await self.send_ctl({"t": "ready", "pid": os.getpid(), "store_port": getattr(getattr(self, "store", None), "port", None)})
         self.faults.arm(self.spec.incarnation)
         try:

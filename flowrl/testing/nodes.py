@@ -60,9 +60,13 @@ class Collect(flowrl.Sink):
 
     class Config(flowrl.NodeConfig):
         delay_s: float = 0.0
+        setup_delay_s: float = 0.0
+        """Seconds `setup` takes (a slow model load), for start-up ordering tests."""
 
     async def setup(self):
         self.seen: list[list] = []
+        if self.config.setup_delay_s:
+            await anyio.sleep(self.config.setup_delay_s)
 
     async def process(self, batch, port):
         if self.config.delay_s:

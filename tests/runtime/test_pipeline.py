@@ -214,3 +214,14 @@ def test_graph_built_in_python_runs_with_flowrl_run(tmp_path):
     summary = flowrl.run(spec, run_dir=tmp_path / "run")
     assert summary.exit_code == 0
     assert audit_ledger(summary.ledger).exactly_once and len(summary.metrics) == 5
+
+
+def test_node_killed_before_every_node_is_ready_does_not_block_the_start(tmp_path):
+    text = THREE_STAGE.replace('collect: {kind: "' + N + ':Collect"}',
+                               'collect: {kind: "' + N + ':Collect", config: {setup_delay_s: 1.0}}')
+    text = text.replace("replicas: REPLICAS,", "replicas: 1, on_failure: {backoff_s: 3.0},")
+    g = graph(tmp_path, text, delay=0, steps=6)
+    # scale dies at once and comes back only after collect, the last to start, is ready: the
+    # start must still happen when the replacement reports READY
+    result = run_graph(g, tmp_path / "run", faults=["kill:scale@t=0.05"], timeout_s=120)
+    assert_exactly_once(result, 6)
