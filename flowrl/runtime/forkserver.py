@@ -55,8 +55,10 @@ def serve() -> None:
     die_with_parent()
     if os.getppid() != parent:  # the controller died before prctl took effect
         os._exit(0)
-    # heavy imports once, before any fork
+    # heavy imports once, before any fork (torch._dynamo: the first optimizer a trainer builds
+    # imports it, ~2 s on a small CPU, which a restarted actor or critic should not pay again)
     import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401
 
     import flowrl.metrics  # noqa: F401
     import flowrl.runtime.worker  # noqa: F401
