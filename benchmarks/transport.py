@@ -24,6 +24,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import resource
 import shutil
 import tempfile
 import time
@@ -61,12 +62,14 @@ class Clock:
         self.seen += 1
         if self.seen == self.warmup:
             self.t0, self.c0 = time.perf_counter(), time.process_time()
+            self.f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
     def result(self, size: int) -> dict:
         dt, cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.f0
         n = self.count - self.warmup
         return {"msgs_per_s": n / dt, "mb_per_s": n * size / dt / 1e6, "messages": self.count,
-                "rx_cpu_us": cpu / n * 1e6}
+                "rx_cpu_us": cpu / n * 1e6, "rx_page_faults": faults / n}
 
 
 def report_tx_cpu(results, c0: float, count: int) -> None:
@@ -245,7 +248,8 @@ def main() -> None:
             runs[str(size)]["memcpy"] = [memcpy(size)]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    rows = {size: {m: max(rs, key=lambda r: r["msgs_per_s"]) for m, rs in row.items()} for size, row in runs.items()}
+    rows = {size: {m: max(rs, key=lambda r: r["msgs_per_s"]) for m, rs in row.items()}
+            for size, row in runs.items()}
     print(f"one-way throughput between 2 processes over ipc; best of {args.repeat} interleaved runs; "
           f"flowrl capacity_messages={args.capacity}; {os.cpu_count()} CPUs\n")
     print(f"{'size':>8}  {'method':<16} {'MB/s':>9} {'msgs/s':>10} {'flowrl / this':>14} "
@@ -258,12 +262,14 @@ def main() -> None:
                   f"{r['tx_cpu_us']:14.1f} {r['rx_cpu_us']:14.1f}")
         print()
     checks = []
-    for size, method, goal in [(4 << 20, "pyzmq zero-copy", 0.8), (4 << 20, "mp.Queue", 10), (4 << 10, "pyzmq zero-copy", 0.5)]:
+    targets = [(4 << 20, "pyzmq zero-copy", 0.8), (4 << 20, "mp.Queue", 10), (4 << 10, "pyzmq zero-copy", 0.5)]
+    for size, method, goal in targets:
         row = rows.get(str(size), {})
         if "flowrl" in row and method in row:
             got = row["flowrl"]["msgs_per_s"] / row[method]["msgs_per_s"]
             checks.append({"size": size, "vs": method, "ratio": got, "target": goal, "ok": got >= goal})
-            print(f"target {human(size)}: flowrl / {method} = {got:.2f}x (>= {goal}x) {'PASS' if got >= goal else 'MISS'}")
+            verdict = "PASS" if got >= goal else "MISS"
+            print(f"target {human(size)}: flowrl / {method} = {got:.2f}x (>= {goal}x) {verdict}")
     print("\ntx CPU: sending process, send loop only (raw pyzmq and mp.Queue hand the bytes to a background "
           "thread that may still be working); rx CPU: receiving process, all threads, per message")
     if args.json:

@@ -185,13 +185,16 @@ class Worker:
             await self.events_tx.send(("ctl", msg))
 
     async def input_loop(self, port: str, rx) -> None:
-        from flowrl.transport import ChannelClosed, EndOfStream
+        from flowrl.transport import BrokenChannel, ChannelClosed, EndOfStream
 
         while True:
             try:
                 batch = await rx.recv()
             except (ChannelClosed, EndOfStream):
                 return
+            except BrokenChannel as e:  # every producer gone for a while: they are being restarted
+                log.warning("input %s: %s; waiting for producers", port, e)
+                continue
             await self.events_tx.send(("data", port, batch, rx))
 
     async def metrics_loop(self) -> None:

@@ -10,11 +10,12 @@ control, acknowledgements, peer-failure handling and bounded decoding.
     await tx.send(Batch(tensors={"tokens": tokens}, batch_id="t17"))
     batch = await rx.recv(); ...; await rx.ack(batch)
 
-Layout: `batch` (the unit), `dtypes` (allow-list), `wire` (message schema, the one shared
-contract), `codec` (Batch <-> frames), `config`, `flow` (consumer credit pool), `link` (producer
-link state), `sender` / `receiver` (the two channel ends), `endpoints` + `ipc` / `tcp` / `inproc`
-(one module per address kind), `sockets` / `security` (ZeroMQ options, CURVE), `stats`.
-The protocol is described in docs/transport.md.
+Layout: `batch` (the unit) and `dtypes` (its allow-list); `wire` (the message schema, the one
+contract both ends share), `codec` (Batch <-> frames, bounded decoding); `config`, `stats`,
+`errors`; `receiver` (consumer end) with `flow` (its credit pool); `sender` (producer end) with
+`link` (per-replica state); `endpoints` + `ipc` / `tcp` / `inproc` (one module per address kind);
+`sockets` (ZeroMQ options and the event-loop pump) and `security` (CURVE). The protocol, its
+guarantees and the benchmark are described in docs/transport.md.
 """
 
 from flowrl.transport.batch import Batch

@@ -17,7 +17,7 @@ import numpy as np
 
 from flowrl.transport import wire
 from flowrl.transport.batch import Batch
-from flowrl.transport.dtypes import ITEMSIZE, NUMPY_DTYPES, dtype_name, is_torch, torch_dtype, torch_module
+from flowrl.transport.dtypes import ITEMSIZE, NUMPY_DTYPES, dtype_name, torch_dtype, torch_module
 from flowrl.transport.errors import DecodeError
 
 INLINE_MAX_BYTES = 8192

@@ -1,8 +1,9 @@
 """ipc:// endpoints: a unix socket file in a private (0700) folder, owner-only (0600) itself.
 
 A consumer restarted after a crash binds the same path again: the stale socket file of the dead
-process is replaced. ZeroMQ does not remove socket files; a receiver that closes removes its own. A path that a live process still serves is refused (ZeroMQ alone would
-silently take it over and split the traffic).
+process is replaced. A path that a live process still serves is refused (ZeroMQ alone would
+silently take it over and split the traffic). ZeroMQ does not remove socket files on close; a
+receiver that closes removes its own.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ class Link:
         self.mon: Any = None           # sockets.Pump of its connection monitor (ipc/tcp)
         self.inc: str | None = None    # consumer incarnation, from its first status
         self.dead = False
+        self.live = False              # answered (inc known) and not given up on
         self.last_heard = time.monotonic()
         self.cap_m = self.cap_b = self.max_msg = 0
         self.lim_m = self.lim_b = 0    # cumulative limits granted by the consumer
@@ -43,10 +44,6 @@ class Link:
         self.used = False              # sent something since the last heartbeat
         self.idle = False
         self.need = 0                  # bytes of the message we wait to send (0: not waiting)
-
-    @property
-    def live(self) -> bool:
-        return self.inc is not None and not self.dead
 
     @property
     def avail_m(self) -> int:

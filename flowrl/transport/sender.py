@@ -203,9 +203,11 @@ class Sender:
 
     def _pick(self, entry: Entry) -> tuple[Link | None, list | None, int, bool]:
         """The least loaded live link with credit for `entry`: (link, frames, size, fits anywhere)."""
-        live = [lk for lk in self._links.values() if lk.live]
-        if len(live) > 1:
-            live.sort(key=lambda lk: len(lk.unacked))
+        links = self._links
+        if len(links) == 1:
+            live = [lk for lk in links.values() if lk.live]
+        else:
+            live = sorted((lk for lk in links.values() if lk.live), key=lambda lk: len(lk.unacked))
         fits = not live
         size = entry.size
         for lk in live:
@@ -228,7 +230,9 @@ class Sender:
         link.sent_m += 1
         link.sent_b += size
         link.used = True
-        link.need = 0
+        if link.need:
+            for lk in self._links.values():  # no longer waiting; the next hellos say so
+                lk.need = 0
         self._c["sent"] += 1
         self._c["sent_bytes"] += size
         self._c["resent"] += resend
@@ -279,7 +283,7 @@ class Sender:
     def _close_link(self, link: Link, state: str) -> None:
         if link.dead:
             return
-        link.dead = True
+        link.dead, link.live = True, False
         self._send_hello(link, state)
         link.pump.close(linger_ms=100, monitor=link.mon)
 
@@ -337,7 +341,7 @@ class Sender:
         if link.inc is None:
             if not st.known:
                 return  # a reply to stale traffic; our hello will be answered
-            link.inc = st.inc
+            link.inc, link.live = st.inc, True
         elif st.inc != link.inc:
             return self._lose(link, f"consumer at {link.address} restarted (incarnation {link.inc} -> {st.inc})")
         elif not st.known:

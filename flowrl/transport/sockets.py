@@ -24,6 +24,7 @@ from flowrl.transport.config import ChannelConfig
 
 CONTROL_MAX_BYTES = 1 << 20  # statuses and hellos are small; a producer refuses bigger ones
 DRAIN_MAX = 256  # messages handed to a callback at once; then the loop gets a turn
+DRAIN_BYTES = 1 << 20  # ... or this many bytes: big batches are handled while still in the CPU cache
 
 
 def shared_context() -> zmq.Context:
@@ -79,9 +80,11 @@ class Pump:
     """Feeds every message arriving on `sock` to `handler(list_of_messages)` from the event loop,
     and sends without blocking. Single-threaded: use it only from the loop's thread.
 
-    Sends are corked: queued and written back-to-back when the current turn of the loop ends (or
-    once CORK_MESSAGES are queued). Each write to an idle ZeroMQ pipe wakes its I/O thread, which
-    costs tens of microseconds of system time; a burst wakes it once.
+    Sends are corked after the first: the first message of a turn of the event loop is written at
+    once (so a sender that then computes without yielding still gets it out), the ones after it are
+    written back-to-back when the turn ends (or once CORK_MESSAGES wait). Each write to an idle
+    ZeroMQ pipe wakes its I/O thread, which costs tens of microseconds of system time; a burst wakes
+    it once.
     """
 
     def __init__(self, sock: Any, handler: Callable[[list], None], copy: bool = False):
@@ -92,25 +95,29 @@ class Pump:
         self.on_send_error: Callable[[zmq.ZMQError], None] | None = None
         self._out: list[list] = []
         self._scheduled = False
+        self._wrote_this_turn = False
         self.loop.add_reader(self.fd, self._readable)
         self._schedule()  # messages may have queued before the reader was registered
 
     def send(self, frames: list) -> None:
-        """Queue a message; it is written when this turn of the loop ends. Frames of at least
-        COPY_MIN bytes are sent zero-copy (ZeroMQ keeps a reference until written). A failed
-        write (zmq.Again: no connection can take it) drops that message and calls `on_send_error`."""
+        """Write a message: at once if it is the first of this turn of the loop, else when the turn
+        ends (or once CORK_MESSAGES wait). Frames of at least COPY_MIN bytes are sent zero-copy
+        (ZeroMQ keeps a reference until written). A failed write (zmq.Again: no connection can take
+        it) drops that message and calls `on_send_error`."""
         if self.closed:
             return
         self._out.append(frames)
-        if len(self._out) >= CORK_MESSAGES:
+        if not self._wrote_this_turn or len(self._out) >= CORK_MESSAGES:
+            self._wrote_this_turn = True
             self.flush()
-        else:
-            self._schedule()
+        self._schedule()
 
     def flush(self) -> None:
         out, self._out = self._out, []
         send = self.sock.send
         for frames in out:
+            if self.closed:  # an error handler closed us meanwhile
+                return
             try:
                 last = len(frames) - 1
                 for i, f in enumerate(frames):
@@ -140,7 +147,7 @@ class Pump:
             self.loop.call_soon(self._turn_end)
 
     def _turn_end(self) -> None:
-        self._scheduled = False
+        self._scheduled = self._wrote_this_turn = False
         if self.closed:
             return
         if self._out:
@@ -152,12 +159,17 @@ class Pump:
             return
         msgs = []
         recv = self.sock.recv_multipart
+        size, full = 0, False
         try:
-            while len(msgs) < DRAIN_MAX:
-                msgs.append(recv(_DONTWAIT, copy=self.copy))
+            while not full:
+                msg = recv(_DONTWAIT, copy=self.copy)
+                msgs.append(msg)
+                for f in msg:
+                    size += len(f)
+                full = len(msgs) == DRAIN_MAX or size >= DRAIN_BYTES
         except zmq.Again:
             pass
-        if len(msgs) == DRAIN_MAX:
+        if full:
             self._schedule()  # more may be queued; let other callbacks run first
         if msgs:
             self.handler(msgs)

@@ -16,10 +16,11 @@ from tests.transport.helpers import fast_config, spawn_peer, wait_until
 
 LIMITS = DecodeLimits(max_header_bytes=1 << 16, max_frames=16, max_message_bytes=1 << 20)
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers(-(2 ** 63), 2 ** 64 - 1) | st.floats() | st.text(max_size=8)
-                           | st.binary(max_size=8),
-                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
-                           max_leaves=20)
+scalars = (st.none() | st.booleans() | st.integers(-(2 ** 63), 2 ** 64 - 1) | st.floats() | st.text(max_size=8)
+           | st.binary(max_size=8))
+json_values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=20)
 tensor_descs = st.fixed_dictionaries(
     {"name": st.text(max_size=4), "dtype": st.sampled_from(["int64", "bool", "float16", "bfloat16", "x"]),
      "shape": st.lists(st.integers(-2, 9), max_size=3), "lib": st.sampled_from(["numpy", "torch", "jax"])},

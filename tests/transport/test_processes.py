@@ -4,11 +4,16 @@ Each helper process runs `peer.py`; steps are ordered on the events it prints, a
 PID in `finally` (see `helpers.spawn_peer`). ipc and tcp only: inproc cannot cross processes.
 """
 
+import json
+import select
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from flowrl.transport import Batch, BrokenChannel, Receiver, Sender
-from tests.transport.helpers import fast_config, spawn_peer, wait_until
+from tests.transport.helpers import PEER, fast_config, spawn_peer, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -119,3 +124,25 @@ async def test_a_killed_producer_process_does_not_leave_recv_hanging(address):
             while True:  # what was already received is still delivered, then the loss is reported
                 await rx.ack(await rx.recv())
         assert rx.statistics().peers_lost == 1
+
+
+async def test_a_sent_batch_leaves_even_if_the_sender_then_blocks_its_event_loop(address):
+    proc = subprocess.Popen([sys.executable, PEER, "consumer", address], stdout=subprocess.PIPE)
+    try:
+        def next_event(kind: str) -> dict:  # blocking on purpose: the event loop must not run
+            while True:
+                ready, _, _ = select.select([proc.stdout], [], [], 20)
+                assert ready, f"no {kind!r} event from the consumer within 20 s"
+                event = json.loads(proc.stdout.readline())
+                if event["event"] == kind:
+                    return event
+
+        next_event("ready")
+        async with Sender(fast_config(peer_timeout_s=5.0), name="test->peer") as tx:
+            await tx.connect(address)
+            await tx.send(batch(0))
+            assert next_event("recv")["batch_id"] == "b0"  # arrived while this loop was blocked
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
