@@ -86,8 +86,7 @@ class Trainer(Collect):
 
     publishes_weights = True
 
-    class Config(flowrl.NodeConfig):
-        delay_s: float = 0.0
+    class Config(Collect.Config):
         size: int = 1024
 
     async def setup(self):
