@@ -10,7 +10,7 @@ Spec language (`flowrl run --fault SPEC`, repeatable; or `faults:` in a graph fi
     slow:reference,seconds=0.2 sleep 0.2 s before every batch
     delay:rollout,seconds=0.1  hold every outgoing message 0.1 s
     drop:rollout@step=1        silently drop its 2nd outgoing message
-    corrupt:reward@step=1      send garbage frames to its consumer instead of its 2nd message
+    corrupt:reward@step=1      send garbage frames to its consumers just before its 2nd message
     fail_sync:rollout@version=2  fail the weight sync to version 2
     crash:critic               raise in setup (a node that can never start)
 
@@ -129,8 +129,7 @@ class FaultInjector:
         if self._due("drop", step):
             return True
         if self._due("corrupt", step):
-            await send_garbage(addresses)
-            return True
+            await send_garbage(addresses)  # garbled frames reach the consumer first; it must reject them
         return False
 
     def fail_sync(self, version: int) -> bool:

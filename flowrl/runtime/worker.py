@@ -202,7 +202,9 @@ class Worker:
         while True:
             self.recorder.sample_process()
             for port, rx in self.receivers.items():
-                self.recorder.gauge("queue_depth", rx.statistics().queued, across="sum", edge=self.input_labels[port])
+                stats = rx.statistics()
+                self.recorder.gauge("queue_depth", stats.queued, across="sum", edge=self.input_labels[port])
+                self.recorder.gauge("channel_rejected", stats.rejected, across="sum", edge=self.input_labels[port])
             await self.send_metrics()
             await anyio.sleep(max(self.spec.heartbeat_s, 0.5))
 

@@ -22,7 +22,7 @@ PPO = ROOT / "graphs" / "ppo.yaml"
 GRPO = ROOT / "graphs" / "grpo.yaml"
 
 # Small and quick: the point here is recovery, not learning.
-FAST = ["schedule.steps=8", "schedule.batch_size=4", "schedule.checkpoint_every=2",
+FAST = ["schedule.steps=8", "schedule.batch_size=4", "schedule.checkpoint_every=2", "schedule.ticket_timeout_s=30",
         "supervision.heartbeat_s=0.2", "supervision.deadline_s=4"]
 
 
@@ -65,6 +65,8 @@ def test_corrupted_frames_are_rejected_and_counted_and_the_run_completes(tmp_pat
     assert_completed_exactly_once(result)
     log = result.log("reference.0.0")
     assert "reject" in log.lower(), log[-2000:]
+    rejected = [r.get("channel_rejected/reward->reference") for r in result.metrics]
+    assert max(v or 0 for v in rejected) >= 1, "the rejection is counted in metrics.jsonl"
 
 
 def test_node_crashing_every_time_exhausts_its_budget_and_fails_fast_naming_it(tmp_path):
