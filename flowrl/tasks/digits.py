@@ -23,42 +23,46 @@ def _frame(marker: int, body: torch.Tensor) -> torch.Tensor:
     return torch.cat([head, body, torch.full((n, 1), SEP, dtype=torch.long)], dim=1)
 
 
-class ReverseTask(Task):
+class _OneOperandTask(Task):
+    """A prompt of `digits` digits whose answer is a rearrangement of them (same length)."""
+
+    marker: int
+
+    def __init__(self, spec: ReverseSpec | SortSpec) -> None:
+        self.spec = spec
+
+    @property
+    def prompt_len(self) -> int:
+        return self.spec.digits + 3
+
+    @property
+    def answer_len(self) -> int:
+        return self.spec.digits
+
+    def answer(self, digits: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def prompts(self, seed: int, index: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        digits = torch.from_numpy(seeded_digits(seed, index, n, self.spec.digits))
+        return _frame(self.marker, digits), self.answer(digits).contiguous()
+
+
+class ReverseTask(_OneOperandTask):
     """``^R1234=`` -> ``4321``."""
 
-    def __init__(self, spec: ReverseSpec) -> None:
-        self.spec = spec
+    marker = REV
 
-    @property
-    def prompt_len(self) -> int:
-        return self.spec.digits + 3
-
-    @property
-    def answer_len(self) -> int:
-        return self.spec.digits
-
-    def prompts(self, seed: int, index: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        digits = torch.from_numpy(seeded_digits(seed, index, n, self.spec.digits))
-        return _frame(REV, digits), digits.flip(1).contiguous()
+    def answer(self, digits: torch.Tensor) -> torch.Tensor:
+        return digits.flip(1)
 
 
-class SortTask(Task):
+class SortTask(_OneOperandTask):
     """``^S3141=`` -> ``1134``."""
 
-    def __init__(self, spec: SortSpec) -> None:
-        self.spec = spec
+    marker = SORT
 
-    @property
-    def prompt_len(self) -> int:
-        return self.spec.digits + 3
-
-    @property
-    def answer_len(self) -> int:
-        return self.spec.digits
-
-    def prompts(self, seed: int, index: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        digits = torch.from_numpy(seeded_digits(seed, index, n, self.spec.digits))
-        return _frame(SORT, digits), digits.sort(dim=1).values.contiguous()
+    def answer(self, digits: torch.Tensor) -> torch.Tensor:
+        return digits.sort(dim=1).values
 
 
 class AddTask(Task):
