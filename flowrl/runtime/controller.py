@@ -185,7 +185,6 @@ class Controller:
         if self.hub:
             self.hub.set("node_up", 0, node=proc.spec.node, replica=str(proc.spec.replica), across="min")
         policy = self.spec.nodes[proc.spec.node].on_failure
-        never_ready = proc.spec.incarnation == proc.restarts and proc.error and "setup" in (proc.error or "")
         if policy.policy == "fail":
             self.fail(proc, f"{why} ({exit_text}); its failure policy is `fail`")
             return
@@ -193,7 +192,6 @@ class Controller:
             self.fail(proc, f"{why} ({exit_text}) and has used its restart budget of {policy.max_restarts}; "
                             f"raise nodes.{proc.spec.node}.on_failure.max_restarts or fix the node")
             return
-        del never_ready
         proc.restarts += 1
         proc.restart_at = time.monotonic() + policy.backoff_s * (2 ** (proc.restarts - 1))
         log.warning("%s %s (%s); restart %d/%d", proc.id, why, exit_text, proc.restarts, policy.max_restarts)
@@ -225,9 +223,7 @@ class Controller:
                 self.hub.ingest(msg["metrics"])
             except Exception as e:  # noqa: BLE001 - a bad snapshot is dropped, the run goes on
                 log.warning("dropped a metrics snapshot from %s: %s", proc.id, e)
-        if t == "hb":
-            pass
-        elif t == "ready":
+        if t == "ready":
             proc.ready = True
             proc.pid = msg.get("pid", proc.pid)
             proc.store_port = msg.get("store_port")
