@@ -11,7 +11,6 @@ is SIGKILLed (by its id, the child's PID) if it outlives its timeout or the call
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -20,7 +19,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flowrl.runtime.scheduler import read_jsonl
+from flowrl.runtime.api import RunSummary
+from flowrl.runtime.scheduler import read_jsonl  # noqa: F401  (re-exported by flowrl.testing)
 
 
 @dataclass
@@ -51,19 +51,11 @@ def audit_ledger(rows: list[dict]) -> Audit:
 
 
 @dataclass
-class RunResult:
-    exit_code: int
-    run_dir: Path
-    stdout: str
-    stderr: str
+class RunResult(RunSummary):
+    """A finished `flowrl run` child: its run directory's files plus what it printed."""
 
-    @property
-    def ledger(self) -> list[dict]:
-        return read_jsonl(self.run_dir / "ledger.jsonl")
-
-    @property
-    def metrics(self) -> list[dict]:
-        return read_jsonl(self.run_dir / "metrics.jsonl")
+    stdout: str = ""
+    stderr: str = ""
 
     def audit(self) -> Audit:
         return audit_ledger(self.ledger)

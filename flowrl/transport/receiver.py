@@ -330,16 +330,7 @@ class Receiver:
                                if peer.state == "open" else None)
 
     async def _tick_loop(self) -> None:
-        hb = self.config.heartbeat_s
-        last = time.monotonic()
-        while True:
-            await asyncio.sleep(hb)
-            now = time.monotonic()
-            stalled, last = now - last > 2 * hb, now  # our loop was blocked: peers are not to blame
-            try:
-                self._tick(now, stalled)
-            except Exception:  # noqa: BLE001 - heartbeats must go on; the bug is logged
-                log.exception("channel %s: heartbeat failed", self.name)
+        await sockets.tick_loop(self.config.heartbeat_s, self._tick, self.name)
 
     def _tick(self, now: float, stalled: bool) -> None:
         if self._mon is None and not stalled:  # inproc: no connection events, deadlines instead

@@ -365,16 +365,7 @@ class Sender:
                 return
 
     async def _tick_loop(self) -> None:
-        hb = self.config.heartbeat_s
-        last = time.monotonic()
-        while self._state != "closed":
-            await asyncio.sleep(hb)
-            now = time.monotonic()
-            stalled, last = now - last > 2 * hb, now  # our loop was blocked: peers are not to blame
-            try:
-                self._tick(now, stalled)
-            except Exception:  # noqa: BLE001 - heartbeats must go on; the bug is logged
-                log.exception("channel %s: heartbeat failed", self.name)
+        await sockets.tick_loop(self.config.heartbeat_s, self._tick, self.name, lambda: self._state != "closed")
 
     def _tick(self, now: float, stalled: bool) -> None:
         for link in list(self._links.values()):

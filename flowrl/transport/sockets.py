@@ -179,3 +179,21 @@ _DONTWAIT = int(zmq.DONTWAIT)
 _SNDMORE = int(zmq.SNDMORE)
 COPY_MIN = 1 << 16  # below this, copying is cheaper than ZeroMQ's zero-copy bookkeeping
 CORK_MESSAGES = 32
+
+
+async def tick_loop(heartbeat_s: float, tick, name: str, running=lambda: True) -> None:
+    """Call `tick(now, stalled)` every heartbeat while `running()`. `stalled` says our own event
+    loop was blocked (a long compute): missed peer messages are then not the peers' fault."""
+    import logging
+    import time
+
+    last = time.monotonic()
+    while running():
+        await asyncio.sleep(heartbeat_s)
+        now = time.monotonic()
+        stalled, last = now - last > 2 * heartbeat_s, now
+        try:
+            tick(now, stalled)
+        except Exception:  # noqa: BLE001 - heartbeats must go on; the bug is logged
+            logging.getLogger("flowrl.transport").exception("channel %s: heartbeat failed", name)
+

@@ -1,11 +1,3 @@
-import pytest
-import torch
+"""Pure-torch tests run on one torch thread (see tests/torch_threads.py)."""
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Train on one thread, as a node does: on a shared 2-core machine more threads only contend."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from tests.torch_threads import one_torch_thread  # noqa: F401  (autouse fixture)
