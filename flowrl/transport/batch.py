@@ -24,9 +24,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from flowrl.transport.dtypes import dtype_name, is_torch, torch_module
+from flowrl.transport.dtypes import NUMPY_NAMES, dtype_name, is_torch, torch_module
 
 MAX_NAME_CHARS = 256
+_DEFAULT: Any = object()  # "argument not given" (None is a value the checks must refuse)
 
 
 def new_batch_id() -> str:
@@ -51,24 +52,38 @@ class Batch:
     _n: int = field(init=False, repr=False, default=0)
     _delivery: Any = field(init=False, repr=False, default=None)
 
-    def __post_init__(self) -> None:
-        bid, attempt, version = self.batch_id, self.attempt, self.policy_version
-        if type(bid) is not str or not bid or len(bid) > MAX_NAME_CHARS:
-            raise ValueError(f"batch_id must be a non-empty str of at most {MAX_NAME_CHARS} chars, got {bid!r}")
+    def __init__(self, tensors: Mapping[str, Any] = _DEFAULT, meta: Mapping[str, Any] = _DEFAULT,
+                 batch_id: str = _DEFAULT, attempt: int = 0, policy_version: int = -1) -> None:
+        # written out (not generated): a frozen dataclass's __init__ + __post_init__ set every field
+        # twice, and batches are made per message on hot paths
+        if batch_id is _DEFAULT:
+            batch_id = new_batch_id()
+        elif type(batch_id) is not str or not batch_id or len(batch_id) > MAX_NAME_CHARS:
+            raise ValueError(f"batch_id must be a non-empty str of at most {MAX_NAME_CHARS} chars, got {batch_id!r}")
         if type(attempt) is not int or attempt < 0:
             raise ValueError(f"attempt must be an int >= 0, got {attempt!r}")
-        if type(version) is not int:
-            raise TypeError(f"policy_version must be an int, got {type(version).__name__} {version!r}")
-        meta, tensors = self.meta, self.tensors
-        if type(meta) is not dict:
-            if not isinstance(meta, Mapping):
-                raise TypeError(f"meta must be a dict, got {type(meta).__name__}")
-        if type(tensors) is not dict and not isinstance(tensors, Mapping):
+        if type(policy_version) is not int:
+            raise TypeError(f"policy_version must be an int, got {type(policy_version).__name__} {policy_version!r}")
+        if meta is _DEFAULT:
+            meta = {}
+        elif type(meta) is dict or isinstance(meta, Mapping):
+            meta = dict(meta)
+        else:
+            raise TypeError(f"meta must be a dict, got {type(meta).__name__}")
+        if tensors is _DEFAULT:
+            tensors = {}
+        elif type(tensors) is dict or isinstance(tensors, Mapping):
+            tensors = dict(tensors)
+        else:
             raise TypeError(f"tensors must be a dict name -> array, got {type(tensors).__name__}")
-        tensors = dict(tensors)
-        object.__setattr__(self, "tensors", tensors)
-        object.__setattr__(self, "meta", dict(meta))
-        object.__setattr__(self, "_n", _leading_dim(tensors))
+        setattr_ = object.__setattr__
+        setattr_(self, "tensors", tensors)
+        setattr_(self, "meta", meta)
+        setattr_(self, "batch_id", batch_id)
+        setattr_(self, "attempt", attempt)
+        setattr_(self, "policy_version", policy_version)
+        setattr_(self, "_n", _leading_dim(tensors))
+        setattr_(self, "_delivery", None)
 
     @classmethod
     def _trusted(cls, tensors: dict, meta: dict, batch_id: str, attempt: int, policy_version: int,
@@ -175,12 +190,16 @@ def _leading_dim(tensors: dict) -> int:
     for name, t in tensors.items():
         if type(name) is not str or not name or len(name) > MAX_NAME_CHARS:
             raise ValueError(f"tensor names must be non-empty str of at most {MAX_NAME_CHARS} chars, got {name!r}")
-        if not isinstance(t, np.ndarray):
-            if not is_torch(t):
-                raise TypeError(f"tensor {name!r} is a {type(t).__name__}; give a numpy array or a torch tensor")
-            if t.layout != torch_module().strided:
-                raise TypeError(f"tensor {name!r} has layout {t.layout}; only dense (strided) tensors travel")
-        dtype_name(t)
+        if type(t) is np.ndarray:
+            if t.dtype not in NUMPY_NAMES:  # the common case is one dict lookup
+                dtype_name(t)
+        else:
+            if not isinstance(t, np.ndarray):
+                if not is_torch(t):
+                    raise TypeError(f"tensor {name!r} is a {type(t).__name__}; give a numpy array or a torch tensor")
+                if t.layout != torch_module().strided:
+                    raise TypeError(f"tensor {name!r} has layout {t.layout}; only dense (strided) tensors travel")
+            dtype_name(t)
         shape = t.shape
         if not shape:
             continue

@@ -17,17 +17,16 @@ import numpy as np
 
 from flowrl.transport import wire
 from flowrl.transport.batch import Batch
-from flowrl.transport.dtypes import ITEMSIZE, NUMPY_DTYPES, dtype_name, torch_dtype, torch_module
+from flowrl.transport.dtypes import ITEMSIZE, NUMPY_DTYPES, NUMPY_NAMES, dtype_name, torch_dtype, torch_module
 from flowrl.transport.errors import DecodeError
 
 INLINE_MAX_BYTES = 8192
 """Default: tensors of at most this many bytes are copied into the header instead of own frames."""
 
 _DATA_KEYS = frozenset({"v", "kind", "batch_id", "attempt", "policy_version", "meta", "tensors"})
-_DATA_OPTIONAL = frozenset({"env"})
-_DATA_KEYS_ENV = _DATA_KEYS | _DATA_OPTIONAL
+_DATA_OPTIONAL = frozenset({"env", "shm"})
 _TENSOR_KEYS = frozenset({"name", "dtype", "shape", "lib"})
-_TENSOR_OPTIONAL = frozenset({"frame", "data"})
+_TENSOR_OPTIONAL = frozenset({"frame", "data", "shm"})
 
 
 class Prepared:
@@ -50,20 +49,33 @@ class Prepared:
             raise TypeError(f"batch {self.batch.batch_id!r}: meta must hold JSON-like values only ({e})") from None
         return [head, *self.buffers]
 
+    def shm_header(self, env: dict, ref: list, offsets: list[int]) -> bytes:
+        """Frame 0 of this batch sent through shared memory: tensor i of the frames is at
+        offsets[i - 1] of the block that `ref` ([block id, fd, used bytes]) names."""
+        descs = []
+        for d in self.header["tensors"]:
+            if "frame" in d:
+                d = dict(d)
+                d["shm"] = offsets[d.pop("frame") - 1]
+            descs.append(d)
+        return wire.pack({**self.header, "tensors": descs, "env": env, "shm": ref})
+
 
 def prepare(batch: Batch, inline_max: int = INLINE_MAX_BYTES) -> Prepared:
     descs, buffers, payload = [], [], 0
     for name, t in batch.tensors.items():
-        arr, lib = _host_array(t)
-        desc = {"name": name, "dtype": dtype_name(t), "shape": list(t.shape), "lib": lib}
+        if type(t) is np.ndarray and t.flags.c_contiguous and t.dtype.byteorder != ">":
+            arr, lib, dtype = t, "numpy", NUMPY_NAMES.get(t.dtype) or dtype_name(t)  # the common case
+        else:
+            arr, lib = _host_array(t)
+            dtype = dtype_name(t)
         nbytes = arr.nbytes
         if nbytes <= inline_max:
-            desc["data"] = arr.tobytes()
+            descs.append({"name": name, "dtype": dtype, "shape": list(t.shape), "lib": lib, "data": arr.tobytes()})
         else:
             buffers.append(arr)
             payload += nbytes
-            desc["frame"] = len(buffers)
-        descs.append(desc)
+            descs.append({"name": name, "dtype": dtype, "shape": list(t.shape), "lib": lib, "frame": len(buffers)})
     header = {"v": wire.SCHEMA_VERSION, "kind": wire.DATA, "batch_id": batch.batch_id, "attempt": batch.attempt,
               "policy_version": batch.policy_version, "meta": batch.meta, "tensors": descs}
     return Prepared(batch, header, buffers, payload)
@@ -109,32 +121,34 @@ def check_frames(frames: Sequence[Any], limits: wire.DecodeLimits) -> tuple[list
     return views, total
 
 
-def decode_data(header: dict, views: list, limits: wire.DecodeLimits, delivery: Any = None) -> Batch:
+def decode_data(header: dict, views: list, limits: wire.DecodeLimits, delivery: Any = None,
+                region: np.ndarray | None = None) -> Batch:
     """A checked `data` header plus the message's frame views -> Batch (`delivery`: the receiver's
-    tag for `ack`)."""
-    keys = header.keys()
-    if keys != _DATA_KEYS_ENV and keys != _DATA_KEYS:
+    tag for `ack`; `region`: the shared memory its `shm` tensors are in, a uint8 array)."""
+    try:  # v and kind were checked by unpack_header; with these five, nothing else may be there but env
+        batch_id, attempt, policy_version = header["batch_id"], header["attempt"], header["policy_version"]
+        meta, descs = header["meta"], header["tensors"]
+    except KeyError:
+        batch_id = None
+    if batch_id is None or len(header) != 7 + ("env" in header) + ("shm" in header):
         wire.check_keys(header, _DATA_KEYS, _DATA_OPTIONAL, "data header")
-    batch_id, attempt, policy_version = header["batch_id"], header["attempt"], header["policy_version"]
     if type(batch_id) is not str or not 0 < len(batch_id) <= wire.MAX_STR:
         wire.get_str(header, "batch_id")
     if type(attempt) is not int or attempt < 0:
         wire.get_int(header, "attempt", 0)
     if type(policy_version) is not int or not -(1 << 63) <= policy_version < 1 << 63:
         wire.get_int(header, "policy_version")
-    meta = header["meta"]
     if type(meta) is not dict:
         raise DecodeError("bad_field", f"meta must be a map, got {type(meta).__name__}")
     if meta:
         wire.check_json(meta, limits.max_depth)
-    descs = header["tensors"]
     if type(descs) is not list or len(descs) > limits.max_tensors:
         raise DecodeError("bad_field", f"tensors must be a list of at most max_tensors={limits.max_tensors}")
     used = [False] * len(views)
     tensors: dict[str, Any] = {}
     n = None
     for desc in descs:
-        name, t = _decode_tensor(desc, views, used, limits)
+        name, t = _decode_tensor(desc, views, used, limits, region)
         if name in tensors:
             raise DecodeError("bad_field", f"tensor name {name!r} appears twice")
         tensors[name] = t
@@ -150,29 +164,37 @@ def decode_data(header: dict, views: list, limits: wire.DecodeLimits, delivery: 
     return Batch._trusted(tensors, meta, batch_id, attempt, policy_version, int(n or 0), delivery)
 
 
-_FRAME_KEYS = _TENSOR_KEYS | {"frame"}
-_INLINE_KEYS = _TENSOR_KEYS | {"data"}
+_SPECS: dict[tuple, tuple] = {(d, lib): (ITEMSIZE[d], NUMPY_DTYPES.get(d)) for d in ITEMSIZE
+                                for lib in ("numpy", "torch") if lib == "torch" or d in NUMPY_DTYPES}
+"""(wire dtype, lib) -> (itemsize, numpy dtype or None): the combinations a descriptor may name."""
 
 
-def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits) -> tuple[str, Any]:
-    if type(desc) is not dict or (desc.keys() != _INLINE_KEYS and desc.keys() != _FRAME_KEYS):
+def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits,
+                   region: np.ndarray | None = None) -> tuple[str, Any]:
+    if type(desc) is not dict or len(desc) != 5 or ("frame" in desc) + ("data" in desc) + ("shm" in desc) != 1:
         wire.check_keys(desc, _TENSOR_KEYS, _TENSOR_OPTIONAL, "tensor descriptor")
-        raise DecodeError("bad_field", "a tensor descriptor needs exactly one of `frame` and `data`")
-    name, dtype, lib, shape = desc["name"], desc["dtype"], desc["lib"], desc["shape"]
+        raise DecodeError("bad_field", "a tensor descriptor needs exactly one of `frame`, `data` and `shm`")
+    try:
+        name, dtype, lib, shape = desc["name"], desc["dtype"], desc["lib"], desc["shape"]
+    except KeyError:
+        wire.check_keys(desc, _TENSOR_KEYS, _TENSOR_OPTIONAL, "tensor descriptor")
+        raise
     if type(name) is not str or not 0 < len(name) <= wire.MAX_STR:
         raise DecodeError("bad_field", f"tensor name must be a str of 1..{wire.MAX_STR} chars, got {name!r:.40}")
-    itemsize = ITEMSIZE.get(dtype) if type(dtype) is str else None
-    if itemsize is None:
-        raise DecodeError("dtype", f"tensor {name!r}: dtype {dtype!r:.40} is not allowed")
-    if lib != "numpy" and lib != "torch" or (lib == "numpy" and dtype == "bfloat16"):
+    spec = _SPECS.get((dtype, lib)) if type(dtype) is str and type(lib) is str else None
+    if spec is None:
+        if type(dtype) is not str or dtype not in ITEMSIZE:
+            raise DecodeError("dtype", f"tensor {name!r}: dtype {dtype!r:.40} is not allowed")
         raise DecodeError("bad_field", f"tensor {name!r}: lib {lib!r:.40} with dtype {dtype} is not allowed")
+    nbytes, np_dtype = spec
     if type(shape) is not list or len(shape) > limits.max_ndim:
         raise DecodeError("shape", f"tensor {name!r}: shape must be a list of at most {limits.max_ndim} ints")
-    nbytes = itemsize
     for d in shape:
         if type(d) is not int or d < 0:
             raise DecodeError("shape", f"tensor {name!r}: shape entries must be ints >= 0, got {d!r:.20}")
         nbytes *= d
+    if "shm" in desc:
+        return name, _shm_tensor(name, desc["shm"], nbytes, np_dtype, dtype, shape, lib, region)
     if "frame" in desc:
         i = desc["frame"]
         if type(i) is not int or not 0 < i < len(views) or used[i]:
@@ -191,13 +213,32 @@ def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits
                                            f"got {size}")
     if dtype == "bool" and nbytes and np.frombuffer(buf, np.uint8).max() > 1:
         raise DecodeError("bad_value", f"tensor {name!r}: bool bytes must be 0 or 1")
-    if lib == "numpy":
-        arr = np.frombuffer(buf, dtype=NUMPY_DTYPES[dtype])
+    if np_dtype is not None and lib == "numpy":
+        arr = np.frombuffer(buf, dtype=np_dtype)
         return name, arr if len(shape) == 1 else arr.reshape(shape)
     torch = torch_module()
     if not nbytes:
         return name, torch.empty(shape, dtype=torch_dtype(dtype))
     return name, torch.frombuffer(buf, dtype=torch_dtype(dtype)).reshape(shape)
+
+
+def _shm_tensor(name: str, offset: Any, nbytes: int, np_dtype: Any, dtype: str, shape: list, lib: str,
+                region: np.ndarray | None) -> Any:
+    """A tensor over bytes [offset, offset + nbytes) of a shared-memory region, without copying."""
+    if region is None:
+        raise DecodeError("bad_field", f"tensor {name!r} is in shared memory but the message names no block")
+    if type(offset) is not int or offset < 0 or offset + nbytes > region.nbytes:
+        raise DecodeError("out_of_bounds", f"tensor {name!r}: bytes at {offset!r:.20} + {nbytes} lie outside "
+                                           f"the {region.nbytes}-byte region")
+    raw = region[offset:offset + nbytes]
+    if dtype == "bool" and nbytes and raw.max() > 1:
+        raise DecodeError("bad_value", f"tensor {name!r}: bool bytes must be 0 or 1")
+    arr = raw.view(np_dtype if np_dtype is not None else np.int16).reshape(shape)  # None: bfloat16
+    if lib == "numpy":
+        return arr
+    torch = torch_module()
+    t = torch.from_numpy(arr)
+    return t.view(torch.bfloat16) if np_dtype is None else t
 
 
 def _host_array(t: Any) -> tuple[np.ndarray, str]:

@@ -96,6 +96,18 @@ class ChannelConfig(_Model):
     """Most frames in one message a consumer decodes."""
     max_meta_depth: int = Field(32, ge=1)
     """Deepest nesting of `meta` a consumer decodes."""
+    shm_bytes: int = Field(1 << 30, ge=0)
+    """Shared memory a producer may lend one consumer of an ipc channel (both on one host) for large
+    messages: their tensors are copied once into it and the consumer maps them, instead of both
+    sides copying them through a socket. Blocks are reserved, not filled: memory is used only as far
+    as it is written. A consumer maps at most this much per producer link. 0 turns it off."""
+    shm_min_bytes: int = Field(1 << 18, ge=1)
+    """Messages whose tensors outside the header add up to at least this many bytes go through
+    shared memory when the link has it; smaller ones are cheaper on the socket."""
+    shm_blocks: int = Field(8, ge=1)
+    """Shared-memory blocks a producer lends one consumer at once. A new block costs a page fault
+    per page the first time it is written, so a producer with this many lent waits briefly for the
+    consumer to release one (sends over the socket if none comes back)."""
     ipc_dir: str | None = None
     """Parent folder of the private (0700) folders that hold ipc socket files; default: the system
     temp folder."""

@@ -30,10 +30,11 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
 }
 """Wire dtype name -> little-endian numpy dtype."""
 
-_NUMPY_NAMES: dict[np.dtype, str] = {}
+NUMPY_NAMES: dict[np.dtype, str] = {}
+"""numpy dtype (any byte order) -> wire dtype name; byte order is fixed when encoding."""
 for _name in NUMPY_DTYPES:
     for _order in ("=", "<", ">"):
-        _NUMPY_NAMES[np.dtype(_name).newbyteorder(_order)] = _name  # byte order is fixed when encoding
+        NUMPY_NAMES[np.dtype(_name).newbyteorder(_order)] = _name
 _TORCH_NAMES: dict[Any, str] = {}
 
 
@@ -56,7 +57,7 @@ def is_torch(x: Any) -> bool:
 def dtype_name(x: Any) -> str:
     """The wire name of a numpy array's or torch tensor's dtype; TypeError if it is not allowed."""
     if isinstance(x, np.ndarray):
-        name = _NUMPY_NAMES.get(x.dtype)
+        name = NUMPY_NAMES.get(x.dtype)
         if name is not None:
             return name
         if x.dtype.name in NUMPY_DTYPES and x.dtype.kind in "biuf":  # e.g. 'q' vs 'l' for int64

@@ -44,6 +44,10 @@ class Link:
         self.used = False              # sent something since the last heartbeat
         self.idle = False
         self.need = 0                  # bytes of the message we wait to send (0: not waiting)
+        self.arena: Any = None         # shm.ShmArena lent to this consumer (ipc links), or None
+        self.shm_ok = False            # the consumer mapped our probe: large messages may use the arena
+        self.shm_wait: float | None = None  # since when a message waits for a block to come back
+        self.shm_starved = False       # none came back in time: the socket until one does
 
     @property
     def avail_m(self) -> int:

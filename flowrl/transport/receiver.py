@@ -39,7 +39,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from flowrl.transport import codec, security, sockets, wire
+from flowrl.transport import codec, security, shm, sockets, wire
 from flowrl.transport.batch import Batch
 from flowrl.transport.config import ChannelConfig
 from flowrl.transport.endpoints import endpoint_for
@@ -61,10 +61,12 @@ class _Delivery:
 
 
 class _Peer:
-    __slots__ = ("rid", "fd", "state", "last_heard", "unacked", "acks", "dirty")
+    __slots__ = ("rid", "fd", "state", "last_heard", "unacked", "acks", "dirty", "shm", "shm_tried")
 
     def __init__(self, rid: bytes, fd: int | None):
         self.rid, self.fd, self.state = rid, fd, "open"
+        self.shm: shm.ShmPeer | None = None  # the producer's shared memory, once its probe mapped
+        self.shm_tried = False
         self.last_heard = time.monotonic()
         self.unacked: dict[int, int] = {}  # seq -> bytes, received and not yet acknowledged
         self.acks: list[int] = []          # acknowledged, not yet told to the producer
@@ -150,7 +152,7 @@ class Receiver:
                 return self._ready.popleft()
             if self._state != "bound":
                 raise ChannelClosed(f"receiver {self.name!r} is {'closed' if self._state == 'closed' else 'not bound'}")
-            if self._outbox:
+            if self._outbox or any(p.shm is not None and p.shm.freed for p in self._peers.values()):
                 self._flush()
             changed = self._changed
             self._check_end()
@@ -167,16 +169,18 @@ class Receiver:
         d.done = True
         self._c["acked"] += 1
         peer = self._peers.get(d.rid)
+        freed = False
         if peer is not None and peer.unacked.pop(d.seq, None) is not None:
             self._pool.on_ack(d.rid, d.size)
             peer.acks.append(d.seq)
             peer.dirty = True
+            freed = peer.shm is not None and bool(peer.shm.freed)
         elif self._orphans.pop((d.rid, d.seq), None) is not None:
             self._pool.on_orphan_ack(d.size)
         if self._state != "bound":
             return
         self._unflushed += 1
-        if self._unflushed >= self._flush_every:
+        if self._unflushed >= self._flush_every or freed:  # released shared memory goes back at once
             self._flush()
         elif self._flush_timer is None:  # acks go out in bursts: each message wakes two threads
             self._flush_timer = asyncio.get_running_loop().call_later(ACK_DELAY_S, self._flush_soon)
@@ -233,11 +237,25 @@ class Receiver:
         rid = msg[0].bytes
         views, size = codec.check_frames(msg[1:], self._limits)
         header = wire.unpack_header(views[0], self._limits)
+        if header["kind"] != wire.BUNDLE:
+            return self._dispatch(rid, header, views, size, msg)
+        start, blob = 0, views[-1]
+        for size in wire.bundle_parts(header, len(views), blob.nbytes):
+            part = blob[start:start + size]
+            start += size
+            try:
+                self._dispatch(rid, wire.unpack_header(part, self._limits), [part], size, msg)
+            except DecodeError as e:  # this part only: the others of the bundle are fine
+                self._reject(e.reason, str(e), rid)
+
+    def _dispatch(self, rid: bytes, header: dict, views: list, size: int, msg: list) -> None:
         kind = header["kind"]
         if kind == wire.DATA:
             self._on_data(rid, header, views, size)
         elif kind == wire.HELLO:
             self._on_hello(rid, wire.Hello.from_header(header), msg)
+        elif kind == wire.BUNDLE:
+            raise DecodeError("bad_kind", "a bundle inside a bundle")
         else:
             raise DecodeError("bad_kind", "status messages go from consumer to producer")
 
@@ -258,6 +276,8 @@ class Receiver:
             self._ever_connected = True
             log.debug("channel %s: producer link %r (%s) connected", self.name, rid, hello.ch)
         peer.last_heard = time.monotonic()
+        if hello.shm is not None and not peer.shm_tried:
+            self._map_shm(peer, hello.shm)
         self._urgent = True
         self._pool.on_hello(rid, hello.need, hello.idle, hello.ret_m, hello.ret_b)
         if hello.need:
@@ -270,9 +290,19 @@ class Receiver:
             self._finished += 1
         peer.dirty = True
 
+    def _map_shm(self, peer: _Peer, probe: dict) -> None:
+        """Try the producer's shared-memory probe once; the status says whether it worked."""
+        peer.shm_tried, peer.dirty = True, True
+        if not self.config.shm_bytes:
+            return
+        try:
+            peer.shm = shm.ShmPeer(probe["pid"], probe["fd"], probe["key"], max_bytes=self.config.shm_bytes)
+        except shm.ShmError as e:
+            log.info("channel %s: producer link %r sends large batches over the socket: %s", self.name, peer.rid, e)
+
     def _on_data(self, rid: bytes, header: dict, views: list, size: int) -> None:
         env = header.get("env")
-        if type(env) is not dict or env.keys() != wire.ENV_KEYS:
+        if type(env) is not dict or len(env) != 2 or "inc" not in env or "seq" not in env:
             wire.check_keys(env, wire.ENV_KEYS, where="env")
         inc, seq = env["inc"], env["seq"]
         if type(seq) is not int or seq < 0:
@@ -285,10 +315,18 @@ class Receiver:
             raise DecodeError("stale_incarnation", f"data addressed to consumer incarnation {inc!r}")
         if seq in peer.unacked:
             raise DecodeError("duplicate_seq", f"sequence number {seq} is already held")
-        account = self._pool.accounts[rid]
-        if not account.open or account.unused_m < 1 or account.unused_b < size:
+        ref, region = header.get("shm"), None
+        if ref is not None:
+            size = self._shm_size(peer, ref, views, size)
+        a = self._pool.accounts[rid]
+        if not a.open or a.lim_m - a.recv_m - a.ret_m < 1 or a.lim_b - a.recv_b - a.ret_b < size:
             raise DecodeError("no_credit", f"{size} bytes arrived without credit (or after end-of-stream)")
-        batch = codec.decode_data(header, views, self._limits, _Delivery(rid, seq, size))
+        if ref is not None:
+            try:
+                region = peer.shm.region(*ref)
+            except shm.ShmError as e:
+                raise DecodeError(e.reason, f"shared memory of batch {header.get('batch_id')!r:.60}: {e}") from None
+        batch = codec.decode_data(header, views, self._limits, _Delivery(rid, seq, size), region)
         self._pool.on_data(rid, size)
         if self._blocked:
             self._blocked.discard(rid)
@@ -297,6 +335,17 @@ class Receiver:
         c = self._c
         c["received"] += 1
         c["received_bytes"] += size
+
+    def _shm_size(self, peer: _Peer, ref: Any, views: list, size: int) -> int:
+        """Credit size of a shared-memory message (frame 0 plus the bytes it refers to), checked."""
+        if peer.shm is None:
+            raise DecodeError("bad_field", "a shared-memory batch from a link whose memory is not mapped")
+        if type(ref) is not list or len(ref) != 3 or len(views) != 1:
+            raise DecodeError("bad_field", "shm must be [block id, fd, used bytes], with frame 0 alone")
+        used = ref[2]
+        if type(used) is not int or not 0 <= used <= self._limits.max_message_bytes:
+            raise DecodeError("bad_field", f"shm used bytes {used!r:.20} out of range")
+        return size + used
 
     def _reject(self, reason: str, text: str, rid: bytes) -> None:
         self._c["rejected"] += 1
@@ -309,6 +358,8 @@ class Receiver:
     def _drop(self, peer: _Peer, cause: str | None) -> None:
         self._urgent = True
         del self._peers[peer.rid]
+        if peer.shm is not None:  # batches still held keep their mappings
+            peer.shm.close()
         self._blocked.discard(peer.rid)
         self._gone.add(peer.rid)
         for seq, size in peer.unacked.items():
@@ -356,9 +407,20 @@ class Receiver:
         cfg = self.config
         st = wire.Status(ch=self.name, inc=self._inc, known=True, closing=closing, cap_m=cfg.capacity_messages,
                          cap_b=cfg.capacity_bytes, max_msg=cfg.max_message_bytes, lim_m=a.lim_m if a else 0,
-                         lim_b=a.lim_b if a else 0, acks=peer.acks, eos_ack=peer.state == "eos")
+                         lim_b=a.lim_b if a else 0, acks=peer.acks, eos_ack=peer.state == "eos",
+                         shm_ok=peer.shm is not None, freed=self._freed(peer))
         peer.acks, peer.dirty = [], False
         return st.to_bytes()
+
+    @staticmethod
+    def _freed(peer: _Peer) -> list[str]:
+        """Blocks of the producer's shared memory that no batch here refers to any more."""
+        out: list[str] = []
+        if peer.shm is not None:
+            freed = peer.shm.freed
+            while freed and len(out) < wire.MAX_FREED:
+                out.append(freed.popleft())
+        return out
 
     def _flush_soon(self) -> None:
         self._flush_timer = None
@@ -388,6 +450,9 @@ class Receiver:
         self._changed = asyncio.Event()
 
     async def _shutdown(self) -> None:
+        for peer in self._peers.values():
+            if peer.shm is not None:
+                peer.shm.close()
         if self._state in ("new", "bound"):
             self._state = "closing"
             for t in self._tasks:

@@ -29,7 +29,7 @@ import anyio
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from flowrl.transport import codec, security, sockets, wire
+from flowrl.transport import codec, security, shm, sockets, wire
 from flowrl.transport.batch import Batch
 from flowrl.transport.config import ChannelConfig
 from flowrl.transport.endpoints import endpoint_for, scheme_of
@@ -38,6 +38,8 @@ from flowrl.transport.link import ENV_ALLOWANCE, Entry, Link
 from flowrl.transport.stats import ChannelStats
 
 log = logging.getLogger("flowrl.transport")
+SHM_HEADER_ALLOWANCE = 64  # bytes a shared-memory reference can add to a header
+SHM_WAIT_S = 0.05  # how long a batch waits for a shared-memory block to come back
 
 
 class Sender:
@@ -101,12 +103,22 @@ class Sender:
             raise TypeError(f"send() takes a Batch, got {type(batch).__name__}")
         self._check_open()
         prepared = codec.prepare(batch, self.config.inline_max_bytes)
+        entry = None
+        if not self._order.locked() and not self._pending:
+            # nothing is queued ahead: if a link has credit, send without awaiting (order is kept)
+            self._seq += 1
+            entry = Entry(self._seq, prepared)
+            link, frames, size, _ = self._pick(entry)
+            if link is not None:
+                return self._transmit(link, entry, frames, size, False)
         async with self._order:
             self._check_open()
             if self._pending:
                 await self._drain_pending()
-            self._seq += 1
-            if not await self._place(Entry(self._seq, prepared), resend=False):
+            if entry is None:
+                self._seq += 1
+                entry = Entry(self._seq, prepared)
+            if not await self._place(entry, resend=False):
                 raise BrokenChannel(f"channel {self.name!r}: no consumer replica for {self.config.peer_timeout_s}s; "
                                     f"last: {self._cause}")
 
@@ -210,17 +222,42 @@ class Sender:
             live = sorted((lk for lk in links.values() if lk.live), key=lambda lk: len(lk.unacked))
         fits = not live
         size = entry.size
+        prepared = entry.prepared
         for lk in live:
-            frames = entry.prepared.frames({"inc": lk.inc, "seq": entry.seq})
-            size = entry.size = len(frames[0]) + entry.prepared.payload_bytes
+            env = {"inc": lk.inc, "seq": entry.seq}
+            frames = prepared.frames(env)
+            size = entry.size = len(frames[0]) + prepared.payload_bytes
+            via_shm = lk.shm_ok and prepared.payload_bytes >= self.config.shm_min_bytes
+            if via_shm:  # room for the shared-memory form: its reference, and alignment padding
+                size += SHM_HEADER_ALLOWANCE + shm.ALIGN * len(prepared.buffers)
             if size > lk.cap_b or size > lk.max_msg:
                 continue
             fits = True
             if lk.avail_m >= 1 and lk.avail_b >= size:
-                return lk, frames, size, True
+                if via_shm and not lk.shm_starved:
+                    ref = lk.arena.put(prepared.buffers)
+                    if ref is not None:
+                        lk.shm_wait = None
+                        head = prepared.shm_header(env, list(ref[:3]), ref[3])
+                        return lk, [head], len(head) + ref[2], True
+                    if self._wait_for_block(lk):
+                        continue
+                return lk, frames, len(frames[0]) + prepared.payload_bytes, True
         if not size:  # no live link yet: size without envelope, plus room for it
             size = len(entry.prepared.frames()[0]) + ENV_ALLOWANCE + entry.prepared.payload_bytes
         return None, None, size, fits
+
+    @staticmethod
+    def _wait_for_block(link: Link) -> bool:
+        """Every block of `link` is lent: wait for one to come back (True), unless waiting has
+        lasted SHM_WAIT_S (the consumer holds on to its batches: use the socket until it frees one)."""
+        now = time.monotonic()
+        if link.shm_wait is None:
+            link.shm_wait = now
+        if link.arena.lent and now - link.shm_wait < SHM_WAIT_S:
+            return True
+        link.shm_starved, link.shm_wait = True, None
+        return False
 
     def _transmit(self, link: Link, entry: Entry, frames: list, size: int, resend: bool) -> None:
         """Hand `entry` to `link`. From here the channel owns it: if the write fails, losing the
@@ -274,8 +311,11 @@ class Sender:
         mon = None if scheme_of(address) == "inproc" else sockets.monitor(sock, zmq.EVENT_DISCONNECTED)
         sock.connect(address)
         link = self._links[address] = Link(address, epoch, rid)
+        if scheme_of(address) == "ipc" and self.config.shm_bytes:
+            link.arena = shm.ShmArena(self.config.shm_bytes, label=f"flowrl-{self.name}"[:200],
+                                      max_lent=self.config.shm_blocks)
         link.mon = None if mon is None else sockets.Pump(mon, lambda msgs: self._on_monitor(link, msgs), copy=True)
-        link.pump = sockets.Pump(sock, lambda msgs: self._on_messages(link, msgs), copy=True)
+        link.pump = sockets.Pump(sock, lambda msgs: self._on_messages(link, msgs), copy=True, bundle=True)
         link.pump.on_send_error = lambda e: self._on_send_error(link, e)
         self._send_hello(link)
         return link
@@ -286,6 +326,8 @@ class Sender:
         link.dead, link.live = True, False
         self._send_hello(link, state)
         link.pump.close(linger_ms=100, monitor=link.mon)
+        if link.arena is not None:  # what the consumer mapped stays valid for it
+            link.arena.close()
 
     def _lose(self, link: Link, cause: str) -> None:
         """Give up on a link: its unacknowledged entries wait for re-sending; a new link (a new
@@ -307,8 +349,16 @@ class Sender:
 
     def _send_hello(self, link: Link, state: str | None = None) -> None:
         state = state or ("eos" if self._state == "eos" else "open")
+        probe = None
+        if link.arena is not None and not link.dead and not link.shm_ok:
+            try:
+                probe = link.arena.probe()
+            except (shm.ShmError, OSError) as e:  # e.g. out of descriptors: the socket path still works
+                log.warning("channel %s: no shared memory towards %s (%s)", self.name, link.address, e)
+                link.arena.close()
+                link.arena = None
         hello = wire.Hello(ch=self.name, state=state, need=link.need, idle=link.idle,
-                           ret_m=link.ret_m, ret_b=link.ret_b)
+                           ret_m=link.ret_m, ret_b=link.ret_b, shm=probe)
         link.pump.send([hello.to_bytes()])
 
     def _on_send_error(self, link: Link, error: zmq.ZMQError) -> None:
@@ -353,6 +403,12 @@ class Sender:
             if link.unacked.pop(seq, None) is not None:
                 self._c["acked"] += 1
         link.eos_acked = st.eos_ack
+        if link.arena is not None:
+            link.shm_ok = st.shm_ok
+            for block_id in st.freed:
+                link.arena.free(block_id)
+            if st.freed:
+                link.shm_starved = False
         if st.closing:  # after its last acknowledgements: what is left goes elsewhere
             self._lose(link, f"consumer at {link.address} closed the channel")
 

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import zmq
 
+from flowrl.transport import wire
 from flowrl.transport.config import ChannelConfig
 
 CONTROL_MAX_BYTES = 1 << 20  # statuses and hellos are small; a producer refuses bigger ones
@@ -87,8 +88,9 @@ class Pump:
     it once.
     """
 
-    def __init__(self, sock: Any, handler: Callable[[list], None], copy: bool = False):
+    def __init__(self, sock: Any, handler: Callable[[list], None], copy: bool = False, bundle: bool = False):
         self.sock, self.handler, self.copy = sock, handler, copy
+        self.bundle = bundle  # write the one-frame messages of a burst as bundles (wire.py)
         self.loop = asyncio.get_running_loop()
         self.fd = sock.getsockopt(zmq.FD)
         self.closed = False
@@ -114,6 +116,8 @@ class Pump:
 
     def flush(self) -> None:
         out, self._out = self._out, []
+        if self.bundle and len(out) > 1:
+            out = bundled(out)
         send = self.sock.send
         for frames in out:
             if self.closed:  # an error handler closed us meanwhile
@@ -158,15 +162,30 @@ class Pump:
         if self.closed:
             return
         msgs = []
-        recv = self.sock.recv_multipart
         size, full = 0, False
         try:
-            while not full:
-                msg = recv(_DONTWAIT, copy=self.copy)
-                msgs.append(msg)
-                for f in msg:
-                    size += len(f)
-                full = len(msgs) == DRAIN_MAX or size >= DRAIN_BYTES
+            if self.copy:
+                recv_multipart = self.sock.recv_multipart
+                while not full:
+                    msg = recv_multipart(_DONTWAIT, copy=True)
+                    msgs.append(msg)
+                    for f in msg:
+                        size += len(f)
+                    full = len(msgs) == DRAIN_MAX or size >= DRAIN_BYTES
+            else:
+                recv = self.sock.recv
+                while not full:
+                    # recv_multipart asks the socket for RCVMORE after every frame (an enum conversion
+                    # each time); a received Frame already knows whether more follow
+                    frame = recv(_DONTWAIT, copy=False)
+                    msg = [frame]
+                    size += len(frame)
+                    while frame.more:
+                        frame = recv(_DONTWAIT, copy=False)
+                        msg.append(frame)
+                        size += len(frame)
+                    msgs.append(msg)
+                    full = len(msgs) == DRAIN_MAX or size >= DRAIN_BYTES
         except zmq.Again:
             pass
         if full:
@@ -175,10 +194,37 @@ class Pump:
             self.handler(msgs)
 
 
+def bundled(messages: list[list]) -> list[list]:
+    """`messages` with runs of one-frame messages (of at most BUNDLE_PART_BYTES) joined into
+    bundles of at most BUNDLE_BYTES (wire.py); order is kept, other messages go alone."""
+    out: list[list] = []
+    run: list[bytes] = []
+    size = 0
+    for msg in messages:
+        n = len(msg[0]) if len(msg) == 1 and type(msg[0]) is bytes else 0
+        if run and (not n or n > BUNDLE_PART_BYTES or size + n > BUNDLE_BYTES):
+            out.append(_bundle(run))
+            run, size = [], 0
+        if n and n <= BUNDLE_PART_BYTES:
+            run.append(msg[0])
+            size += n
+        else:
+            out.append(msg)
+    if run:
+        out.append(_bundle(run))
+    return out
+
+
+def _bundle(parts: list[bytes]) -> list:
+    return parts if len(parts) == 1 else [wire.pack_bundle([len(p) for p in parts]), b"".join(parts)]
+
+
 _DONTWAIT = int(zmq.DONTWAIT)
 _SNDMORE = int(zmq.SNDMORE)
 COPY_MIN = 1 << 16  # below this, copying is cheaper than ZeroMQ's zero-copy bookkeeping
 CORK_MESSAGES = 32
+BUNDLE_PART_BYTES = 1 << 16  # bigger messages are not bundled: their cost is in the bytes, not the call
+BUNDLE_BYTES = 1 << 18
 
 
 async def tick_loop(heartbeat_s: float, tick, name: str, running=lambda: True) -> None:

@@ -1,14 +1,21 @@
 """Wire types: the only thing both ends of a channel share. Written down once, versioned.
 
 Every message is a ZeroMQ multipart message whose frame 0 is a msgpack map with `v`
-(= `SCHEMA_VERSION`) and `kind`. Three kinds exist:
+(= `SCHEMA_VERSION`) and `kind`. Three kinds exist, and a fourth that carries several of them:
 
 `data` (producer -> consumer), frames 1..n are raw C-contiguous little-endian tensor buffers::
 
     {v, kind: "data", batch_id: str, attempt: int, policy_version: int, meta: {...},
      tensors: [{name, dtype, shape: [int], lib: "numpy"|"torch", frame: i}      # bytes in frame i
-               | {name, dtype, shape, lib, data: bin}],                        # tiny: inline
-     env: {inc: str, seq: int}}                 # channel envelope, absent from `codec.encode`
+               | {name, dtype, shape, lib, data: bin}                          # tiny: inline
+               | {name, dtype, shape, lib, shm: offset}],                      # in shared memory
+     env: {inc: str, seq: int},                 # channel envelope, absent from `codec.encode`
+     shm: [block id, fd, used bytes]}           # only with shm tensors; then frame 0 is all there is
+
+Shared memory (`shm.py`) carries the tensors of large messages between processes on one host: the
+producer copies them into a block of its memory that the consumer maps (after a probe announced
+in the hello succeeded: `shm_ok` in its status), and the consumer hands blocks back (`freed`) once
+nothing refers to them. Such a message counts as len(frame 0) + used bytes towards credit.
 
 `hello` (producer -> consumer): announces a producer link and its state; sent on connect, on every
 heartbeat and whenever the state changes (idempotent: all counters are cumulative)::
@@ -16,14 +23,26 @@ heartbeat and whenever the state changes (idempotent: all counters are cumulativ
     {v, kind: "hello", ch: the producer's channel name (a label for logs; several edges may feed
      one consumer), state: "open"|"eos"|"bye"|"relink",
      need: bytes of the message it is blocked on (0: not blocked), idle: bool,
-     ret_m: int, ret_b: int}                    # credit handed back so far (messages, bytes)
+     ret_m: int, ret_b: int,                    # credit handed back so far (messages, bytes)
+     shm: {pid, fd, key}}                       # optional: the probe of this link's shared memory
 
 `status` (consumer -> one producer link): welcome, credit grant, acks and heartbeat in one
 idempotent message::
 
     {v, kind: "status", ch, inc: consumer incarnation id, known: bool (false: hello again),
      closing: bool, cap_m, cap_b, max_msg: the consumer's limits,
-     lim_m, lim_b: cumulative credit limits of this link, acks: [seq, ...], eos_ack: bool}
+     lim_m, lim_b: cumulative credit limits of this link, acks: [seq, ...], eos_ack: bool,
+     shm_ok: bool, freed: [block id, ...]}     # optional: shared memory mapped / blocks released
+
+`bundle` (producer -> consumer): one-frame `data` and `hello` messages written in one burst travel
+as one ZeroMQ message of two frames, which saves each of them a receive call and the work of both
+ZeroMQ I/O threads::
+
+    {v, kind: "bundle", parts: [byte length of message 1, of message 2, ...]}
+    frame 1: the frames of message 1, 2, ... back to back
+
+The consumer handles the parts in order, each exactly as if it had come alone (its own checks, its
+own credit, its own rejection); a bundle inside a bundle is refused.
 
 A producer may have sent message number k (counting from 1 on its link) of s bytes only while
 k <= lim_m and (bytes sent before) + s <= lim_b, minus what it handed back (`ret_m`, `ret_b`).
@@ -32,6 +51,7 @@ Decoding is bounded by `DecodeLimits`; any violation raises `DecodeError`.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +60,7 @@ import msgpack
 from flowrl.transport.errors import DecodeError
 
 SCHEMA_VERSION = 1
-DATA, HELLO, STATUS = "data", "hello", "status"
+DATA, HELLO, STATUS, BUNDLE = "data", "hello", "status", "bundle"
 HELLO_STATES = ("open", "eos", "bye", "relink")
 MAX_STR = 256
 _I64 = 1 << 63
@@ -64,8 +84,33 @@ class DecodeLimits:
     """Dimensions of one tensor."""
 
 
+_local = threading.local()
+
+
 def pack(header: dict) -> bytes:
-    return msgpack.packb(header, use_bin_type=True)
+    """msgpack bytes of `header` (a Packer per thread: cheaper than `packb` for small maps)."""
+    packer = getattr(_local, "packer", None)
+    if packer is None:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(header)
+
+
+def pack_bundle(counts: list[int]) -> bytes:
+    return pack({"v": SCHEMA_VERSION, "kind": BUNDLE, "parts": counts})
+
+
+def bundle_parts(header: dict, frames: int, blob_bytes: int) -> list[int]:
+    """The checked part sizes of a bundle whose frame 0 is `header`, in a message of `frames`
+    frames whose frame 1 holds `blob_bytes`."""
+    check_keys(header, _BUNDLE_KEYS, where="bundle")
+    parts = header["parts"]
+    if frames != 2:
+        raise DecodeError("bad_frames", f"a bundle has 2 frames, got {frames}")
+    if type(parts) is not list or not parts or any(type(n) is not int or n < 1 for n in parts):
+        raise DecodeError("bad_field", "bundle parts must be a non-empty list of ints >= 1")
+    if sum(parts) != blob_bytes:
+        raise DecodeError("bad_field", f"bundle parts add up to {sum(parts)} bytes, frame 1 has {blob_bytes}")
+    return parts
 
 
 def unpack_header(buf: Any, limits: DecodeLimits) -> dict:
@@ -82,7 +127,7 @@ def unpack_header(buf: Any, limits: DecodeLimits) -> dict:
         raise DecodeError("bad_header", f"frame 0 holds a {type(header).__name__}, not a map")
     if header.get("v") != SCHEMA_VERSION:
         raise DecodeError("bad_version", f"schema version {header.get('v')!r}; this side speaks {SCHEMA_VERSION}")
-    if header.get("kind") not in (DATA, HELLO, STATUS):
+    if header.get("kind") not in (DATA, HELLO, STATUS, BUNDLE):
         raise DecodeError("bad_kind", f"unknown message kind {header.get('kind')!r}")
     return header
 
@@ -146,7 +191,10 @@ def check_json(value: Any, max_depth: int, where: str = "meta") -> None:
 _HELLO_KEYS = frozenset({"v", "kind", "ch", "state", "need", "idle", "ret_m", "ret_b"})
 _STATUS_KEYS = frozenset({"v", "kind", "ch", "inc", "known", "closing", "cap_m", "cap_b", "max_msg",
                           "lim_m", "lim_b", "acks", "eos_ack"})
+_SHM_PROBE_KEYS = frozenset({"pid", "fd", "key"})
+MAX_FREED = 4096
 ENV_KEYS = frozenset({"inc", "seq"})
+_BUNDLE_KEYS = frozenset({"v", "kind", "parts"})
 
 
 @dataclass
@@ -159,19 +207,29 @@ class Hello:
     idle: bool = False
     ret_m: int = 0
     ret_b: int = 0
+    shm: dict | None = None
 
     def to_bytes(self) -> bytes:
-        return pack({"v": SCHEMA_VERSION, "kind": HELLO, "ch": self.ch, "state": self.state, "need": self.need,
-                     "idle": self.idle, "ret_m": self.ret_m, "ret_b": self.ret_b})
+        h = {"v": SCHEMA_VERSION, "kind": HELLO, "ch": self.ch, "state": self.state, "need": self.need,
+             "idle": self.idle, "ret_m": self.ret_m, "ret_b": self.ret_b}
+        if self.shm is not None:
+            h["shm"] = self.shm
+        return pack(h)
 
     @classmethod
     def from_header(cls, h: dict) -> "Hello":
-        check_keys(h, _HELLO_KEYS, where="hello")
+        check_keys(h, _HELLO_KEYS, frozenset({"shm"}), where="hello")
         state = h["state"]
         if state not in HELLO_STATES:
             raise DecodeError("bad_field", f"hello state {state!r:.40} not in {HELLO_STATES}")
+        shm = h.get("shm")
+        if shm is not None:
+            check_keys(shm, _SHM_PROBE_KEYS, where="hello shm")
+            get_int(shm, "pid", 1)
+            get_int(shm, "fd", 0)
+            get_str(shm, "key", 64)
         return cls(ch=get_str(h, "ch", allow_empty=True), state=state, need=get_int(h, "need", 0),
-                   idle=get_bool(h, "idle"), ret_m=get_int(h, "ret_m", 0), ret_b=get_int(h, "ret_b", 0))
+                   idle=get_bool(h, "idle"), ret_m=get_int(h, "ret_m", 0), ret_b=get_int(h, "ret_b", 0), shm=shm)
 
 
 @dataclass
@@ -189,19 +247,27 @@ class Status:
     lim_b: int = 0
     acks: list = field(default_factory=list)
     eos_ack: bool = False
+    shm_ok: bool = False
+    freed: list = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
-        return pack({"v": SCHEMA_VERSION, "kind": STATUS, "ch": self.ch, "inc": self.inc, "known": self.known,
-                     "closing": self.closing, "cap_m": self.cap_m, "cap_b": self.cap_b, "max_msg": self.max_msg,
-                     "lim_m": self.lim_m, "lim_b": self.lim_b, "acks": self.acks, "eos_ack": self.eos_ack})
+        h = {"v": SCHEMA_VERSION, "kind": STATUS, "ch": self.ch, "inc": self.inc, "known": self.known,
+             "closing": self.closing, "cap_m": self.cap_m, "cap_b": self.cap_b, "max_msg": self.max_msg,
+             "lim_m": self.lim_m, "lim_b": self.lim_b, "acks": self.acks, "eos_ack": self.eos_ack}
+        if self.shm_ok or self.freed:
+            h["shm_ok"], h["freed"] = self.shm_ok, self.freed
+        return pack(h)
 
     @classmethod
     def from_header(cls, h: dict) -> "Status":
-        check_keys(h, _STATUS_KEYS, where="status")
+        check_keys(h, _STATUS_KEYS, frozenset({"shm_ok", "freed"}), where="status")
         acks = h["acks"]
         if type(acks) is not list or any(type(a) is not int or a < 0 for a in acks):
             raise DecodeError("bad_field", "status acks must be a list of non-negative ints")
+        freed = h.get("freed", [])
+        if type(freed) is not list or len(freed) > MAX_FREED or any(type(b) is not str for b in freed):
+            raise DecodeError("bad_field", f"status freed must be a list of at most {MAX_FREED} block ids")
         return cls(ch=get_str(h, "ch", allow_empty=True), inc=get_str(h, "inc"), known=get_bool(h, "known"),
                    closing=get_bool(h, "closing"), cap_m=get_int(h, "cap_m", 1), cap_b=get_int(h, "cap_b", 1),
                    max_msg=get_int(h, "max_msg", 1), lim_m=get_int(h, "lim_m", 0), lim_b=get_int(h, "lim_b", 0),
-                   acks=acks, eos_ack=get_bool(h, "eos_ack"))
+                   acks=acks, eos_ack=get_bool(h, "eos_ack"), shm_ok=h.get("shm_ok") is True, freed=freed)
