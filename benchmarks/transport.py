@@ -10,7 +10,8 @@ reads every byte it gets (sums both arrays) and times from the end of a warm-up 
 Each cell runs `--repeat` times, interleaved with the others, and the best run is kept: on a shared
 machine the best run is the one least disturbed by other work.
 
-Methods: `flowrl` (Sender -> Receiver over ipc, with credit and acks), `pyzmq zero-copy` (PUSH/PULL
+Methods: `flowrl` (Sender -> Receiver over ipc, with credit and acks; batches of 256 KiB and more go
+through shared memory, smaller ones written in one burst travel as bundles), `pyzmq zero-copy` (PUSH/PULL
 over ipc, `copy=False`, `frombuffer` on receipt), `pyzmq pickle` (`send_pyobj`), `mp.Queue`
 (multiprocessing.Queue, pickling) and `memcpy` (one thread copying the batch: an upper bound).
 Targets (issue 3): at 4 MiB flowrl >= 0.8x pyzmq zero-copy and >= 10x mp.Queue in MB/s; at 4 KiB
@@ -195,8 +196,10 @@ def run_pair(method: str, size: int, count: int, capacity: int, tmp: str) -> dic
         tx = ctx.Process(target=queue_tx, args=(queue, size, count, results))
     rx.start()
     try:
-        if not ready.wait(60):
-            raise RuntimeError(f"{method} receiver did not start")
+        deadline = time.monotonic() + 60
+        while not ready.wait(0.2):
+            if not rx.is_alive() or time.monotonic() > deadline:  # e.g. flowrl not installed
+                raise RuntimeError(f"{method} receiver did not start (exit code {rx.exitcode})")
         tx.start()
         result = {}
         for _ in range(2):

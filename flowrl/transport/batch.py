@@ -64,18 +64,8 @@ class Batch:
             raise ValueError(f"attempt must be an int >= 0, got {attempt!r}")
         if type(policy_version) is not int:
             raise TypeError(f"policy_version must be an int, got {type(policy_version).__name__} {policy_version!r}")
-        if meta is _DEFAULT:
-            meta = {}
-        elif type(meta) is dict or isinstance(meta, Mapping):
-            meta = dict(meta)
-        else:
-            raise TypeError(f"meta must be a dict, got {type(meta).__name__}")
-        if tensors is _DEFAULT:
-            tensors = {}
-        elif type(tensors) is dict or isinstance(tensors, Mapping):
-            tensors = dict(tensors)
-        else:
-            raise TypeError(f"tensors must be a dict name -> array, got {type(tensors).__name__}")
+        meta = _own_dict(meta, "meta must be a dict")
+        tensors = _own_dict(tensors, "tensors must be a dict name -> array")
         setattr_ = object.__setattr__
         setattr_(self, "tensors", tensors)
         setattr_(self, "meta", meta)
@@ -181,6 +171,15 @@ class Batch:
 
 
 # ----------------------------------------------------------------------------------- helpers
+def _own_dict(value: Any, what: str) -> dict:
+    """A fresh dict of a mapping argument ({} when not given)."""
+    if value is _DEFAULT:
+        return {}
+    if type(value) is dict or isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"{what}, got {type(value).__name__}")
+
+
 def _nbytes(t: Any) -> int:
     return int(t.nbytes) if isinstance(t, np.ndarray) else t.numel() * t.element_size()
 

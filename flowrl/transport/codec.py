@@ -214,7 +214,7 @@ def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits
     if dtype == "bool" and nbytes and np.frombuffer(buf, np.uint8).max() > 1:
         raise DecodeError("bad_value", f"tensor {name!r}: bool bytes must be 0 or 1")
     if np_dtype is not None and lib == "numpy":
-        arr = np.frombuffer(buf, dtype=np_dtype)
+        arr = np.frombuffer(buf, np_dtype)
         return name, arr if len(shape) == 1 else arr.reshape(shape)
     torch = torch_module()
     if not nbytes:

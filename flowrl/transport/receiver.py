@@ -49,6 +49,7 @@ from flowrl.transport.stats import ChannelStats
 
 log = logging.getLogger("flowrl.transport")
 ACK_DELAY_S = 0.002  # acknowledgements wait at most this long to travel together
+SHM_MAPPING_FAILURES = frozenset({"unmappable", "too_much_mapped", "closed"})
 
 
 class _Delivery:
@@ -105,6 +106,7 @@ class Receiver:
         self._domain = ""
         self._c = dict(received=0, received_bytes=0, acked=0, rejected=0, peers_lost=0)
         self._rejects: dict[str, int] = {}
+        self._shm_refused: set[int] = set()  # producer processes whose shared memory failed us
 
     # ------------------------------------------------------------------------------- public API
     async def bind(self, address: str | None = None) -> str:
@@ -268,7 +270,7 @@ class Receiver:
             return
         if peer is None:
             if rid in self._gone:  # a link we gave up on: tell it to start a new one
-                self._outbox.append((rid, wire.Status(ch=self.name, inc=self._inc, known=False).to_bytes()))
+                self._outbox.append((rid, self._unknown_status()))
                 return
             fd = msg[1].get(zmq.SRCFD) if self._mon is not None else -1
             peer = self._peers[rid] = _Peer(rid, fd if fd >= 0 else None)
@@ -293,7 +295,7 @@ class Receiver:
     def _map_shm(self, peer: _Peer, probe: dict) -> None:
         """Try the producer's shared-memory probe once; the status says whether it worked."""
         peer.shm_tried, peer.dirty = True, True
-        if not self.config.shm_bytes:
+        if not self.config.shm_bytes or probe["pid"] in self._shm_refused:
             return
         try:
             peer.shm = shm.ShmPeer(probe["pid"], probe["fd"], probe["key"], max_bytes=self.config.shm_bytes)
@@ -309,7 +311,7 @@ class Receiver:
             raise DecodeError("bad_field", f"env.seq must be an int >= 0, got {seq!r:.20}")
         peer = self._peers.get(rid)
         if peer is None:
-            self._outbox.append((rid, wire.Status(ch=self.name, inc=self._inc, known=False).to_bytes()))
+            self._outbox.append((rid, self._unknown_status()))
             raise DecodeError("unknown_link", f"data from link {rid!r} that sent no hello")
         if inc != self._inc:
             raise DecodeError("stale_incarnation", f"data addressed to consumer incarnation {inc!r}")
@@ -325,6 +327,8 @@ class Receiver:
             try:
                 region = peer.shm.region(*ref)
             except shm.ShmError as e:
+                if e.reason in SHM_MAPPING_FAILURES:  # a well-formed reference we cannot follow
+                    self._refuse_shm(peer, e)
                 raise DecodeError(e.reason, f"shared memory of batch {header.get('batch_id')!r:.60}: {e}") from None
         batch = codec.decode_data(header, views, self._limits, _Delivery(rid, seq, size), region)
         self._pool.on_data(rid, size)
@@ -335,6 +339,16 @@ class Receiver:
         c = self._c
         c["received"] += 1
         c["received_bytes"] += size
+
+    def _refuse_shm(self, peer: _Peer, error: shm.ShmError) -> None:
+        """A batch in the producer's shared memory could not be mapped: give up on this link (its
+        producer re-sends what we did not acknowledge, on a new link) and on shared memory with
+        that producer process (the new link gets `shm_max` 0, so the re-sent batches come over the
+        socket)."""
+        self._shm_refused.add(peer.shm.pid)
+        log.warning("channel %s: producer link %r: shared memory failed (%s); the link starts over without it",
+                    self.name, peer.rid, error)
+        self._drop(peer, None)
 
     def _shm_size(self, peer: _Peer, ref: Any, views: list, size: int) -> int:
         """Credit size of a shared-memory message (frame 0 plus the bytes it refers to), checked."""
@@ -408,9 +422,16 @@ class Receiver:
         st = wire.Status(ch=self.name, inc=self._inc, known=True, closing=closing, cap_m=cfg.capacity_messages,
                          cap_b=cfg.capacity_bytes, max_msg=cfg.max_message_bytes, lim_m=a.lim_m if a else 0,
                          lim_b=a.lim_b if a else 0, acks=peer.acks, eos_ack=peer.state == "eos",
-                         shm_ok=peer.shm is not None, freed=self._freed(peer))
+                         shm_max=peer.shm.max_bytes if peer.shm is not None else 0,
+                         freed=self._freed(peer))
         peer.acks, peer.dirty = [], False
         return st.to_bytes()
+
+    def _unknown_status(self) -> bytes:
+        """The answer to a link we do not know (or gave up on): start a new one."""
+        cfg = self.config
+        return wire.Status(ch=self.name, inc=self._inc, known=False, cap_m=cfg.capacity_messages,
+                           cap_b=cfg.capacity_bytes, max_msg=cfg.max_message_bytes).to_bytes()
 
     @staticmethod
     def _freed(peer: _Peer) -> list[str]:

@@ -167,6 +167,7 @@ class Sender:
         if self._state == "closed":
             return
         self._state = "closed"
+        self._cause = f"sender {self.name!r} closed before they were acknowledged"
         self._return(self.unacked())
         self._pending.clear()
         for link in self._links.values():
@@ -249,12 +250,15 @@ class Sender:
 
     @staticmethod
     def _wait_for_block(link: Link) -> bool:
-        """Every block of `link` is lent: wait for one to come back (True), unless waiting has
-        lasted SHM_WAIT_S (the consumer holds on to its batches: use the socket until it frees one)."""
+        """No block of `link` can take a batch: wait for a lent one to come back (True), unless
+        waiting has lasted SHM_WAIT_S (the consumer holds on to its batches: use the socket until it
+        frees one) or none is lent (False: this batch goes over the socket)."""
+        if not link.arena.lent:  # nothing to wait for: this batch is too big for the arena (or the OS said no)
+            return False
         now = time.monotonic()
         if link.shm_wait is None:
             link.shm_wait = now
-        if link.arena.lent and now - link.shm_wait < SHM_WAIT_S:
+        if now - link.shm_wait < SHM_WAIT_S:
             return True
         link.shm_starved, link.shm_wait = True, None
         return False
@@ -404,7 +408,8 @@ class Sender:
                 self._c["acked"] += 1
         link.eos_acked = st.eos_ack
         if link.arena is not None:
-            link.shm_ok = st.shm_ok
+            link.shm_ok = st.shm_max > 0
+            link.arena.budget_bytes = min(self.config.shm_bytes, st.shm_max)  # what the consumer can map
             for block_id in st.freed:
                 link.arena.free(block_id)
             if st.freed:

@@ -222,9 +222,9 @@ def _bundle(parts: list[bytes]) -> list:
 _DONTWAIT = int(zmq.DONTWAIT)
 _SNDMORE = int(zmq.SNDMORE)
 COPY_MIN = 1 << 16  # below this, copying is cheaper than ZeroMQ's zero-copy bookkeeping
-CORK_MESSAGES = 32
+CORK_MESSAGES = 64
 BUNDLE_PART_BYTES = 1 << 16  # bigger messages are not bundled: their cost is in the bytes, not the call
-BUNDLE_BYTES = 1 << 18
+BUNDLE_BYTES = 1 << 19
 
 
 async def tick_loop(heartbeat_s: float, tick, name: str, running=lambda: True) -> None:

@@ -14,7 +14,7 @@ Every message is a ZeroMQ multipart message whose frame 0 is a msgpack map with 
 
 Shared memory (`shm.py`) carries the tensors of large messages between processes on one host: the
 producer copies them into a block of its memory that the consumer maps (after a probe announced
-in the hello succeeded: `shm_ok` in its status), and the consumer hands blocks back (`freed`) once
+in the hello succeeded: `shm_max` > 0 in its status), and the consumer hands blocks back (`freed`) once
 nothing refers to them. Such a message counts as len(frame 0) + used bytes towards credit.
 
 `hello` (producer -> consumer): announces a producer link and its state; sent on connect, on every
@@ -32,7 +32,8 @@ idempotent message::
     {v, kind: "status", ch, inc: consumer incarnation id, known: bool (false: hello again),
      closing: bool, cap_m, cap_b, max_msg: the consumer's limits,
      lim_m, lim_b: cumulative credit limits of this link, acks: [seq, ...], eos_ack: bool,
-     shm_ok: bool, freed: [block id, ...]}     # optional: shared memory mapped / blocks released
+     shm_max: int, freed: [block id, ...]}     # optional: bytes of the producer's shared memory it
+                                               # maps at most (0: none) / blocks released
 
 `bundle` (producer -> consumer): one-frame `data` and `hello` messages written in one burst travel
 as one ZeroMQ message of two frames, which saves each of them a receive call and the work of both
@@ -247,20 +248,20 @@ class Status:
     lim_b: int = 0
     acks: list = field(default_factory=list)
     eos_ack: bool = False
-    shm_ok: bool = False
+    shm_max: int = 0
     freed: list = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
         h = {"v": SCHEMA_VERSION, "kind": STATUS, "ch": self.ch, "inc": self.inc, "known": self.known,
              "closing": self.closing, "cap_m": self.cap_m, "cap_b": self.cap_b, "max_msg": self.max_msg,
              "lim_m": self.lim_m, "lim_b": self.lim_b, "acks": self.acks, "eos_ack": self.eos_ack}
-        if self.shm_ok or self.freed:
-            h["shm_ok"], h["freed"] = self.shm_ok, self.freed
+        if self.shm_max or self.freed:
+            h["shm_max"], h["freed"] = self.shm_max, self.freed
         return pack(h)
 
     @classmethod
     def from_header(cls, h: dict) -> "Status":
-        check_keys(h, _STATUS_KEYS, frozenset({"shm_ok", "freed"}), where="status")
+        check_keys(h, _STATUS_KEYS, frozenset({"shm_max", "freed"}), where="status")
         acks = h["acks"]
         if type(acks) is not list or any(type(a) is not int or a < 0 for a in acks):
             raise DecodeError("bad_field", "status acks must be a list of non-negative ints")
@@ -270,4 +271,5 @@ class Status:
         return cls(ch=get_str(h, "ch", allow_empty=True), inc=get_str(h, "inc"), known=get_bool(h, "known"),
                    closing=get_bool(h, "closing"), cap_m=get_int(h, "cap_m", 1), cap_b=get_int(h, "cap_b", 1),
                    max_msg=get_int(h, "max_msg", 1), lim_m=get_int(h, "lim_m", 0), lim_b=get_int(h, "lim_b", 0),
-                   acks=acks, eos_ack=get_bool(h, "eos_ack"), shm_ok=h.get("shm_ok") is True, freed=freed)
+                   acks=acks, eos_ack=get_bool(h, "eos_ack"),
+                   shm_max=get_int(h, "shm_max", 0) if "shm_max" in h else 0, freed=freed)

@@ -71,9 +71,14 @@ class Peer:
             os.kill(self.pid, signal.SIGKILL)
 
 
+def spawn_peer(*args: str) -> "contextlib.AbstractAsyncContextManager[Peer]":
+    return spawn_python(PEER, *args)
+
+
 @contextlib.asynccontextmanager
-async def spawn_peer(*args: str) -> AsyncIterator[Peer]:
-    process = await anyio.open_process([sys.executable, PEER, *args], stdin=subprocess.PIPE,
+async def spawn_python(*args: str) -> AsyncIterator[Peer]:
+    """A Python process (`python *args`) spoken to as a `Peer`; killed (by its PID) on exit."""
+    process = await anyio.open_process([sys.executable, *args], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=None)
     peer = Peer(process)
     try:
