@@ -101,13 +101,14 @@ class ChannelConfig(_Model):
     messages: their tensors are copied once into it and the consumer maps them, instead of both
     sides copying them through a socket. Blocks are reserved, not filled: memory is used only as far
     as it is written. A consumer maps at most this much per producer link. 0 turns it off."""
-    shm_min_bytes: int = Field(1 << 18, ge=1)
+    shm_min_bytes: int = Field(1 << 16, ge=1)
     """Messages whose tensors outside the header add up to at least this many bytes go through
     shared memory when the link has it; smaller ones are cheaper on the socket."""
-    shm_blocks: int = Field(8, ge=1)
-    """Shared-memory blocks a producer lends one consumer at once. A new block costs a page fault
-    per page the first time it is written, so a producer with this many lent waits briefly for the
-    consumer to release one (sends over the socket if none comes back)."""
+    shm_window_bytes: int = Field(64 << 20, ge=1)
+    """Shared memory a producer may have lent to one consumer at once (but always two blocks, however
+    large). A new block costs a page fault per page on its first write, so the window stays small
+    and blocks are reused; with its window lent, a producer waits briefly for a block to come back
+    (and sends over the socket if none does)."""
     ipc_dir: str | None = None
     """Parent folder of the private (0700) folders that hold ipc socket files; default: the system
     temp folder."""

@@ -49,6 +49,7 @@ from flowrl.transport.stats import ChannelStats
 
 log = logging.getLogger("flowrl.transport")
 ACK_DELAY_S = 0.002  # acknowledgements wait at most this long to travel together
+FREED_BATCH = 2  # released shared-memory blocks go back to their producer at once from this many
 SHM_MAPPING_FAILURES = frozenset({"unmappable", "too_much_mapped", "closed"})
 
 
@@ -176,13 +177,13 @@ class Receiver:
             self._pool.on_ack(d.rid, d.size)
             peer.acks.append(d.seq)
             peer.dirty = True
-            freed = peer.shm is not None and bool(peer.shm.freed)
+            freed = peer.shm is not None and len(peer.shm.freed) >= FREED_BATCH
         elif self._orphans.pop((d.rid, d.seq), None) is not None:
             self._pool.on_orphan_ack(d.size)
         if self._state != "bound":
             return
         self._unflushed += 1
-        if self._unflushed >= self._flush_every or freed:  # released shared memory goes back at once
+        if self._unflushed >= self._flush_every or freed:  # released shared memory goes back soon
             self._flush()
         elif self._flush_timer is None:  # acks go out in bursts: each message wakes two threads
             self._flush_timer = asyncio.get_running_loop().call_later(ACK_DELAY_S, self._flush_soon)

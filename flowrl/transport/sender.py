@@ -317,7 +317,7 @@ class Sender:
         link = self._links[address] = Link(address, epoch, rid)
         if scheme_of(address) == "ipc" and self.config.shm_bytes:
             link.arena = shm.ShmArena(self.config.shm_bytes, label=f"flowrl-{self.name}"[:200],
-                                      max_lent=self.config.shm_blocks)
+                                      window_bytes=self.config.shm_window_bytes)
         link.mon = None if mon is None else sockets.Pump(mon, lambda msgs: self._on_monitor(link, msgs), copy=True)
         link.pump = sockets.Pump(sock, lambda msgs: self._on_messages(link, msgs), copy=True, bundle=True)
         link.pump.on_send_error = lambda e: self._on_send_error(link, e)

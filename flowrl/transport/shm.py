@@ -139,11 +139,11 @@ class ShmArena:
     not what it uses.
     """
 
-    def __init__(self, budget_bytes: int, *, label: str = "flowrl", max_lent: int | None = None):
+    def __init__(self, budget_bytes: int, *, label: str = "flowrl", window_bytes: int | None = None):
         if not _is_count(budget_bytes):
             raise ValueError(f"budget_bytes must be an int >= 0, not {budget_bytes!r}")
         self.budget_bytes = budget_bytes
-        self.max_lent = max_lent  # no new block while this many are lent (new blocks cost page faults)
+        self.window_bytes = window_bytes  # no new block beyond this much lent (new blocks cost page faults)
         self.label = label
         self._pid = os.getpid()  # a forked child must not write into its parent's blocks
         self._blocks: dict[str, _Block] = {}
@@ -260,9 +260,11 @@ class ShmArena:
         if fits:
             self._n["reuses"] += 1
             return min(fits, key=lambda b: b.capacity)
-        if self.max_lent is not None and len(self._blocks) - len(free) >= self.max_lent:
-            return None
         size = _block_size(needed)
+        if self.window_bytes is not None:
+            lent = [b.capacity for b in self._blocks.values() if b.lent]
+            if len(lent) >= 2 and sum(lent) + size > self.window_bytes:
+                return None
         spare = sum(b.capacity for b in free)  # every free block is too small here
         if self._reserved - spare + size > self.budget_bytes:
             return None

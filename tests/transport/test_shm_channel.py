@@ -160,8 +160,8 @@ async def test_tensors_of_every_kind_round_trip_through_shared_memory_and_small_
 
 
 async def test_blocks_are_reused_when_the_consumer_drops_each_batch(tmp_path):
-    blocks = 3
-    cfg = fast_config(capacity_messages=4, shm_blocks=blocks)
+    blocks = 3  # of MIN_BLOCK: each batch below fits one
+    cfg = fast_config(capacity_messages=4, shm_window_bytes=blocks * MIN_BLOCK)
     async with channel(tmp_path, cfg) as (rx, tx):
         count = 50
         most_blocks = 0
@@ -187,8 +187,8 @@ async def test_blocks_are_reused_when_the_consumer_drops_each_batch(tmp_path):
 
 
 async def test_a_consumer_holding_every_batch_makes_the_producer_use_the_socket_not_wait(tmp_path):
-    blocks = 2
-    cfg = fast_config(capacity_messages=16, shm_blocks=blocks)
+    blocks = 2  # the least window there is
+    cfg = fast_config(capacity_messages=16, shm_window_bytes=1)
     async with channel(tmp_path, cfg) as (rx, tx):
         link = link_of(tx)
         held = []
