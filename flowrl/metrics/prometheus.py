@@ -46,6 +46,8 @@ HELP = {
     "channel_bytes": "bytes sent on a graph edge (counted by the sender)",
     "channel_messages": "messages sent on a graph edge (counted by the sender)",
     "queue_depth": "batches waiting on a graph edge",
+    "channel_rejected": "messages a consumer rejected on a graph edge (malformed, over a limit, against the protocol)",
+    "channel_shm_bytes": "tensor bytes that crossed a graph edge through shared memory instead of the socket",
     "weight_sync_bytes": "bytes broadcast by weight sync",
     "weight_sync_s": "seconds per weight sync",
     "node_up": "1 while the node's processes are healthy, else 0",

@@ -205,6 +205,7 @@ class Worker:
                 stats = rx.statistics()
                 self.recorder.gauge("queue_depth", stats.queued, across="sum", edge=self.input_labels[port])
                 self.recorder.gauge("channel_rejected", stats.rejected, across="sum", edge=self.input_labels[port])
+                self.recorder.gauge("channel_shm_bytes", stats.shm_bytes, across="sum", edge=self.input_labels[port])
             await self.send_metrics()
             await anyio.sleep(max(self.spec.heartbeat_s, 0.5))
 

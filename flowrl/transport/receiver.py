@@ -105,7 +105,7 @@ class Receiver:
         self._mon: Any = None
         self._endpoint: Any = None
         self._domain = ""
-        self._c = dict(received=0, received_bytes=0, acked=0, rejected=0, peers_lost=0)
+        self._c = dict(received=0, received_bytes=0, acked=0, rejected=0, peers_lost=0, shm=0, shm_bytes=0)
         self._rejects: dict[str, int] = {}
         self._shm_refused: set[int] = set()  # producer processes whose shared memory failed us
 
@@ -340,6 +340,9 @@ class Receiver:
         c = self._c
         c["received"] += 1
         c["received_bytes"] += size
+        if ref is not None:
+            c["shm"] += 1
+            c["shm_bytes"] += ref[2]
 
     def _refuse_shm(self, peer: _Peer, error: shm.ShmError) -> None:
         """A batch in the producer's shared memory could not be mapped: give up on this link (its

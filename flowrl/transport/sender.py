@@ -61,7 +61,7 @@ class Sender:
         self._tasks: list[asyncio.Task] = []
         self._resending: asyncio.Task | None = None
         self._c = dict(sent=0, sent_bytes=0, acked=0, resent=0, returned=0, rejected=0, peers_lost=0,
-                       credit_waits=0, credit_wait_s=0.0)
+                       credit_waits=0, credit_wait_s=0.0, shm=0, shm_bytes=0)
 
     # ------------------------------------------------------------------------------- public API
     async def connect(self, address: str, *, wait: bool = True) -> None:
@@ -239,6 +239,8 @@ class Sender:
                     ref = lk.arena.put(prepared.buffers)
                     if ref is not None:
                         lk.shm_wait = None
+                        self._c["shm"] += 1
+                        self._c["shm_bytes"] += ref[2]
                         head = prepared.shm_header(env, list(ref[:3]), ref[3])
                         return lk, [head], len(head) + ref[2], True
                     if self._wait_for_block(lk):

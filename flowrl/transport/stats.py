@@ -48,6 +48,9 @@ class ChannelStats:
     """Sender: `send()` calls that had to wait for credit (back-pressure)."""
     credit_wait_s: float = 0.0
     """Sender: total seconds `send()` waited for credit."""
+    shm: int = 0
+    """Messages whose tensors went through shared memory (sent, or received), not the socket."""
+    shm_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

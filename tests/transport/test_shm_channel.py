@@ -124,6 +124,8 @@ async def test_tensors_of_every_kind_round_trip_through_shared_memory_and_small_
         assert_same(got, expected)
         assert arena_stats(tx)["puts"] == 1 and arena_stats(tx)["fallbacks"] == 0
         assert [s["regions"] for s in rx_shm_stats(rx)] == [1]
+        assert tx.statistics().shm == rx.statistics().shm == 1  # what the metrics report per edge
+        assert tx.statistics().shm_bytes == rx.statistics().shm_bytes > sent.nbytes - 64 * KiB  # tiny ones: inline
         await rx.ack(got)
         await wait_until(lambda: tx.statistics().acked == 1)
         sent.tensors["ids"][:] = 0  # the consumer's arrays are the one copy in shared memory, not these
@@ -259,6 +261,7 @@ async def test_a_consumer_without_shared_memory_gets_large_batches_over_the_sock
             assert_same(b, big(i))
             await rx.ack(b)
         assert arena_stats(tx)["puts"] == 0 and arena_stats(tx)["blocks"] == 0
+        assert tx.statistics().shm == rx.statistics().shm == 0
         assert all(p.shm is None for p in rx._peers.values())
         assert rx.statistics().rejected == 0
 
