@@ -124,9 +124,10 @@ class Pump:
                 return
             try:
                 last = len(frames) - 1
+                bundle = type(frames) is Bundle
                 for i, f in enumerate(frames):
                     n = len(f) if type(f) is bytes else f.nbytes
-                    send(f, _DONTWAIT | (_SNDMORE if i < last else 0), copy=n < COPY_MIN)
+                    send(f, _DONTWAIT | (_SNDMORE if i < last else 0), copy=bundle or n < COPY_MIN)
             except zmq.ZMQError as e:
                 if self.on_send_error is not None:
                     self.on_send_error(e)
@@ -215,8 +216,14 @@ def bundled(messages: list[list]) -> list[list]:
     return out
 
 
+class Bundle(list):
+    """The frames of a bundle. Written with a copy whatever their size: a zero-copy frame is released
+    through pyzmq's garbage-collector thread, which then competes for the GIL, and a bundle is at
+    most BUNDLE_BYTES of bytes made for this write anyway."""
+
+
 def _bundle(parts: list[bytes]) -> list:
-    return parts if len(parts) == 1 else [wire.pack_bundle([len(p) for p in parts]), b"".join(parts)]
+    return parts if len(parts) == 1 else Bundle([wire.pack_bundle([len(p) for p in parts]), b"".join(parts)])
 
 
 _DONTWAIT = int(zmq.DONTWAIT)
