@@ -18,6 +18,7 @@ Protocol (one JSON object per line):
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -64,6 +65,8 @@ def serve() -> None:
     import flowrl.runtime.worker  # noqa: F401
     import flowrl.transport  # noqa: F401
     from flowrl.runtime.launcher import run_child
+
+    gc.freeze()  # every child inherits these objects; the cyclic collector never walks them again
 
     out = sys.stdout
     stdin = sys.stdin.fileno()

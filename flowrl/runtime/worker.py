@@ -12,6 +12,7 @@ queue and handled in order, so weight swaps and checkpoints always fall between 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -444,6 +445,10 @@ class Worker:
         except Exception as e:  # noqa: BLE001 - the controller shows this and fails fast
             await self.report_error("setup", e)
             return 3
+        # what setup built (model, optimizer, imports) lives as long as the node: out of the cyclic
+        # collector's way, whose full passes would otherwise walk it again and again (each batch
+        # allocates a few dozen objects, so passes come often)
+        gc.freeze()
         log.info("ready %.2f s after start (incarnation %d)", time.monotonic() - self.t_start, self.spec.incarnation)
         await self.send_ctl({"t": "ready", "pid": os.getpid(), "store_port": getattr(getattr(self, "store", None), "port", None)})
         self.faults.arm(self.spec.incarnation)
