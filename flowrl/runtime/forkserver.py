@@ -66,6 +66,7 @@ def serve() -> None:
     import flowrl.transport  # noqa: F401
     from flowrl.runtime.launcher import run_child
 
+    gc.collect()
     gc.freeze()  # every child inherits these objects; the cyclic collector never walks them again
 
     out = sys.stdout

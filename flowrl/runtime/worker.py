@@ -448,6 +448,7 @@ class Worker:
         # what setup built (model, optimizer, imports) lives as long as the node: out of the cyclic
         # collector's way, whose full passes would otherwise walk it again and again (each batch
         # allocates a few dozen objects, so passes come often)
+        gc.collect()  # garbage of the start-up goes now; frozen, it would stay
         gc.freeze()
         log.info("ready %.2f s after start (incarnation %d)", time.monotonic() - self.t_start, self.spec.incarnation)
         await self.send_ctl({"t": "ready", "pid": os.getpid(), "store_port": getattr(getattr(self, "store", None), "port", None)})

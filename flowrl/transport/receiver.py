@@ -279,7 +279,7 @@ class Receiver:
             self._ever_connected = True
             log.debug("channel %s: producer link %r (%s) connected", self.name, rid, hello.ch)
         peer.last_heard = time.monotonic()
-        if hello.shm is not None and not peer.shm_tried:
+        if hello.shm is not None and not peer.shm_tried and self._endpoint.scheme == "ipc":  # one host only
             self._map_shm(peer, hello.shm)
         self._urgent = True
         self._pool.on_hello(rid, hello.need, hello.idle, hello.ret_m, hello.ret_b)

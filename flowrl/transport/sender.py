@@ -38,7 +38,8 @@ from flowrl.transport.link import ENV_ALLOWANCE, Entry, Link
 from flowrl.transport.stats import ChannelStats
 
 log = logging.getLogger("flowrl.transport")
-SHM_HEADER_ALLOWANCE = 64  # bytes a shared-memory reference can add to a header
+SHM_HEADER_ALLOWANCE = 64  # bytes a shared-memory reference [id, fd, used] adds to a header, at most
+SHM_DESC_ALLOWANCE = 8  # ... and a tensor's `shm: offset` over its `frame: i`
 SHM_WAIT_S = 0.05  # how long a batch waits for a shared-memory block to come back
 
 
@@ -60,6 +61,7 @@ class Sender:
         self._cause = "no consumer has answered yet"
         self._tasks: list[asyncio.Task] = []
         self._resending: asyncio.Task | None = None
+        self._lingering: list = []  # shared memory of lost links, kept open a while (see _close_link)
         self._c = dict(sent=0, sent_bytes=0, acked=0, resent=0, returned=0, rejected=0, peers_lost=0,
                        credit_waits=0, credit_wait_s=0.0, shm=0, shm_bytes=0)
 
@@ -173,6 +175,8 @@ class Sender:
         for link in self._links.values():
             link.unacked.clear()
             self._close_link(link, "bye")
+        for arena in self._lingering:
+            arena.close()
         for t in self._tasks + ([self._resending] if self._resending else []):
             t.cancel()
         self._notify()
@@ -212,7 +216,9 @@ class Sender:
                 if lk.live and lk.need != size:
                     lk.need, lk.idle = size, False
                     self._send_hello(lk)
-            await self._wait_change(self.config.heartbeat_s)
+            waits = [SHM_WAIT_S - (time.monotonic() - lk.shm_wait) for lk in self._links.values()
+                     if lk.shm_wait is not None]
+            await self._wait_change(max(0.001, min([self.config.heartbeat_s, *waits])))
 
     def _pick(self, entry: Entry) -> tuple[Link | None, list | None, int, bool]:
         """The least loaded live link with credit for `entry`: (link, frames, size, fits anywhere)."""
@@ -228,14 +234,13 @@ class Sender:
             env = {"inc": lk.inc, "seq": entry.seq}
             frames = prepared.frames(env)
             size = entry.size = len(frames[0]) + prepared.payload_bytes
-            via_shm = lk.shm_ok and prepared.payload_bytes >= self.config.shm_min_bytes
-            if via_shm:  # room for the shared-memory form: its reference, and alignment padding
-                size += SHM_HEADER_ALLOWANCE + shm.ALIGN * len(prepared.buffers)
             if size > lk.cap_b or size > lk.max_msg:
                 continue
             fits = True
-            if lk.avail_m >= 1 and lk.avail_b >= size:
-                if via_shm and not lk.shm_starved:
+            shm_size = self._shm_bound(lk, prepared, len(frames[0]))
+            need = shm_size or size
+            if lk.avail_m >= 1 and lk.avail_b >= need:
+                if shm_size:
                     ref = lk.arena.put(prepared.buffers)
                     if ref is not None:
                         lk.shm_wait = None
@@ -245,10 +250,22 @@ class Sender:
                         return lk, [head], len(head) + ref[2], True
                     if self._wait_for_block(lk):
                         continue
-                return lk, frames, len(frames[0]) + prepared.payload_bytes, True
+                return lk, frames, size, True
+            size = need
         if not size:  # no live link yet: size without envelope, plus room for it
             size = len(entry.prepared.frames()[0]) + ENV_ALLOWANCE + entry.prepared.payload_bytes
         return None, None, size, fits
+
+    def _shm_bound(self, link: Link, prepared: codec.Prepared, head_bytes: int) -> int:
+        """An upper bound on the credit size of `prepared` sent through `link`'s shared memory (its
+        header grows by the reference and by up to SHM_DESC_ALLOWANCE per tensor; the tensors are
+        padded to ALIGN), or 0 when it goes over the socket (small, no shared memory, starved, or
+        its shared-memory form would not fit where its socket form does)."""
+        if not link.shm_ok or link.shm_starved or prepared.payload_bytes < self.config.shm_min_bytes:
+            return 0
+        bound = (head_bytes + SHM_HEADER_ALLOWANCE + SHM_DESC_ALLOWANCE * len(prepared.buffers)
+                 + shm.layout([b.nbytes for b in prepared.buffers])[1])
+        return bound if bound <= link.cap_b and bound <= link.max_msg else 0
 
     @staticmethod
     def _wait_for_block(link: Link) -> bool:
@@ -332,8 +349,17 @@ class Sender:
         link.dead, link.live = True, False
         self._send_hello(link, state)
         link.pump.close(linger_ms=100, monitor=link.mon)
-        if link.arena is not None:  # what the consumer mapped stays valid for it
-            link.arena.close()
+        link.pump.handler = link.pump.on_send_error = None  # no cycle through the link outlives it
+        if link.mon is not None:
+            link.mon.handler = None
+        if link.arena is not None:
+            # what the consumer mapped stays valid for it; what it has not mapped yet (batches still
+            # on their way when we leave) must stay open a while, or they would reach it unmappable
+            if self._state == "closed":
+                link.arena.close()
+            else:
+                self._lingering.append(link.arena)
+                asyncio.get_running_loop().call_later(self.config.peer_timeout_s, link.arena.close)
 
     def _lose(self, link: Link, cause: str) -> None:
         """Give up on a link: its unacknowledged entries wait for re-sending; a new link (a new
@@ -404,6 +430,7 @@ class Sender:
             return self._lose(link, f"consumer at {link.address} had given up on this producer")
         link.last_heard = time.monotonic()
         link.cap_m, link.cap_b, link.max_msg = st.cap_m, st.cap_b, st.max_msg
+        link.pump.bundle_max = min(sockets.BUNDLE_BYTES, st.max_msg)  # a bundle must fit where its parts do
         link.lim_m, link.lim_b = max(link.lim_m, st.lim_m), max(link.lim_b, st.lim_b)
         for seq in st.acks:
             if link.unacked.pop(seq, None) is not None:

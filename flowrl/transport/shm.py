@@ -93,6 +93,17 @@ def aligned(n: int) -> int:
     return (n + ALIGN - 1) & ~(ALIGN - 1)
 
 
+def layout(sizes: list[int]) -> tuple[list[int], int]:
+    """Where buffers of these sizes go in a block's data area (ALIGN-aligned offsets) and where the
+    last one ends: the `used` bytes of its reference."""
+    offsets, end = [], 0
+    for n in sizes:
+        start = aligned(end)
+        offsets.append(start)
+        end = start + n
+    return offsets, end
+
+
 def _block_size(needed: int) -> int:
     """The size class holding `needed` bytes: the next power of two, at least MIN_BLOCK."""
     return max(MIN_BLOCK, 1 << (needed - 1).bit_length())
@@ -187,11 +198,7 @@ class ShmArena:
             if a.dtype.hasobject:
                 raise ValueError(f"buffer {i}: dtype {a.dtype} holds Python objects, not plain bytes")
             flat.append(a.reshape(-1).view(np.uint8))
-        offsets, end = [], 0
-        for f in flat:
-            start = aligned(end)
-            offsets.append(start)
-            end = start + f.nbytes
+        offsets, end = layout([f.nbytes for f in flat])
         block = self._take(ALIGN + end)
         if block is None:
             self._n["fallbacks"] += 1

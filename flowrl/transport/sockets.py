@@ -91,6 +91,7 @@ class Pump:
     def __init__(self, sock: Any, handler: Callable[[list], None], copy: bool = False, bundle: bool = False):
         self.sock, self.handler, self.copy = sock, handler, copy
         self.bundle = bundle  # write the one-frame messages of a burst as bundles (wire.py)
+        self.bundle_max = BUNDLE_BYTES  # ... of at most this many bytes (what the peer accepts)
         self.loop = asyncio.get_running_loop()
         self.fd = sock.getsockopt(zmq.FD)
         self.closed = False
@@ -117,7 +118,7 @@ class Pump:
     def flush(self) -> None:
         out, self._out = self._out, []
         if self.bundle and len(out) > 1:
-            out = bundled(out)
+            out = bundled(out, self.bundle_max)
         send = self.sock.send
         for frames in out:
             if self.closed:  # an error handler closed us meanwhile
@@ -195,15 +196,16 @@ class Pump:
             self.handler(msgs)
 
 
-def bundled(messages: list[list]) -> list[list]:
+def bundled(messages: list[list], max_bytes: int | None = None) -> list[list]:
     """`messages` with runs of one-frame messages (of at most BUNDLE_PART_BYTES) joined into
-    bundles of at most BUNDLE_BYTES (wire.py); order is kept, other messages go alone."""
+    bundles of at most `max_bytes` (wire.py); order is kept, other messages go alone."""
+    max_bytes = (max_bytes or BUNDLE_BYTES) - BUNDLE_HEADER_ALLOWANCE  # its own header travels too
     out: list[list] = []
     run: list[bytes] = []
     size = 0
     for msg in messages:
         n = len(msg[0]) if len(msg) == 1 and type(msg[0]) is bytes else 0
-        if run and (not n or n > BUNDLE_PART_BYTES or size + n > BUNDLE_BYTES):
+        if run and (not n or n > BUNDLE_PART_BYTES or size + n > max_bytes):
             out.append(_bundle(run))
             run, size = [], 0
         if n and n <= BUNDLE_PART_BYTES:
@@ -232,6 +234,7 @@ COPY_MIN = 1 << 16  # below this, copying is cheaper than ZeroMQ's zero-copy boo
 CORK_MESSAGES = 64
 BUNDLE_PART_BYTES = 1 << 16  # bigger messages are not bundled: their cost is in the bytes, not the call
 BUNDLE_BYTES = 1 << 19
+BUNDLE_HEADER_ALLOWANCE = 4096  # bytes of a bundle's header (its part lengths), at most
 
 
 async def tick_loop(heartbeat_s: float, tick, name: str, running=lambda: True) -> None:

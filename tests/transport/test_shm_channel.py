@@ -354,7 +354,8 @@ async def test_a_killed_consumer_process_gets_its_batches_lent_in_shared_memory_
         # every batch not acknowledged by the first incarnation reaches the second, in order, once, intact
         assert got == [f"b{i}" for i in range(3, 12)]
         assert tx.statistics().resent == 5 and tx.take_returned() == []
-        assert first_link.arena._closed
+        assert not first_link.arena._closed  # open a while: batches sent just before a loss stay mappable
+    assert first_link.arena._closed  # and closed with the sender
 
 
 async def test_batches_lent_to_a_killed_consumer_that_never_returns_are_handed_back_intact(tmp_path):
@@ -607,3 +608,67 @@ async def test_a_block_the_consumer_cannot_map_costs_no_batch(tmp_path, monkeypa
         assert set(rx.statistics().rejected_by_reason) <= {"unmappable", "unknown_link"}
         assert sorted(got, key=lambda s: int(s[1:])) == [f"b{i}" for i in range(6)]
         assert len(got) == len(set(got)) == 6 and tx.take_returned() == []
+
+
+# ------------------------------------------------------------------------------------------ sizes at the edges
+async def test_bundles_stay_within_what_the_consumer_accepts(tmp_path):
+    # (failed before: a bundle of small batches could exceed the consumer's max_message_bytes; ZeroMQ
+    # then dropped the connection, the re-sent burst was bundled again, and the stream never ended)
+    rx_cfg = fast_config(capacity_messages=64, max_message_bytes=100_000)
+    async with channel(tmp_path, fast_config(capacity_messages=64), rx_cfg=rx_cfg) as (rx, tx):
+        batches = [Batch(tensors={f"t{k}": np.full(1000, i * 4 + k, np.int64) for k in range(4)}, batch_id=f"s{i}")
+                   for i in range(40)]  # each ~32 KB in one frame: 3 fit the limit, 40 do not
+        for b in batches:
+            await tx.send(b)
+        for b in batches:
+            got = await rx.recv()
+            assert_same(got, b)
+            await rx.ack(got)
+        assert tx.statistics().peers_lost == 0 and tx.statistics().resent == 0
+        assert rx.statistics().rejected == 0
+
+
+def many_frames(i: int, tensors: int = 150) -> Batch:
+    """Many tensors just over the inline limit: the shared-memory form's header and padding grow most."""
+    return Batch(tensors={f"t{k}": np.full(8193, (i + k) % 251, np.uint8) for k in range(tensors)}, batch_id=f"m{i}")
+
+
+def socket_size(b: Batch) -> int:
+    from flowrl.transport import codec
+
+    prepared = codec.prepare(b)
+    return len(prepared.frames({"inc": "0" * 16, "seq": 1})[0]) + prepared.payload_bytes
+
+
+async def test_a_shared_memory_batch_never_needs_more_credit_than_was_checked(tmp_path):
+    # (failed before: with many tensors the padding and the longer references outgrew the allowance;
+    # the consumer rejected the batch as sent without credit and it was never delivered)
+    b = many_frames(0)
+    old_allowance = 64 + 64 * len(b.tensors)  # what the sender used to add for the shared-memory form
+    cfg = fast_config(capacity_messages=1, capacity_bytes=socket_size(b) + old_allowance)
+    async with channel(tmp_path, cfg) as (rx, tx):
+        for i in range(3):
+            with anyio.fail_after(10):
+                await tx.send(many_frames(i))
+                got = await rx.recv()
+            assert_same(got, many_frames(i))
+            await rx.ack(got)
+            del got
+        assert rx.statistics().rejected == 0
+    async with channel(tmp_path, fast_config(capacity_messages=2)) as (rx, tx):  # room: shared memory
+        await tx.send(b)
+        got = await rx.recv()
+        assert_same(got, b)
+        assert tx.statistics().shm == 1 and rx.statistics().rejected == 0
+
+
+async def test_a_batch_that_fits_the_socket_is_not_refused_for_its_shared_memory_form(tmp_path):
+    # (failed before: a ValueError "consumers accept less", though the same batch fits over the socket)
+    b = many_frames(0)
+    cfg = fast_config(capacity_messages=2, capacity_bytes=socket_size(b) + 10)
+    async with channel(tmp_path, cfg) as (rx, tx):
+        await tx.send(b)
+        got = await rx.recv()
+        assert_same(got, b)
+        await rx.ack(got)
+        assert tx.statistics().shm == 0 and rx.statistics().rejected == 0
