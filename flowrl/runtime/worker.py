@@ -85,7 +85,7 @@ class Worker:
         from flowrl.graph.kinds import resolve_kind
         from flowrl.metrics import Recorder
         from flowrl.runtime.node import NodeContext
-        from flowrl.transport import ChannelConfig, Receiver, Sender
+        from flowrl.transport import ChannelConfig, Receiver
 
         spec = self.spec
         if spec.device_type == "cpu":
