@@ -66,28 +66,14 @@ class Batch:
             raise TypeError(f"policy_version must be an int, got {type(policy_version).__name__} {policy_version!r}")
         meta = _own_dict(meta, "meta must be a dict")
         tensors = _own_dict(tensors, "tensors must be a dict name -> array")
-        setattr_ = object.__setattr__
-        setattr_(self, "tensors", tensors)
-        setattr_(self, "meta", meta)
-        setattr_(self, "batch_id", batch_id)
-        setattr_(self, "attempt", attempt)
-        setattr_(self, "policy_version", policy_version)
-        setattr_(self, "_n", _leading_dim(tensors))
-        setattr_(self, "_delivery", None)
+        _fill(self, tensors, meta, batch_id, attempt, policy_version, _leading_dim(tensors), None)
 
     @classmethod
     def _trusted(cls, tensors: dict, meta: dict, batch_id: str, attempt: int, policy_version: int,
                  n: int, delivery: Any = None) -> "Batch":
         """Build without re-validating: for the decoder, which has checked everything already."""
         b = object.__new__(cls)
-        setattr_ = object.__setattr__
-        setattr_(b, "tensors", tensors)
-        setattr_(b, "meta", meta)
-        setattr_(b, "batch_id", batch_id)
-        setattr_(b, "attempt", attempt)
-        setattr_(b, "policy_version", policy_version)
-        setattr_(b, "_n", n)
-        setattr_(b, "_delivery", delivery)
+        _fill(b, tensors, meta, batch_id, attempt, policy_version, n, delivery)
         return b
 
     # ------------------------------------------------------------------------------- properties
@@ -171,6 +157,19 @@ class Batch:
 
 
 # ----------------------------------------------------------------------------------- helpers
+def _fill(b: Batch, tensors: dict, meta: dict, batch_id: str, attempt: int, policy_version: int, n: int,
+          delivery: Any) -> None:
+    """Set every field of a (frozen) batch."""
+    setattr_ = object.__setattr__
+    setattr_(b, "tensors", tensors)
+    setattr_(b, "meta", meta)
+    setattr_(b, "batch_id", batch_id)
+    setattr_(b, "attempt", attempt)
+    setattr_(b, "policy_version", policy_version)
+    setattr_(b, "_n", n)
+    setattr_(b, "_delivery", delivery)
+
+
 def _own_dict(value: Any, what: str) -> dict:
     """A fresh dict of a mapping argument ({} when not given)."""
     if value is _DEFAULT:

@@ -194,8 +194,9 @@ def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits
             raise DecodeError("shape", f"tensor {name!r}: shape entries must be ints >= 0, got {d!r:.20}")
         nbytes *= d
     if "shm" in desc:
-        return name, _shm_tensor(name, desc["shm"], nbytes, np_dtype, dtype, shape, lib, region)
-    if "frame" in desc:
+        buf = _shm_bytes(name, desc["shm"], nbytes, region)
+        size = buf.nbytes
+    elif "frame" in desc:
         i = desc["frame"]
         if type(i) is not int or not 0 < i < len(views) or used[i]:
             raise DecodeError("frame_index", f"tensor {name!r}: frame {i!r:.20} is missing or used twice")
@@ -222,23 +223,15 @@ def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits
     return name, torch.frombuffer(buf, dtype=torch_dtype(dtype)).reshape(shape)
 
 
-def _shm_tensor(name: str, offset: Any, nbytes: int, np_dtype: Any, dtype: str, shape: list, lib: str,
-                region: np.ndarray | None) -> Any:
-    """A tensor over bytes [offset, offset + nbytes) of a shared-memory region, without copying."""
+def _shm_bytes(name: str, offset: Any, nbytes: int, region: np.ndarray | None) -> np.ndarray:
+    """Bytes [offset, offset + nbytes) of a shared-memory region (a view: tensors built on it keep
+    the region, and with it the block, alive)."""
     if region is None:
         raise DecodeError("bad_field", f"tensor {name!r} is in shared memory but the message names no block")
     if type(offset) is not int or offset < 0 or offset + nbytes > region.nbytes:
         raise DecodeError("out_of_bounds", f"tensor {name!r}: bytes at {offset!r:.20} + {nbytes} lie outside "
                                            f"the {region.nbytes}-byte region")
-    raw = region[offset:offset + nbytes]
-    if dtype == "bool" and nbytes and raw.max() > 1:
-        raise DecodeError("bad_value", f"tensor {name!r}: bool bytes must be 0 or 1")
-    arr = raw.view(np_dtype if np_dtype is not None else np.int16).reshape(shape)  # None: bfloat16
-    if lib == "numpy":
-        return arr
-    torch = torch_module()
-    t = torch.from_numpy(arr)
-    return t.view(torch.bfloat16) if np_dtype is None else t
+    return region[offset:offset + nbytes]
 
 
 def _host_array(t: Any) -> tuple[np.ndarray, str]:

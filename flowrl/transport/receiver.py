@@ -321,8 +321,7 @@ class Receiver:
         ref, region = header.get("shm"), None
         if ref is not None:
             size = self._shm_size(peer, ref, views, size)
-        a = self._pool.accounts[rid]
-        if not a.open or a.lim_m - a.recv_m - a.ret_m < 1 or a.lim_b - a.recv_b - a.ret_b < size:
+        if not self._pool.can_accept(rid, size):
             raise DecodeError("no_credit", f"{size} bytes arrived without credit (or after end-of-stream)")
         if ref is not None:
             try:
