@@ -49,11 +49,22 @@ class Batch:
     """How many times this work was re-issued after a failure (0 = first try)."""
     policy_version: int = -1
     """Weights version that produced the data; -1 when no policy was involved."""
+    index: int = -1
+    """Routing: the ticket's position in the run's work sequence (-1: not from a ticket). Set by the
+    runtime; user code reads it (e.g. to seed sampling) and never needs to set it."""
+    min_version: int = 0
+    """Routing: weight subscribers process this batch only once they hold at least this version."""
+    epoch: int = 0
+    """Routing: the recovery epoch the batch belongs to; batches of an older epoch are dropped."""
+    drop: str | None = None
+    """Routing: not None = a drop marker (a node dropped this ticket, the value says why). It flows
+    on, without tensors, so every sink can record the ticket as dropped."""
     _n: int = field(init=False, repr=False, default=0)
     _delivery: Any = field(init=False, repr=False, default=None)
 
     def __init__(self, tensors: Mapping[str, Any] = _DEFAULT, meta: Mapping[str, Any] = _DEFAULT,
-                 batch_id: str = _DEFAULT, attempt: int = 0, policy_version: int = -1) -> None:
+                 batch_id: str = _DEFAULT, attempt: int = 0, policy_version: int = -1, index: int = -1,
+                 min_version: int = 0, epoch: int = 0, drop: str | None = None) -> None:
         # written out (not generated): a frozen dataclass's __init__ + __post_init__ set every field
         # twice, and batches are made per message on hot paths
         if batch_id is _DEFAULT:
@@ -64,17 +75,25 @@ class Batch:
             raise ValueError(f"attempt must be an int >= 0, got {attempt!r}")
         if type(policy_version) is not int:
             raise TypeError(f"policy_version must be an int, got {type(policy_version).__name__} {policy_version!r}")
+        route = (index, min_version, epoch, drop)
+        if route != _NO_ROUTE:
+            _check_route(route)
         meta = _own_dict(meta, "meta must be a dict")
         tensors = _own_dict(tensors, "tensors must be a dict name -> array")
-        _fill(self, tensors, meta, batch_id, attempt, policy_version, _leading_dim(tensors), None)
+        _fill(self, tensors, meta, batch_id, attempt, policy_version, _leading_dim(tensors), None, route)
 
     @classmethod
     def _trusted(cls, tensors: dict, meta: dict, batch_id: str, attempt: int, policy_version: int,
-                 n: int, delivery: Any = None) -> "Batch":
+                 n: int, delivery: Any = None, route: tuple = None) -> "Batch":
         """Build without re-validating: for the decoder, which has checked everything already."""
         b = object.__new__(cls)
-        _fill(b, tensors, meta, batch_id, attempt, policy_version, n, delivery)
+        _fill(b, tensors, meta, batch_id, attempt, policy_version, n, delivery, route or _NO_ROUTE)
         return b
+
+    @property
+    def route(self) -> tuple:
+        """(index, min_version, epoch, drop): the routing facts the header carries."""
+        return (self.index, self.min_version, self.epoch, self.drop)
 
     # ------------------------------------------------------------------------------- properties
     @property
@@ -89,7 +108,9 @@ class Batch:
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}: {dtype_name(v)}{list(v.shape)}" for k, v in self.tensors.items())
-        return (f"Batch(id={self.batch_id!r}, attempt={self.attempt}, policy_version={self.policy_version}, "
+        drop = f", drop={self.drop!r}" if self.drop is not None else ""
+        return (f"Batch(id={self.batch_id!r}, attempt={self.attempt}, index={self.index}, epoch={self.epoch}, "
+                f"policy_version={self.policy_version}{drop}, "
                 f"samples={self._n}, tensors={{{shapes}}}, meta_keys={sorted(self.meta)})")
 
     # ------------------------------------------------------------------------------- derived batches
@@ -128,7 +149,8 @@ class Batch:
                                  f"{sorted(first.tensors)}; concat needs the same names")
         tensors = {name: _cat(name, [b.tensors[name] for b in batches]) for name in first.tensors}
         fields = dict(meta=first.meta, batch_id=first.batch_id, attempt=first.attempt,
-                      policy_version=min(b.policy_version for b in batches))
+                      policy_version=min(b.policy_version for b in batches), index=first.index,
+                      min_version=first.min_version, epoch=first.epoch, drop=first.drop)
         fields.update(ids)
         return cls(tensors=tensors, **fields)
 
@@ -157,8 +179,21 @@ class Batch:
 
 
 # ----------------------------------------------------------------------------------- helpers
+_NO_ROUTE = (-1, 0, 0, None)
+MAX_DROP_CHARS = 1024
+
+
+def _check_route(route: tuple) -> None:
+    index, min_version, epoch, drop = route
+    for name, value, low in (("index", index, -1), ("min_version", min_version, 0), ("epoch", epoch, 0)):
+        if type(value) is not int or not low <= value < 1 << 62:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if drop is not None and (type(drop) is not str or len(drop) > MAX_DROP_CHARS):
+        raise ValueError(f"drop must be None or a str of at most {MAX_DROP_CHARS} chars, got {drop!r:.80}")
+
+
 def _fill(b: Batch, tensors: dict, meta: dict, batch_id: str, attempt: int, policy_version: int, n: int,
-          delivery: Any) -> None:
+          delivery: Any, route: tuple) -> None:
     """Set every field of a (frozen) batch."""
     setattr_ = object.__setattr__
     setattr_(b, "tensors", tensors)
@@ -166,6 +201,10 @@ def _fill(b: Batch, tensors: dict, meta: dict, batch_id: str, attempt: int, poli
     setattr_(b, "batch_id", batch_id)
     setattr_(b, "attempt", attempt)
     setattr_(b, "policy_version", policy_version)
+    setattr_(b, "index", route[0])
+    setattr_(b, "min_version", route[1])
+    setattr_(b, "epoch", route[2])
+    setattr_(b, "drop", route[3])
     setattr_(b, "_n", n)
     setattr_(b, "_delivery", delivery)
 

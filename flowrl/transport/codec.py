@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from flowrl.transport import wire
-from flowrl.transport.batch import Batch
+from flowrl.transport.batch import _NO_ROUTE, Batch, _check_route
 from flowrl.transport.dtypes import ITEMSIZE, NUMPY_DTYPES, NUMPY_NAMES, dtype_name, torch_dtype, torch_module
 from flowrl.transport.errors import DecodeError
 
@@ -24,7 +24,7 @@ INLINE_MAX_BYTES = 8192
 """Default: tensors of at most this many bytes are copied into the header instead of own frames."""
 
 _DATA_KEYS = frozenset({"v", "kind", "batch_id", "attempt", "policy_version", "meta", "tensors"})
-_DATA_OPTIONAL = frozenset({"env", "shm"})
+_DATA_OPTIONAL = frozenset({"env", "shm", "route"})
 _TENSOR_KEYS = frozenset({"name", "dtype", "shape", "lib"})
 _TENSOR_OPTIONAL = frozenset({"frame", "data", "shm"})
 
@@ -78,6 +78,9 @@ def prepare(batch: Batch, inline_max: int = INLINE_MAX_BYTES) -> Prepared:
             descs.append({"name": name, "dtype": dtype, "shape": list(t.shape), "lib": lib, "frame": len(buffers)})
     header = {"v": wire.SCHEMA_VERSION, "kind": wire.DATA, "batch_id": batch.batch_id, "attempt": batch.attempt,
               "policy_version": batch.policy_version, "meta": batch.meta, "tensors": descs}
+    route = batch.route
+    if route != _NO_ROUTE:
+        header["route"] = list(route)
     return Prepared(batch, header, buffers, payload)
 
 
@@ -130,8 +133,17 @@ def decode_data(header: dict, views: list, limits: wire.DecodeLimits, delivery: 
         meta, descs = header["meta"], header["tensors"]
     except KeyError:
         batch_id = None
-    if batch_id is None or len(header) != 7 + ("env" in header) + ("shm" in header):
+    if batch_id is None or len(header) != 7 + ("env" in header) + ("shm" in header) + ("route" in header):
         wire.check_keys(header, _DATA_KEYS, _DATA_OPTIONAL, "data header")
+    route = header.get("route")
+    if route is not None:
+        if type(route) is not list or len(route) != 4:
+            raise DecodeError("bad_field", "route must be a list [index, min_version, epoch, drop]")
+        try:
+            _check_route(tuple(route))
+        except ValueError as e:
+            raise DecodeError("bad_field", f"route: {e}") from None
+        route = tuple(route)
     if type(batch_id) is not str or not 0 < len(batch_id) <= wire.MAX_STR:
         wire.get_str(header, "batch_id")
     if type(attempt) is not int or attempt < 0:
@@ -161,7 +173,7 @@ def decode_data(header: dict, views: list, limits: wire.DecodeLimits, delivery: 
     if len(views) > 1 and not all(used[1:]):
         raise DecodeError("stray_frame", f"frames {[i for i, u in enumerate(used) if i and not u]} are not "
                                          "referenced by any tensor")
-    return Batch._trusted(tensors, meta, batch_id, attempt, policy_version, int(n or 0), delivery)
+    return Batch._trusted(tensors, meta, batch_id, attempt, policy_version, int(n or 0), delivery, route)
 
 
 _SPECS: dict[tuple, tuple] = {(d, lib): (ITEMSIZE[d], NUMPY_DTYPES.get(d)) for d in ITEMSIZE

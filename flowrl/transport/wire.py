@@ -9,6 +9,7 @@ Every message is a ZeroMQ multipart message whose frame 0 is a msgpack map with 
      tensors: [{name, dtype, shape: [int], lib: "numpy"|"torch", frame: i}      # bytes in frame i
                | {name, dtype, shape, lib, data: bin}                          # tiny: inline
                | {name, dtype, shape, lib, shm: offset}],                      # in shared memory
+     route: [index, min_version, epoch, drop],  # routing facts; absent when all are defaults
      env: {inc: str, seq: int},                 # channel envelope, absent from `codec.encode`
      shm: [block id, fd, used bytes]}           # only with shm tensors; then frame 0 is all there is
 
