@@ -1,8 +1,8 @@
 """Critic: values for a batch, GAE advantages and returns, and a value update on those returns.
 
-Stateful: it trains. The runtime may hand it the same batch twice (a replayed ticket); it then
-forwards fresh advantages but does not train again, so each batch changes its state exactly once
-(`ctx.applied` is checkpointed with its state).
+Stateful: it trains. The runtime hands it each ticket once, in order, and rolls it back together
+with the actor when either restarts (a replayed ticket gets the output it got the first time), so
+each batch changes its state exactly once and actor and critic stay at the same step.
 """
 
 from pydantic import Field
@@ -41,12 +41,10 @@ class Critic(flowrl.Node):
             kl = kl_estimate(t["logprobs"], t["ref_logprobs"], adv_cfg.kl_kind)
         adv, returns = ppo_advantages(t["scores"], old_values, mask, gamma=adv_cfg.gamma, lam=adv_cfg.lam,
                                       kl=kl, kl_coef=adv_cfg.kl_coef, whiten=adv_cfg.whiten)
-        if batch.batch_id not in self.ctx.applied:
-            metrics = self.trainer.train_step(tokens=tokens, prompt_len=p_len, response_mask=mask,
-                                              returns=returns, old_values=old_values)
-            self.ctx.applied.add(batch.batch_id)
-            for k, v in metrics.items():
-                self.ctx.recorder.mean(f"critic_{k}", float(v))
+        metrics = self.trainer.train_step(tokens=tokens, prompt_len=p_len, response_mask=mask,
+                                          returns=returns, old_values=old_values)
+        for k, v in metrics.items():
+            self.ctx.recorder.mean(f"critic_{k}", float(v))
         return batch.replace(tensors={**t, "values": old_values, "advantages": adv, "returns": returns})
 
     def state_dict(self):

@@ -164,7 +164,13 @@ class ScheduleSpec(StrictModel):
     ticket_timeout_s: float = Field(120.0, gt=0)
     """A ticket not consumed this long after issue is re-issued (lost message, stuck node)."""
     checkpoint_every: int = Field(0, ge=0)
-    """Checkpoint stateful nodes + ledger every N steps (0: only at the end)."""
+    """Checkpoint stateful nodes + ledger every N steps (0: only at the start and the end). A
+    crash of a stateful node replays at most this many steps."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Committed checkpoints kept on disk; older ones are deleted."""
+    max_attempts: int = Field(10, ge=1)
+    """A ticket issued this many times (first try included) without reaching every sink fails the
+    run with an error naming the ticket, where it was stuck and the last error."""
 
 
 class SupervisionSpec(StrictModel):
@@ -173,6 +179,9 @@ class SupervisionSpec(StrictModel):
     heartbeat_s: float = Field(0.5, gt=0)
     deadline_s: float = Field(5.0, gt=0)
     """A replica silent this long is declared hung and handled by its failure policy."""
+    process_timeout_s: float = Field(600.0, gt=0)
+    """One call into a node (`process`, `generate`, `join`, a weight sync) running longer than this
+    means the node is hung (a wedged collective, a driver call, a bug): it is restarted by policy."""
     startup_timeout_s: float = Field(120.0, gt=0)
     """A replica that has not reported READY this long after start has failed to start."""
     stop_timeout_s: float = Field(5.0, gt=0)

@@ -152,12 +152,40 @@ def check_structure(spec: GraphSpec, located=None) -> dict[str, type]:
             loc_src = located or Located({}, {}, None)
             problems.extend(problems_from_validation(e, loc_src, classes[name].Config, ("nodes", name, "config")))
 
-    if not any(not cls.inputs for cls in classes.values()):
+    problems.extend(_async_problems(classes, spec, located))
+    from flowrl.runtime.node import Source
+
+    if not any(issubclass(cls, Source) for cls in classes.values()):
         problems.append(_p(located, ("nodes",), "the graph has no source node (a node without inputs)",
                            "add a source such as `prompts` that turns tickets into batches"))
     if problems:
         raise GraphError(problems)
     return classes
+
+
+def _async_problems(classes: dict, spec: GraphSpec, located) -> list[Problem]:
+    """Hooks the runtime awaits must be `async def`: a plain `def` would fail deep in the worker."""
+    import inspect
+
+    from flowrl.runtime.node import Join, Source
+
+    out = []
+    for name, cls in classes.items():
+        if issubclass(cls, Source):
+            hooks = ["generate"]
+        elif issubclass(cls, Join):
+            hooks = ["join"]
+        elif not cls.inputs and not cls.outputs:
+            hooks = ["observe"]
+        else:
+            hooks = ["process"]
+        for hook in hooks + ["setup", "teardown"]:
+            fn = getattr(cls, hook, None)
+            if fn is not None and not inspect.iscoroutinefunction(fn):
+                out.append(_p(located, ("nodes", name, "kind"),
+                              f"{cls.__module__}.{cls.__qualname__}.{hook} is not async",
+                              f"write `async def {hook}(self, ...)`: the runtime awaits it"))
+    return out
 
 
 def node_config(spec: GraphSpec, name: str, cls: type):

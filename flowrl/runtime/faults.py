@@ -7,6 +7,8 @@ Spec language (`flowrl run --fault SPEC`, repeatable; or `faults:` in a graph fi
     kill:rollout@step=3        SIGKILL itself before its 4th batch (0-based step 3)
     kill:critic@t=2.5          SIGKILL itself 2.5 s after it reported READY
     hang:reward@step=2         SIGSTOP itself (a hang: only missed heartbeats reveal it)
+    stall:critic@step=2        get stuck inside process (heartbeats go on; process_timeout_s finds it)
+    kill:actor@checkpoint=10   SIGKILL itself when it is about to save checkpoint step 10
     slow:reference,seconds=0.2 sleep 0.2 s before every batch
     delay:rollout,seconds=0.1  hold every outgoing message 0.1 s
     drop:rollout@step=1        silently drop its 2nd outgoing message
@@ -22,11 +24,13 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 
 import anyio
 
-ACTIONS = ("kill", "hang", "slow", "delay", "drop", "corrupt", "fail_sync", "crash")
+ACTIONS = ("kill", "hang", "stall", "slow", "delay", "drop", "corrupt", "fail_sync", "crash")
+TRIGGERS = ("step", "t", "version", "checkpoint")
 
 
 class FaultSpecError(ValueError):
@@ -41,13 +45,15 @@ class Fault:
     step: int | None = None
     t: float | None = None
     version: int | None = None
+    checkpoint: int | None = None
     seconds: float = 0.0
     every: bool = False
     fired: bool = field(default=False, compare=False)
 
     @classmethod
     def parse(cls, text: str) -> "Fault":
-        usage = "write ACTION:NODE[/REPLICA][@step=N|@t=SECONDS|@version=V][,seconds=X][,every], e.g. kill:rollout@step=3"
+        usage = ("write ACTION:NODE[/REPLICA][@step=N|@t=SECONDS|@version=V|@checkpoint=STEP][,seconds=X][,every], "
+                 "e.g. kill:rollout@step=3")
         head, *opts = [p.strip() for p in text.split(",")]
         action, sep, rest = head.partition(":")
         if not sep or action not in ACTIONS:
@@ -56,10 +62,13 @@ class Fault:
         node, _, replica = target.partition("/")
         if not node:
             raise FaultSpecError(f"fault {text!r}: no node named; {usage}")
-        f = cls(action, node, int(replica) if replica else None)
+        try:
+            f = cls(action, node, int(replica) if replica else None)
+        except ValueError:
+            raise FaultSpecError(f"fault {text!r}: replica must be a number, got {replica!r}; {usage}") from None
         if when:
             key, _, value = when.partition("=")
-            if key not in ("step", "t", "version") or not value:
+            if key not in TRIGGERS or not value:
                 raise FaultSpecError(f"fault {text!r}: bad trigger {when!r}; {usage}")
             try:
                 setattr(f, key, float(value) if key == "t" else int(value))
@@ -69,10 +78,13 @@ class Fault:
             if opt == "every":
                 f.every = True
             elif opt.startswith("seconds="):
-                f.seconds = float(opt.split("=", 1)[1])
+                try:
+                    f.seconds = float(opt.split("=", 1)[1])
+                except ValueError:
+                    raise FaultSpecError(f"fault {text!r}: seconds must be a number; {usage}") from None
             else:
                 raise FaultSpecError(f"fault {text!r}: unknown option {opt!r}; {usage}")
-        if f.step is None and f.t is None and f.version is None:
+        if f.step is None and f.t is None and f.version is None and f.checkpoint is None:
             f.step = 0
         return f
 
@@ -114,6 +126,9 @@ class FaultInjector:
             os.kill(os.getpid(), signal.SIGKILL)
         if self._due("hang", step):
             os.kill(os.getpid(), signal.SIGSTOP)
+        stall = self._due("stall", step)
+        if stall:  # a wedged call: blocks the event loop, the heartbeat thread goes on
+            time.sleep(stall.seconds or 1e6)
         for f in self.faults:
             if f.action == "slow":
                 await anyio.sleep(f.seconds)
@@ -131,6 +146,12 @@ class FaultInjector:
         if self._due("corrupt", step):
             await send_garbage(addresses)  # garbled frames reach the consumer first; it must reject them
         return False
+
+    def on_checkpoint(self, step: int) -> None:
+        for f in self.faults:
+            if f.action == "kill" and not f.fired and f.checkpoint == step:
+                f.fired = True
+                os.kill(os.getpid(), signal.SIGKILL)
 
     def fail_sync(self, version: int) -> bool:
         for f in self.faults:

@@ -20,10 +20,20 @@ and in the graph file: `scale: {kind: "examples.custom_node.nodes:Scale", config
 Rules the runtime relies on:
 - Module import must be light (no `import torch` at module level in node modules): `flowrl check`
   imports node classes to learn their ports and must stay fast. Import heavy things in `setup`.
+- `process`, `generate`, `join`, `setup`, `teardown` and `observe` are `async def` (checked when
+  the graph loads).
 - Nodes that are not `stateful` keep no state between batches: after a crash the runtime restarts
   them and replays their in-flight work, so `process` must give the same result for the same input.
-- Stateful nodes (trainers) implement `state_dict` / `load_state_dict`; the runtime drops
-  duplicate batch ids before `process`, so each work item changes their state exactly once.
+- Stateful nodes (trainers, running statistics) implement `state_dict` / `load_state_dict` with
+  tensors and plain data only. The runtime hands them tickets in index order, each exactly once,
+  and checkpoints them at the same ticket as every other stateful node; when any of them restarts,
+  all of them roll back to the last consistent checkpoint and the tickets after it are replayed
+  (docs/recovery.md).
+- Returning None (or `flowrl.Drop("why")`, or a batch with no samples) drops the ticket: a drop
+  marker flows on and every sink records the ticket as dropped. A dict result sends on the ports
+  it names; ports it leaves out get the drop marker. Two edges from one output port both get
+  every batch (broadcast). Samples of one prompt group are contiguous in a batch
+  (`meta["samples_per_prompt"]` long each).
 """
 
 from __future__ import annotations
@@ -55,6 +65,16 @@ class Ticket:
     """Rollouts must hold weights of at least this version before generating this work."""
     size: int
     """Work items (prompts) in this ticket."""
+    epoch: int = 0
+    """Recovery epoch the ticket was issued in (set by the runtime)."""
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Return `flowrl.Drop("no reward variance")` from `process`/`join`/`generate` to drop a
+    ticket with a reason (returning None drops it too, with reason "returned None")."""
+
+    reason: str = "dropped"
 
 
 @dataclass
@@ -81,9 +101,6 @@ class NodeContext:
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("flowrl.node"))
     policy_version: int = 0
     """Version of the weights this process holds (subscribers) or has published (trainers)."""
-    applied: set = field(default_factory=set)
-    """Stateful nodes: batch ids that already changed this node's state (checkpointed with it).
-    A replayed batch whose id is here must not change the state again."""
 
 
 class Node:
@@ -97,6 +114,9 @@ class Node:
     stateful: ClassVar[bool] = False
     publishes_weights: ClassVar[bool] = False
     subscribes_weights: ClassVar[bool] = False
+    merge_replicas: ClassVar[str | None] = None
+    """Stateful nodes only: how the states of several replicas merge. None (the default) means
+    replicas are refused by `flowrl check`; use `devices: N` for data-parallel training."""
 
     def __init__(self, config: NodeConfig, ctx: NodeContext):
         self.config = config
@@ -146,6 +166,19 @@ class Sink(Node):
     a sink that trains reports the new policy version by returning from `process`."""
 
     outputs = ()
+
+
+class Observer(Node):
+    """A node with no data ports that watches the policy: it subscribes to a trainer's weights and
+    `observe(version)` runs after each new version is loaded (versions that arrive while it is
+    busy are skipped). Evaluation loops are observers."""
+
+    inputs = ()
+    outputs = ()
+    subscribes_weights = True
+
+    async def observe(self, version: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement observe()")
 
 
 class Join(Node):

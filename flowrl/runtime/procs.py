@@ -25,7 +25,9 @@ class Proc:
     last_seen: float = 0.0
     restarts: int = 0
     restart_at: float | None = None  # scheduled restart time (backoff)
-    error: str | None = None  # last error the process reported
+    error: "NodeFailure | None" = None  # last error the process reported
+    last_signature: tuple | None = None  # the previous incarnation's error (type, message, file, line, ticket)
+    busy: tuple | None = None  # (batch_id, seconds) inside one node call, from the heartbeat thread
     version: int = -1  # weights version it holds (subscribers)
     store_port: int | None = None  # publishers: their TCPStore
     pid: int | None = None
@@ -57,6 +59,32 @@ class Proc:
 
 
 @dataclass
+class NodeFailure:
+    """What a node process reported before it failed (the `error` control message)."""
+
+    where: str
+    type: str
+    message: str
+    file: str | None = None
+    line_no: int | None = None
+    batch_id: str | None = None
+    traceback: str = ""
+
+    def line(self) -> str:
+        at = f" at {self.file}:{self.line_no}" if self.file else ""
+        ticket = f" (ticket {self.batch_id})" if self.batch_id else ""
+        text = f"{self.where}: {self.type}: {self.message}{at}{ticket}"
+        if self.where == "setup" and self.traceback:
+            text += "\n" + self.traceback[-2000:]
+        return text
+
+    def signature(self) -> tuple | None:
+        if self.where == "setup":
+            return None  # setup failures are budgeted as before (a missing file may appear)
+        return (self.type, self.message, self.file, self.line_no, self.batch_id)
+
+
+@dataclass
 class ProcTable:
     procs: dict[str, Proc] = field(default_factory=dict)
 
@@ -64,11 +92,12 @@ class ProcTable:
         self.procs[proc.id] = proc
 
     def by_identity(self, identity: bytes) -> tuple[Proc | None, bool]:
-        """(proc, current): `current` is False for messages from an old incarnation."""
+        """(proc, current) for `node/replica/rank#incarnation` or the same + `#hb`, matched
+        exactly; `current` is False for messages from an old incarnation."""
         text = identity.decode(errors="replace")
         parts = text.split("#")
         proc = self.procs.get(parts[0])
-        if proc is None or len(parts) < 2:
+        if proc is None or len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "hb"):
             return None, False
         return proc, parts[1] == str(proc.spec.incarnation)
 

@@ -40,12 +40,16 @@ class ProcSpec:
     device_type: str = "cpu"
     cpu_cores: list[int] = field(default_factory=list)
     devices: list[int] = field(default_factory=list)  # physical ids
-    resume_from: str | None = None  # checkpoint file to load after setup
+    resume_from: str | None = None  # stateful: checkpoint file to load after setup
     is_sink: bool = False
     is_source: bool = False
-    start_index: int = 0  # sinks: first ticket index to consume
+    epoch: int = 0  # recovery epoch to start in
+    watermark: int = 0  # stateful: next ticket index (the checkpoint's step); sinks: every ticket below is consumed
+    consumed: list[int] = field(default_factory=list)  # stateless sinks: tickets >= watermark already consumed
     faults: list[str] = field(default_factory=list)
     heartbeat_s: float = 0.5
+    secret: str = ""  # the run's control-plane secret (the file is readable by its owner only)
+    sys_path: list[str] = field(default_factory=list)  # the controller's import path, for user node modules
 
     @property
     def proc_id(self) -> str:

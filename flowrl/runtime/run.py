@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -31,13 +32,14 @@ def prepare(args) -> tuple:
 
     resume = None
     if args.resume:
+        from flowrl.runtime.checkpoints import CheckpointError, read_latest
+
         run_dir = Path(args.resume)
-        latest = run_dir / "checkpoints" / "latest.json"
-        if not latest.exists():
-            raise GraphError([Problem("", f"no checkpoint to resume from ({latest} is missing)",
-                                      "a run writes one every schedule.checkpoint_every steps and at its end",
-                                      str(run_dir))])
-        resume = json.loads(latest.read_text())
+        try:
+            resume = read_latest(run_dir)
+        except CheckpointError as e:
+            raise GraphError([Problem("", str(e), "resume a run directory that has a committed checkpoint",
+                                      str(run_dir))]) from None
         overrides = list(args.overrides or [])
         spec = load_graph(run_dir / "graph.yaml", overrides)
     else:
@@ -87,7 +89,9 @@ def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=N
     from flowrl.runtime.controller import Controller, RunFailed
     from flowrl.runtime.launcher import make_launcher
 
+    old_umask = os.umask(0o077)  # the run directory and everything in it: its owner's only
     run_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(run_dir, 0o700)
     run_dir = run_dir.resolve()  # node processes get absolute paths; the run directory can move later
     (run_dir / "graph.yaml").write_text(dump_graph(spec))
     (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
@@ -121,6 +125,7 @@ def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=N
         if server:
             server.close()
         launcher_obj.close()
+        os.umask(old_umask)
     if code == 0:
         print(f"flowrl: finished {spec.schedule.steps} steps; run directory {run_dir}", flush=True)
     return code

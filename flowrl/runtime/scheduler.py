@@ -1,191 +1,232 @@
-"""The scheduler: issues work tickets under a staleness bound and keeps the ledger.
+"""The scheduler: issues work tickets under a staleness bound and tracks them until every sink has them.
 
 Ticket `i` feeds training update `i`. With `max_staleness = k` it is issued only once the trainer
-holds version `>= i - k`, and rollouts must generate it with weights of at least that version. The
-sink consumes tickets in index order, so update `i` runs at version `i` and every sample it uses
-is at most `k` versions old. At most `k + 1` tickets are in flight.
+holds version `>= i - k`, and rollouts must generate it with weights of at least that version.
+Stateful nodes take tickets in index order, so update `i` runs at version `i` and every sample it
+uses is at most `k` versions old. At most `k + 1` tickets are in flight.
 
-Every ticket stays in the ledger until a sink reports it consumed; when a node dies the controller
-calls `reissue_in_flight` and the same work goes out again with `attempt + 1` (sinks and joins drop
-duplicates by `batch_id`). Each event is appended to `RUN_DIR/ledger.jsonl`.
+A ticket is complete when every sink node consumed it (or received its drop marker). Until then it
+is open: `reissue_open` sends it out again with `attempt + 1` when a node that held it died,
+`timed_out` when it took longer than `ticket_timeout_s`; past `max_attempts` the run fails with
+`TicketExhausted` naming it. `rollback(step)` undoes every stateful sink's consumption from `step`
+on (their state was restored to that checkpoint) and issues those tickets again.
 
-Pure bookkeeping: no sockets, no processes; the controller drives it.
+Memory and per-call cost are O(open tickets): consumption per sink is an `IndexSet` (a watermark
+plus the few above it), and complete tickets are forgotten. Pure bookkeeping: no sockets, no
+processes; the controller drives it and every event goes to the ledger.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
+from flowrl.graph.errors import FlowrlError
+from flowrl.runtime.indexset import IndexSet
+from flowrl.runtime.ledger import Ledger, read_jsonl  # noqa: F401  (read_jsonl re-exported)
 from flowrl.runtime.node import Ticket
+
+
+class TicketExhausted(FlowrlError):
+    """A ticket was issued `max_attempts` times and still not consumed by every sink."""
+
+    def __init__(self, batch_id: str, index: int, attempts: int, reason: str):
+        self.batch_id, self.index, self.attempts, self.reason = batch_id, index, attempts, reason
+        super().__init__(f"ticket {batch_id} (index {index}) was issued {attempts} times and is still not "
+                         f"consumed by every sink (last re-issue: {reason})")
 
 
 @dataclass
 class TicketState:
-    index: int
     attempt: int = 0
     issued_at: float = 0.0
-    consumed: bool = False
-    consumers_done: set = field(default_factory=set)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSONL file (ledger.jsonl, metrics.jsonl); a last line cut by a kill is skipped."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return rows
-
-
-class Ledger:
-    """Append-only record of ticket events (`RUN_DIR/ledger.jsonl`), flushed per event."""
-
-    def __init__(self, path: Path | None):
-        self.path = path
-        self._f = open(path, "a", buffering=1) if path else None
-        self.events: list[dict] = []
-
-    def write(self, event: str, batch_id: str, attempt: int, **extra) -> None:
-        row = {"batch_id": batch_id, "attempt": attempt, "event": event, "t": round(time.time(), 6), **extra}
-        self.events.append(row)
-        if self._f:
-            self._f.write(json.dumps(row) + "\n")
-
-    def close(self) -> None:
-        if self._f:
-            self._f.close()
-            self._f = None
+    reason: str = ""
 
 
 class Scheduler:
-    """Tickets, versions and the ledger for one run."""
+    """Tickets, versions and per-sink consumption for one run."""
 
     def __init__(self, *, steps: int, batch_size: int, max_staleness: int, sinks: list[str],
-                 ticket_timeout_s: float, ledger: Ledger, run_id: str = "t", start_index: int = 0,
-                 version: int = 0):
+                 ticket_timeout_s: float, ledger: Ledger, run_id: str = "t", stateful_sinks=(),
+                 max_attempts: int = 10, epoch: int = 0):
         self.steps, self.batch_size, self.k = steps, batch_size, max_staleness
-        self.sinks = set(sinks)
+        self.sinks = list(sinks)
+        self.stateful_sinks = set(stateful_sinks)
         self.ticket_timeout_s = ticket_timeout_s
+        self.max_attempts = max_attempts
         self.ledger = ledger
         self.run_id = run_id
-        self.next_index = start_index
-        self.version = version  # trainer's policy version (published, or consumed count)
-        self.tickets: dict[str, TicketState] = {}
-        self.consumed_count = start_index
+        self.epoch = epoch
+        self.next_index = 0
+        self.version = 0  # trainer's policy version (published, or completed count without a trainer)
+        self.consumed_by = {s: IndexSet() for s in self.sinks}
+        self.complete = IndexSet()
+        self.open: dict[int, TicketState] = {}
+        self.attempts: dict[int, int] = {}  # last attempt of indices issued before a rollback
 
     # ids ------------------------------------------------------------------------------------
     def batch_id(self, index: int) -> str:
         return f"{self.run_id}-{index:06d}"
 
-    def index_of(self, batch_id: str) -> int:
+    @staticmethod
+    def index_of(batch_id: str) -> int:
         return int(batch_id.rsplit("-", 1)[1])
 
-    # issuing --------------------------------------------------------------------------------
+    # state ----------------------------------------------------------------------------------
     @property
-    def in_flight(self) -> list[str]:
-        return [b for b, s in self.tickets.items() if not s.consumed]
+    def completed(self) -> int:
+        """Tickets consumed by every sink."""
+        return self.complete.low + len(self.complete.extras)
+
+    @property
+    def complete_below(self) -> int:
+        return self.complete.low
 
     @property
     def done(self) -> bool:
-        return self.consumed_count >= self.steps
+        return self.complete.low >= self.steps
 
-    def _ticket(self, batch_id: str, state: TicketState) -> Ticket:
-        return Ticket(batch_id=batch_id, index=state.index, attempt=state.attempt,
-                      min_policy_version=max(0, state.index - self.k), size=self.batch_size)
+    @property
+    def in_flight(self) -> list[str]:
+        return [self.batch_id(i) for i in sorted(self.open)]
 
+    def _ticket(self, index: int) -> Ticket:
+        return Ticket(batch_id=self.batch_id(index), index=index, attempt=self.open[index].attempt,
+                      min_policy_version=max(0, index - self.k), size=self.batch_size, epoch=self.epoch)
+
+    # issuing --------------------------------------------------------------------------------
     def issuable(self) -> list[Ticket]:
         """Tickets that may go out now (and are recorded as issued)."""
         out = []
         while self.next_index < self.steps and self.version >= self.next_index - self.k:
-            bid = self.batch_id(self.next_index)
-            state = TicketState(index=self.next_index, issued_at=time.monotonic())
-            self.tickets[bid] = state
-            self.ledger.write("issued", bid, 0, index=state.index, min_version=max(0, state.index - self.k))
-            out.append(self._ticket(bid, state))
+            i = self.next_index
             self.next_index += 1
+            if i in self.complete:
+                continue
+            previous = self.attempts.pop(i, None)
+            state = TicketState(attempt=0 if previous is None else previous + 1, issued_at=time.monotonic())
+            self.open[i] = state
+            if previous is None:
+                self.ledger.write("issued", self.batch_id(i), 0, index=i, min_version=max(0, i - self.k))
+            else:
+                state.reason = "rollback"
+                self.ledger.write("reissued", self.batch_id(i), state.attempt, reason="rollback")
+            out.append(self._ticket(i))
         return out
 
-    def reissue_in_flight(self, reason: str) -> list[Ticket]:
-        """Every unconsumed ticket again, attempt + 1 (a node that held it died)."""
-        out = []
-        for bid in self.in_flight:
-            state = self.tickets[bid]
-            state.attempt += 1
-            state.issued_at = time.monotonic()
-            self.ledger.write("reissued", bid, state.attempt, reason=reason)
-            out.append(self._ticket(bid, state))
-        return out
+    def _again(self, i: int, reason: str, now: float) -> Ticket:
+        state = self.open[i]
+        if state.attempt + 1 >= self.max_attempts:
+            raise TicketExhausted(self.batch_id(i), i, state.attempt + 1, reason)
+        state.attempt += 1
+        state.issued_at = now
+        state.reason = reason
+        self.ledger.write("reissued", self.batch_id(i), state.attempt, reason=reason)
+        return self._ticket(i)
+
+    def reissue_open(self, reason: str) -> list[Ticket]:
+        """Every open ticket again, attempt + 1 (a node that may have held it died)."""
+        now = time.monotonic()
+        return [self._again(i, reason, now) for i in sorted(self.open)]
 
     def timed_out(self, now: float | None = None) -> list[Ticket]:
-        """Tickets in flight longer than the timeout, re-issued (a lost message, a stuck node)."""
+        """Open tickets older than the timeout, re-issued (a lost message, a stuck node)."""
         now = time.monotonic() if now is None else now
-        out = []
-        for bid in self.in_flight:
-            state = self.tickets[bid]
-            if now - state.issued_at > self.ticket_timeout_s:
-                state.attempt += 1
-                state.issued_at = now
-                self.ledger.write("reissued", bid, state.attempt, reason="timeout")
-                out.append(self._ticket(bid, state))
-        return out
+        return [self._again(i, "timeout", now) for i in sorted(self.open)
+                if now - self.open[i].issued_at > self.ticket_timeout_s]
+
+    def restart_clock(self) -> None:
+        """Open tickets count their timeout from now (after a pause in which nothing could move)."""
+        now = time.monotonic()
+        for state in self.open.values():
+            state.issued_at = now
 
     # consumption ----------------------------------------------------------------------------
-    def consumed(self, sink: str, batch_id: str, attempt: int, **extra) -> bool:
-        """A sink consumed a ticket. Returns True when that completes the ticket."""
-        state = self.tickets.get(batch_id)
-        if state is None or state.consumed or sink in state.consumers_done:
-            self.ledger.write("duplicate_dropped", batch_id, attempt, node=sink)
+    def consumed(self, sink: str, index: int, attempt: int = 0, *, dropped_by: str | None = None, **extra) -> bool:
+        """Sink node `sink` consumed ticket `index` (or its drop marker). Returns True when that
+        completes the ticket; a second consumption by the same sink is a recorded duplicate."""
+        bid = self.batch_id(index)
+        seen = self.consumed_by.get(sink)
+        if seen is None or not 0 <= index < self.steps or not seen.add(index):
+            self.ledger.write("duplicate_dropped", bid, attempt, node=sink, why="already consumed by this sink")
             return False
-        state.consumers_done.add(sink)
-        if state.consumers_done < self.sinks:
-            return False
-        state.consumed = True
-        self.consumed_count += 1
-        self.ledger.write("consumed", batch_id, attempt, node=sink, **extra)
-        return True
+        if dropped_by is not None:
+            self.ledger.write("dropped", bid, attempt, node=sink, by=dropped_by)
+        else:
+            self.ledger.write("consumed", bid, attempt, node=sink, **extra)
+        if all(index in s for s in self.consumed_by.values()):
+            self.complete.add(index)
+            self.open.pop(index, None)
+            self.ledger.write("completed", bid, attempt)
+            for i in [i for i in self.attempts if i < self.complete.low]:
+                del self.attempts[i]
+            return True
+        return False
 
-    def rolled_back(self, batch_ids: list[str], reason: str) -> None:
-        """A sink lost consumed tickets (restored from an older checkpoint): they go out again."""
-        for bid in batch_ids:
-            state = self.tickets.get(bid)
-            if state is None or not state.consumed:
-                continue
-            state.consumed = False
-            state.consumers_done.clear()
-            self.consumed_count -= 1
-            self.ledger.write("rolled_back", bid, state.attempt, reason=reason)
+    def consumed_above(self, sink: str, n: int) -> list[int]:
+        """Tickets >= n that sink node `sink` already has (to tell a restarted sink)."""
+        return self.consumed_by[sink].above(n)
 
     def set_version(self, version: int) -> None:
         self.version = max(self.version, version)
 
-    # checkpoints ----------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {"next_index": self.next_index, "version": self.version, "consumed_count": self.consumed_count,
-                "tickets": {b: {"index": s.index, "attempt": s.attempt, "consumed": s.consumed}
-                            for b, s in self.tickets.items()}}
+    # recovery -------------------------------------------------------------------------------
+    def rollback(self, step: int, version: int, epoch: int, reason: str) -> None:
+        """Every stateful node was restored to checkpoint `step`: stateful sinks lose what they
+        consumed from `step` on, and every ticket from `step` on is issued again."""
+        self.epoch = epoch
+        for sink in self.stateful_sinks:
+            for i in self.consumed_by[sink].truncate(step):
+                self.ledger.write("rolled_back", self.batch_id(i), 0, node=sink, reason=reason)
+        self.complete.truncate(step)
+        for i, state in self.open.items():
+            self.attempts[i] = max(self.attempts.get(i, 0), state.attempt)
+        for i in range(step, self.next_index):
+            self.attempts.setdefault(i, 0)
+        self.open = {}
+        self.next_index = min(self.next_index, step)
+        self.version = version
 
-    def load_state_dict(self, state: dict, applied: set[str] | None = None, version: int | None = None) -> None:
-        """Restore; tickets the sinks' checkpoint did not apply become in flight again.
-        `version`: the trainer's version as its checkpoint recorded it (it wins)."""
-        self.next_index = state["next_index"]
-        self.version = state["version"] if version is None else version
-        self.tickets = {}
-        for bid, s in state["tickets"].items():
-            consumed = s["consumed"] if applied is None else bid in applied
-            self.tickets[bid] = TicketState(index=s["index"], attempt=s["attempt"], consumed=consumed,
-                                            consumers_done=set(self.sinks) if consumed else set())
-        for bid in applied or ():  # consumed after the snapshot was taken, before the sink saved
-            if bid not in self.tickets:
-                self.tickets[bid] = TicketState(index=self.index_of(bid), consumed=True, consumers_done=set(self.sinks))
-        if self.tickets:
-            self.next_index = max(self.next_index, max(s.index for s in self.tickets.values()) + 1)
-        self.consumed_count = sum(1 for s in self.tickets.values() if s.consumed)
+    def state_dict(self) -> dict:
+        """What a checkpoint at `next_index == step` needs beyond the node states: small."""
+        return {"version": self.version,
+                "stateless_consumed": {s: self.consumed_by[s].above(self.complete.low)
+                                       for s in self.sinks if s not in self.stateful_sinks}}
+
+    def resume(self, step: int, version: int, epoch: int, ledger_rows: list[dict]) -> None:
+        """Continue a run from its checkpoint at `step`: tickets below it are complete; what
+        stateless sinks consumed from `step` on stays consumed; stateful sinks' is rolled back."""
+        self.epoch = epoch
+        self.complete = IndexSet(step)
+        for s in self.sinks:
+            self.consumed_by[s] = IndexSet(step)
+        net: dict[tuple[str, int], int] = {}
+        for row in ledger_rows:
+            event, node, bid = row.get("event"), row.get("node"), row.get("batch_id", "")
+            if node not in self.consumed_by or "-" not in bid:
+                continue
+            try:
+                i = self.index_of(bid)
+            except ValueError:
+                continue
+            if i < step:
+                continue
+            delta = {"consumed": 1, "dropped": 1, "rolled_back": -1}.get(event, 0)
+            if delta:
+                net[(node, i)] = net.get((node, i), 0) + delta
+            if event == "issued":
+                self.attempts[i] = max(self.attempts.get(i, 0), row.get("attempt", 0))
+            elif event == "reissued":
+                self.attempts[i] = max(self.attempts.get(i, 0), row.get("attempt", 0))
+        for (node, i), n in sorted(net.items()):
+            if n <= 0:
+                continue
+            if node in self.stateful_sinks:
+                self.ledger.write("rolled_back", self.batch_id(i), 0, node=node, reason="resume")
+            else:
+                self.consumed_by[node].add(i)
+        for i in range(step, self.steps):
+            if all(i in s for s in self.consumed_by.values()):
+                self.complete.add(i)
+        self.next_index = step
+        self.version = version

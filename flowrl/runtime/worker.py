@@ -1,4 +1,4 @@
-"""A node process: binds its inputs, reports READY, then feeds batches through its node until stopped.
+"""A node process: binds its inputs, reports READY, then feeds work through its node until stopped.
 
     python -m flowrl.runtime.worker RUN_DIR/procs/rollout.0.0.json
 
@@ -7,7 +7,10 @@ can touch CUDA, the node's `setup` runs and its input channels are bound before 
 so the controller only relies on a process that can already receive.
 
 One event loop, one consumer: batches from every input, tickets and control orders are put on one
-queue and handled in order, so weight swaps and checkpoints always fall between two batches.
+queue and handled in order, so weight swaps, checkpoints and rollbacks always fall between two
+calls into the node. What to do with each arrival is decided by the input policies of the node's
+shape (`inputs.py`): fence (recovery epochs), version gate (subscribers), join buffer, in-order
+delivery with an output cache (stateful nodes), and once-only consumption (sinks).
 """
 
 from __future__ import annotations
@@ -18,15 +21,16 @@ import os
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
 import anyio
 import zmq
 import zmq.asyncio
 
-from flowrl.runtime import control
+from flowrl.runtime import messages as m
 from flowrl.runtime.faults import FaultInjector
+from flowrl.runtime.inputs import Fence, Item, JoinBuffer, Ordered, OutputCache, SinkSeen, VersionGate
+from flowrl.runtime.node import Drop, Ticket
 from flowrl.runtime.procspec import ProcSpec
 
 log = logging.getLogger("flowrl.worker")
@@ -51,19 +55,11 @@ class Worker:
         self.senders: list = []  # (route, Sender)
         self.events_tx, self.events_rx = anyio.create_memory_object_stream(float("inf"))
         self.faults = FaultInjector(spec.faults, spec.node, spec.replica)
+        self.fence = Fence(spec.epoch)
+        self.gate = VersionGate()
         self.stopping = False
         self.version = 0
-        self.group = None
-        self.weight_plan = None
-        self.weight_buckets = None
-        self.live_weights = None
-        self.version_tensor = None
-        self.applied: set[str] = set()
-        self.pending: list = []  # subscribers: batches waiting for newer weights
-        self.sink_next = spec.start_index
-        self.sink_buffer: dict[int, tuple] = {}
-        self.join_parts: dict[str, dict] = {}
-        self.join_done: set[str] = set()
+        self.busy: tuple[str, float] | None = None  # read by the heartbeat thread
         self.step = 0
         self.wired = False
         self.t_start = time.monotonic()
@@ -74,8 +70,8 @@ class Worker:
         # than fail (the supervision deadline, not the channel, decides when a node is lost).
         self.peer_timeout_s = 300.0
 
-    async def send_ctl(self, msg: dict) -> None:
-        await self.ctl.send(control.pack(msg))
+    async def send_ctl(self, msg) -> None:
+        await self.ctl.send(m.encode(msg, self.spec.secret))
 
     # start-up -------------------------------------------------------------------------------
     async def setup(self) -> None:
@@ -84,17 +80,19 @@ class Worker:
         from flowrl.graph import load_graph
         from flowrl.graph.kinds import resolve_kind
         from flowrl.metrics import Recorder
-        from flowrl.runtime.node import NodeContext
+        from flowrl.runtime.node import NodeContext, Source
+        from flowrl.runtime.weightsync import WeightsClient
         from flowrl.transport import ChannelConfig, Receiver
 
         spec = self.spec
         if spec.device_type == "cpu":
             torch.set_num_threads(max(1, len(spec.cpu_cores) or 1))
         graph = load_graph(spec.graph_file, check=False)
+        self.graph = graph
         node_spec = graph.nodes[spec.node]
         cls = resolve_kind(node_spec.kind)
         self.cls = cls
-        config = cls.Config.model_validate(node_spec.config)
+        self.config = cls.Config.model_validate(node_spec.config)
         device = "cpu" if spec.device_type == "cpu" else "cuda:0"
         if spec.device_type == "cuda":
             torch.cuda.set_device(0)
@@ -105,21 +103,35 @@ class Worker:
             rank=spec.rank, world_size=spec.world_size, run_dir=Path(spec.run_dir), graph=graph,
             recorder=self.recorder, log=logging.getLogger(f"flowrl.node.{spec.node}"),
         )
-        self.nctx.applied = self.applied  # shared: checkpointed with the node's state
+        # the node's shape decides its input policies
+        self.is_source = issubclass(cls, Source)
+        self.is_observer = not self.is_source and not cls.inputs and not cls.outputs
+        self.is_sink = not cls.outputs and not self.is_observer
+        self.is_join = len(cls.inputs) > 1
+        self.stateful = cls.stateful
+        self.ordered = Ordered(spec.watermark) if self.stateful else None
+        self.cache = OutputCache() if self.stateful and not self.is_sink else None
+        self.joins = JoinBuffer(cls.inputs) if self.is_join else None
+        self.seen = SinkSeen(spec.watermark, spec.consumed) if self.is_sink and not self.stateful else None
+        sched = graph.schedule
+        self.checkpoint_every, self.steps = sched.checkpoint_every, sched.steps
         if spec.world_size > 1:
             import torch.distributed as dist
 
             dist.init_process_group("nccl" if spec.device_type == "cuda" else "gloo",
                                     rank=spec.rank, world_size=spec.world_size)
-        self.node = cls(config, self.nctx)
-        self.faults.check_setup() if spec.incarnation == 0 or any(f.every for f in self.faults.faults) else None
+        self.node = cls(self.config, self.nctx)
+        if spec.incarnation == 0 or any(f.every for f in self.faults.faults):
+            self.faults.check_setup()
         await self.node.setup()
         if spec.resume_from:
             self.load_checkpoint(spec.resume_from)
-        if cls.publishes_weights:
-            from flowrl.weights import host_store
-
-            self.store = host_store()
+        self.weights = None
+        if cls.publishes_weights or cls.subscribes_weights:
+            self.weights = WeightsClient(self.node, publisher=cls.publishes_weights, device=device,
+                                         recorder=self.recorder, faults=self.faults)
+        if cls.subscribes_weights and spec.epoch > 0:
+            self.version = -1  # after a rollback only the publisher's restored weights count
         self.input_labels, self.output_labels = edge_labels(graph, spec.node)
         if spec.rank == 0:
             for port, address in spec.inputs.items():
@@ -149,40 +161,43 @@ class Worker:
         log.info("wired %.2f s after start", time.monotonic() - self.t_start)
         for port, rx in self.receivers.items():
             self.tg.start_soon(self.input_loop, port, rx)
-        await self.send_ctl({"t": "wired"})
+        await self.send_ctl(m.Wired(epoch=self.fence.epoch))
 
+    # checkpoints ----------------------------------------------------------------------------
     def load_checkpoint(self, path: str) -> None:
-        import torch
+        from flowrl.runtime.checkpoints import load_state
 
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = load_state(Path(path))
         self.node.load_state_dict(state["node"])
-        self.applied.update(state.get("applied", []))
-        self.version = state.get("version", 0)
-        self.nctx.policy_version = self.version
-        self.step = state.get("step", 0)
+        if self.cls.publishes_weights:
+            self.version = state.get("version", 0)
+            self.nctx.policy_version = self.version
 
-    def save_checkpoint(self, path: str, step: int) -> None:
-        import torch
+    def is_checkpoint_step(self, watermark: int) -> bool:
+        return watermark == self.steps or (self.checkpoint_every > 0 and watermark % self.checkpoint_every == 0)
 
-        tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
-            torch.save({"node": self.node.state_dict(), "applied": sorted(self.applied),
-                        "version": self.version, "step": step}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+    async def save_checkpoint(self, step: int) -> None:
+        """Save the state as of watermark `step` (every ticket < step applied, none after)."""
+        from flowrl.runtime.checkpoints import file_name, save_state
+
+        self.faults.on_checkpoint(step)
+        name = file_name(self.spec.log_name, step, self.fence.epoch)
+        with self.recorder.span("checkpoint", step=step):
+            save_state(Path(self.spec.run_dir) / "checkpoints" / name, self.node.state_dict(), step=step,
+                       epoch=self.fence.epoch, version=self.version)
+        await self.send_ctl(m.Checkpointed(step=step, epoch=self.fence.epoch, file=name, version=max(self.version, 0)))
 
     # loops ----------------------------------------------------------------------------------
     async def control_loop(self) -> None:
         while True:
             data = await self.ctl.recv()
             try:
-                msg = control.unpack(data)
-            except Exception as e:  # noqa: BLE001 - a bad control message is logged, not fatal
+                msg = m.decode(data)
+            except m.ControlError as e:
                 log.warning("dropped bad control message: %s", e)
                 continue
-            if msg["t"] == "sync" and self.group is not None and msg["epoch"] > self.group.epoch:
-                self.group.abort()  # a member died: unblock a broadcast stuck waiting for it
+            if isinstance(msg, m.Sync) and self.weights is not None:
+                self.weights.abort(msg.sync_epoch)  # a member died: unblock a stuck broadcast
             await self.events_tx.send(("ctl", msg))
 
     async def input_loop(self, port: str, rx) -> None:
@@ -212,7 +227,7 @@ class Worker:
 
     async def send_metrics(self) -> None:
         self.last_metrics = time.monotonic()
-        await self.send_ctl({"t": "hb", "metrics": self.recorder.drain(), "version": self.version})
+        await self.send_ctl(m.Heartbeat(metrics=self.recorder.drain(), version=self.version))
 
     async def main_loop(self) -> None:
         while True:
@@ -224,234 +239,249 @@ class Worker:
             if event[0] == "ctl":
                 await self.on_control(event[1])
             else:
-                _, port, batch, rx = event
-                await self.on_batch(port, batch, rx)
+                await self.on_arrival(event[1:])
                 if time.monotonic() - self.last_metrics > 0.1:  # metrics land in their own step's row
                     await self.send_metrics()
             if self.stopping:
                 return
 
     # control orders -------------------------------------------------------------------------
-    async def on_control(self, msg: dict) -> None:
-        t = msg["t"]
-        if t == "ticket":
-            from flowrl.runtime.node import Ticket
-
-            ticket = Ticket(**{k: msg[k] for k in ("batch_id", "index", "attempt", "min_policy_version", "size")})
-            await self.faults.on_batch(self.step)
-            self.step += 1
-            with self.recorder.span("compute", batch_id=ticket.batch_id):
-                batch = await self.node.generate(ticket)
-            batch = self.stamp(batch, ticket.batch_id, ticket.attempt, ticket.index, ticket.min_policy_version)
-            await self.emit(batch)
-        elif t == "sync":
+    async def on_control(self, msg) -> None:
+        if isinstance(msg, m.TicketMsg):
+            ticket = Ticket(batch_id=msg.batch_id, index=msg.index, attempt=msg.attempt,
+                            min_policy_version=msg.min_policy_version, size=msg.size, epoch=msg.epoch)
+            await self.on_arrival((None, ticket, None))
+        elif isinstance(msg, m.Sync):
             await self.weight_sync(msg)
-        elif t == "checkpoint":
-            self.save_checkpoint(msg["path"], msg["step"])
-            await self.send_ctl({"t": "checkpointed", "step": msg["step"], "applied": sorted(self.applied),
-                                 "version": self.version})
-        elif t == "wire":
+        elif isinstance(msg, m.Epoch):
+            await self.enter_epoch(msg)
+        elif isinstance(msg, m.Progress):
+            self.forget_below(msg.complete_below)
+        elif isinstance(msg, m.Wire):
             await self.wire()
-        elif t == "stop":
+        elif isinstance(msg, m.Stop):
             self.stopping = True
 
-    # data -----------------------------------------------------------------------------------
-    @staticmethod
-    def stamp(batch, batch_id, attempt, index, min_version, policy_version=None):
-        meta = dict(batch.meta)
-        meta["_index"] = index
-        meta["_min_version"] = min_version
-        kw = dict(batch_id=batch_id, attempt=attempt, meta=meta)
-        if policy_version is not None:
-            kw["policy_version"] = policy_version
-        return batch.replace(**kw)
+    def forget_below(self, index: int) -> None:
+        if self.cache is not None:
+            self.cache.forget_below(index)
+        if self.joins is not None:
+            self.joins.forget_below(index)
 
-    async def emit(self, result, port_hint: str | None = None) -> None:
-        if result is None:
+    async def enter_epoch(self, msg: m.Epoch) -> None:
+        """A stateful node restarted somewhere: drop everything of the old epoch, roll back."""
+        stale = [(r, b, "recovery") for _, b, r in self.gate.clear()]
+        if self.joins is not None:
+            stale += self.joins.clear()
+        for r, b, why in stale:
+            await self.discard(r, b, why)
+        if self.stateful:
+            for item in self.ordered.reset(msg.watermark):  # already acked when buffered
+                await self.send_ctl(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why="recovery"))
+            self.cache and self.cache.clear()
+            if msg.checkpoint:
+                self.load_checkpoint(msg.checkpoint)
+            else:  # nothing committed yet: back to the state right after setup
+                self.node = self.cls(self.config, self.nctx)
+                await self.node.setup()
+                self.version = 0
+            if self.cls.publishes_weights and self.weights is not None:
+                self.weights.snapshot(self.version)
+        if self.seen is not None:
+            self.seen.reset(msg.watermark, msg.consumed)
+        if self.cls.subscribes_weights:
+            self.version = -1  # hold every batch until the publisher's restored weights arrive
+        held = self.fence.enter(msg.epoch)
+        await self.send_ctl(m.Recovered(epoch=msg.epoch))
+        if self.stateful and not msg.checkpoint:
+            await self.save_checkpoint(msg.watermark)
+        for arrival in held:
+            await self.on_arrival(arrival)
+
+    # data -----------------------------------------------------------------------------------
+    async def on_arrival(self, arrival) -> None:
+        """One batch (port, batch, rx) or ticket (None, ticket, None) from the event queue."""
+        port, work, rx = arrival
+        verdict = self.fence.classify(work.epoch)
+        if verdict == "stale":
+            if rx is not None:
+                await self.discard(rx, work, "stale epoch")
             return
-        outputs = self.cls.outputs
-        per_port = result if isinstance(result, dict) else {outputs[0]: result}
+        if verdict == "future":
+            self.fence.future.append(arrival)
+            return
+        if rx is not None and self.cls.subscribes_weights and work.drop is None \
+                and not self.gate.admits(work.min_version, self.version):
+            self.gate.hold(arrival)  # generated later, once the weights arrive
+            return
+        if rx is None:
+            item = Item(work.index, work.batch_id, work.attempt, work.epoch, None, work,
+                        min_version=work.min_policy_version)
+        elif self.is_join:
+            item, drops = self.joins.offer(port, work, rx)
+            for r, b, why in drops:
+                await self.discard(r, b, why)
+            if item is None:
+                return
+        else:
+            item = Item.of_batch(port, work, rx)
+        await self.admit(item)
+
+    async def admit(self, item: Item) -> None:
+        if self.ordered is not None:
+            verdict = self.ordered.offer(item)
+            if verdict != "buffered":
+                await self.replay(item) if verdict == "replay" else await self.discard_item(item, "duplicate")
+                return
+            await self.ack(item)  # buffered work gives its credit back now: order never blocks a channel
+            while (nxt := self.ordered.next_ready()) is not None:
+                await self.run(nxt)
+                self.ordered.done(nxt.index)
+                if self.is_checkpoint_step(self.ordered.watermark):
+                    await self.save_checkpoint(self.ordered.watermark)
+            return
+        if self.seen is not None and not self.seen.first_time(item.index):
+            await self.discard_item(item, "already consumed by this sink")
+            return
+        await self.run(item)
+        await self.ack(item)
+
+    async def replay(self, item: Item) -> None:
+        """A ticket this stateful node already applied: send its output again, state untouched."""
+        cached = self.cache.get(item.index) if self.cache is not None else None
+        await self.ack(item)
+        if cached is None:
+            await self.send_ctl(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why="already applied"))
+            return
+        await self.emit({p: b if isinstance(b, Drop) else b.replace(attempt=item.attempt) for p, b in cached.items()},
+                        item)
+
+    async def run(self, item: Item) -> None:
+        """Call the node once for `item` and send what it returned (or the drop marker)."""
+        from flowrl.runtime.contract import outputs_of
+
+        if item.drop is not None:
+            result = Drop(item.drop)
+        else:
+            await self.faults.on_batch(self.step)
+            self.step += 1
+            method = "generate" if self.is_source else "join" if self.is_join else "process"
+            self.busy = (item.batch_id, time.monotonic())
+            try:
+                with self.recorder.span("compute", batch_id=item.batch_id):
+                    if self.is_source:
+                        result = await self.node.generate(item.batch)
+                    elif self.is_join:
+                        result = await self.node.join(item.parts)
+                    else:
+                        result = await self.node.process(item.batch, item.port)
+            finally:
+                self.busy = None
+            if self.is_sink:
+                result = None
+            else:
+                result = outputs_of(result, node=self.spec.node, method=method, ports=self.cls.outputs)
+        if self.is_sink:
+            await self.consume(item, result if isinstance(result, Drop) else None)
+            return
+        outputs = {p: self.stamp(b, item) for p, b in result.items()}
+        await self.emit(outputs, item)
+        if self.cache is not None:
+            self.cache.put(item.index, outputs)
+
+    def stamp(self, out, item: Item):
+        """Outputs carry the routing facts of the work they came from."""
+        from flowrl.transport import Batch
+
+        src = item.batch if item.parts is None else next(iter(item.parts.values()))
+        min_version = src.min_version if item.min_version is None else item.min_version
+        pv = -1 if self.is_source else src.policy_version
+        if isinstance(out, Drop):
+            reason = out.reason if item.drop is not None else f"{self.spec.node}: {out.reason}"
+            return Batch(batch_id=item.batch_id, attempt=item.attempt, index=item.index, min_version=min_version,
+                         epoch=item.epoch, drop=reason[:1000], policy_version=pv)
+        return out.replace(batch_id=item.batch_id, attempt=item.attempt, index=item.index, min_version=min_version,
+                           epoch=item.epoch, policy_version=out.policy_version if out.policy_version >= 0 else pv)
+
+    async def emit(self, outputs: dict, item: Item) -> None:
         for route, tx in self.senders:
-            batch = per_port.get(route.port)
-            if batch is None:
-                continue
+            batch = outputs[route.port]
             if await self.faults.on_send(route.addresses, batch):
                 continue
             with self.recorder.span("wait_credit", batch_id=batch.batch_id):
                 await tx.send(batch)
-            self.recorder.count("channel_bytes", batch.nbytes, edge=self.output_labels.get(route.edge, route.edge))
-            self.recorder.count("channel_messages", 1, edge=self.output_labels.get(route.edge, route.edge))
+            label = self.output_labels.get(route.edge, route.edge)
+            self.recorder.count("channel_bytes", batch.nbytes, edge=label)
+            self.recorder.count("channel_messages", 1, edge=label)
 
-    async def on_batch(self, port: str, batch, rx) -> None:
-        meta = batch.meta
-        index, min_version = meta.get("_index", 0), meta.get("_min_version", 0)
-        if self.cls.subscribes_weights and min_version > self.version:
-            self.pending.append((port, batch, rx))  # generated later, once the weights arrive
-            return
-        if not self.cls.outputs:  # sink: consume in ticket order, each ticket once
-            await rx.ack(batch)
-            if batch.batch_id in self.applied or index < self.sink_next or index in self.sink_buffer:
-                await self.send_ctl({"t": "dropped", "batch_id": batch.batch_id, "attempt": batch.attempt, "why": "duplicate"})
-                return
-            self.sink_buffer[index] = (port, batch)
-            while self.sink_next in self.sink_buffer:
-                p, b = self.sink_buffer.pop(self.sink_next)
-                await self.consume(p, b)
-                self.sink_next += 1
-            return
-        if len(self.cls.inputs) > 1:  # join: gather every input port for a batch id
-            bid = batch.batch_id
-            if bid in self.join_done:
-                await rx.ack(batch)
-                await self.send_ctl({"t": "dropped", "batch_id": bid, "attempt": batch.attempt, "why": "duplicate"})
-                return
-            parts = self.join_parts.setdefault(bid, {})
-            parts.setdefault(port, (batch, rx))
-            if len(parts) < len(self.cls.inputs):
-                return
-            del self.join_parts[bid]
-            self.join_done.add(bid)
-            batches = {p: b for p, (b, _) in parts.items()}
-            with self.recorder.span("compute", batch_id=bid):
-                result = await self.node.join(batches)
-            await self.emit(self.restamp(result, batch))
-            for b, r in parts.values():
-                await r.ack(b)
-            return
-        await self.faults.on_batch(self.step)
-        with self.recorder.span("compute", batch_id=batch.batch_id):
-            result = await self.node.process(batch, port)
-        await self.emit(self.restamp(result, batch))
-        await rx.ack(batch)
-        self.step += 1
-
-    def restamp(self, result, source):
-        """Outputs carry the ids of the input they came from."""
-        if result is None:
-            return None
-        pv = source.policy_version
-        fix = lambda b: self.stamp(b, source.batch_id, source.attempt, source.meta.get("_index", 0),  # noqa: E731
-                                   source.meta.get("_min_version", 0), b.policy_version if b.policy_version >= 0 else pv)
-        return {p: fix(b) for p, b in result.items()} if isinstance(result, dict) else fix(result)
-
-    async def consume(self, port: str, batch) -> None:
-        await self.faults.on_batch(self.step)
-        staleness = self.version - batch.policy_version if batch.policy_version >= 0 else 0
-        with self.recorder.span("compute", batch_id=batch.batch_id):
-            await self.node.process(batch, port)
-        self.applied.add(batch.batch_id)
-        self.step += 1
-        self.recorder.max("staleness", staleness)
-        self.recorder.observe("staleness", staleness)
-        await self.send_ctl({"t": "consumed", "batch_id": batch.batch_id, "attempt": batch.attempt,
-                             "index": batch.meta.get("_index", 0), "policy_version": batch.policy_version,
-                             "staleness": staleness, "metrics": self.recorder.drain()})
+    async def consume(self, item: Item, dropped: Drop | None) -> None:
+        batch = item.batch if item.parts is None else next(iter(item.parts.values()))
+        pv = batch.policy_version
+        staleness = self.version - pv if pv >= 0 and dropped is None else 0
+        if dropped is None:
+            self.recorder.max("staleness", staleness)
+            self.recorder.observe("staleness", staleness)
+        await self.send_ctl(m.Consumed(batch_id=item.batch_id, attempt=item.attempt, index=item.index,
+                                       epoch=item.epoch, policy_version=pv, staleness=staleness,
+                                       dropped_by=dropped.reason if dropped else None, metrics=self.recorder.drain()))
         if self.cls.publishes_weights:
             self.version += 1
             self.nctx.policy_version = self.version
-            self.snapshot_weights()
-            await self.send_ctl({"t": "published", "version": self.version, **self.digest()})
+            self.weights.snapshot(self.version)
+            await self.send_ctl(m.Published(version=self.version, epoch=self.fence.epoch, **self.weights.digest()))
 
-    def snapshot_weights(self) -> None:
-        """Publishers: copy the weights into the send buckets, so training can go on meanwhile."""
-        from flowrl.weights import BucketPlan, layout_of
+    async def ack(self, item: Item) -> None:
+        for rx, batch in item.acks:
+            await rx.ack(batch)
+        item.acks = []
 
-        tensors = self.node.weights()
-        if self.weight_plan is None:
-            self.weight_plan = BucketPlan(layout_of(tensors), self.bucket_bytes)
-            self.weight_buckets = self.weight_plan.allocate(self.nctx.device)
-        with self.recorder.span("weight_snapshot"):
-            self.weight_plan.pack(tensors, out=self.weight_buckets)
-        self.version_tensor = self.version_tensor_for(self.version)
+    async def discard(self, rx, batch, why: str) -> None:
+        await rx.ack(batch)
+        await self.send_ctl(m.Duplicate(batch_id=batch.batch_id, attempt=batch.attempt, why=why))
 
-    def digest(self) -> dict:
-        """With FLOWRL_WEIGHT_DIGEST=1: a digest of the weights this process now holds (tests use it
-        to check that rollouts hold bitwise the actor's weights of each version)."""
-        if os.environ.get("FLOWRL_WEIGHT_DIGEST") != "1" or self.weight_plan is None:
-            return {}
-        from flowrl.weights import weights_digest
-
-        if self.cls.publishes_weights:
-            tensors = self.weight_plan.views(self.weight_buckets)
-        else:
-            tensors = self.live_weights
-        return {"digest": weights_digest(tensors, self.weight_plan.layout)}
-
-    def version_tensor_for(self, version: int):
-        """Travels first in every broadcast: the version the buckets really hold (a newer snapshot
-        may have replaced the one a sync order was issued for)."""
-        import torch
-
-        return torch.tensor([version], dtype=torch.int64, device=self.nctx.device)
-
-    bucket_bytes = 32 << 20
+    async def discard_item(self, item: Item, why: str) -> None:
+        await self.ack(item)
+        await self.send_ctl(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why=why))
 
     # weights --------------------------------------------------------------------------------
-    async def weight_sync(self, msg: dict) -> None:
-        from flowrl.weights import BucketPlan, WeightGroup, layout_digest, layout_of
+    async def weight_sync(self, order: m.Sync) -> None:
+        from flowrl.weights import WeightSyncError  # noqa: F401
 
-        epoch, rank, world = msg["epoch"], msg["rank"], msg["world_size"]
-        publisher = self.cls.publishes_weights
+        self.busy = (f"weight sync v{order.version}", time.monotonic())
         try:
-            with self.recorder.span("weight_sync", version=msg["version"]):
-                if publisher and self.weight_plan is None:
-                    self.snapshot_weights()
-                if not publisher and self.weight_plan is None:
-                    live = self.node.weights()
-                    self.weight_plan = BucketPlan(layout_of(live), self.bucket_bytes)
-                    self.weight_buckets = self.weight_plan.allocate(self.nctx.device, live=live)
-                    self.live_weights = live
-                if self.group is None or self.group.epoch != epoch:
-                    if self.group:
-                        self.group.close()
-                    store = self.store if publisher else tuple(msg["store"])
-                    self.group = await anyio.to_thread.run_sync(lambda: WeightGroup.join(
-                        epoch=epoch, rank=rank, world_size=world, store=store, timeout_s=msg.get("timeout_s", 60.0),
-                        device=self.nctx.device))
-                    await anyio.to_thread.run_sync(self.group.check_layout, layout_digest(self.weight_plan.layout))
-                if self.faults.fail_sync(msg["version"]):
-                    raise RuntimeError("injected weight-sync failure")
-                plan, buckets = self.weight_plan, self.weight_buckets
-                if not publisher:
-                    self.version_tensor = self.version_tensor_for(-1)
-                tensors = [self.version_tensor, *buckets]
-                drain = None if publisher else (lambda i: plan.drain(i - 1, buckets, self.live_weights) if i else None)
-                seconds = await anyio.to_thread.run_sync(lambda: self.group.broadcast(tensors, drain=drain))
-                nbytes = sum(b.numel() * b.element_size() for b in buckets)
-                self.recorder.count("weight_sync_bytes", nbytes, per_node=True)
-                self.recorder.observe("weight_sync_s", seconds, per_node=True)
-            version = int(self.version_tensor[0])
-            if not publisher:
-                self.node.load_weights(self.live_weights, version)
-                self.version = version
-                self.nctx.policy_version = version
-            await self.send_ctl({"t": "synced", "version": version, "epoch": epoch, **self.digest()})
+            received = await self.weights.sync(order, self.version)
         except Exception as e:  # noqa: BLE001 - reported; the controller forms a new epoch
-            if self.group:
-                self.group.close()
-                self.group = None
-            await self.send_ctl({"t": "sync_failed", "epoch": epoch, "error": str(e)})
+            await self.send_ctl(m.SyncFailed(sync_epoch=order.sync_epoch, error=str(e)[:2000]))
             return
-        if self.pending:
-            ready = [p for p in self.pending if p[1].meta.get("_min_version", 0) <= self.version]
-            self.pending = [p for p in self.pending if p not in ready]
-            for port, batch, rx in ready:
-                await self.on_batch(port, batch, rx)
+        finally:
+            self.busy = None
+        if not self.cls.publishes_weights:
+            self.version = received
+            self.nctx.policy_version = received
+        await self.send_ctl(m.Synced(version=received, sync_epoch=order.sync_epoch, **self.weights.digest()))
+        for arrival in self.gate.release(self.version):
+            await self.on_arrival(arrival)
+        if self.is_observer:
+            self.busy = (f"observe v{received}", time.monotonic())
+            try:
+                await self.node.observe(received)
+            finally:
+                self.busy = None
 
     # lifetime -------------------------------------------------------------------------------
-    async def run(self) -> int:
+    async def run_node(self) -> int:
         try:
             await self.setup()
         except Exception as e:  # noqa: BLE001 - the controller shows this and fails fast
             await self.report_error("setup", e)
             return 3
         # what setup built (model, optimizer, imports) lives as long as the node: out of the cyclic
-        # collector's way, whose full passes would otherwise walk it again and again (each batch
-        # allocates a few dozen objects, so passes come often)
+        # collector's way, whose full passes would otherwise walk it again and again
         gc.collect()  # garbage of the start-up goes now; frozen, it would stay
         gc.freeze()
         log.info("ready %.2f s after start (incarnation %d)", time.monotonic() - self.t_start, self.spec.incarnation)
-        await self.send_ctl({"t": "ready", "pid": os.getpid(), "store_port": getattr(getattr(self, "store", None), "port", None)})
+        store_port = self.weights.store_port if self.weights is not None else None
+        await self.send_ctl(m.Ready(pid=os.getpid(), store_port=store_port))
         self.faults.arm(self.spec.incarnation)
         try:
             async with anyio.create_task_group() as tg:
@@ -459,11 +489,15 @@ class Worker:
                 tg.start_soon(self.control_loop)
                 tg.start_soon(self.metrics_loop)
                 tg.start_soon(self.faults.timer_loop)
+                if self.stateful and not self.spec.resume_from:
+                    await self.save_checkpoint(self.spec.watermark)  # the state every rollback can reach
                 await self.main_loop()
                 tg.cancel_scope.cancel()
             with anyio.move_on_after(5):
                 await self.node.teardown()
-        except Exception as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
             await self.report_error("process", e)
             return 4
         finally:
@@ -477,10 +511,14 @@ class Worker:
         return 0
 
     async def report_error(self, where: str, e: BaseException) -> None:
-        tb = traceback.format_exc()
-        log.error("%s failed: %s\n%s", where, e, tb)
+        from flowrl.runtime.contract import describe_error
+
+        info = describe_error(e)
+        batch_id = self.busy[0] if self.busy else None
+        log.error("%s failed: %s: %s\n%s", where, info["type"], info["message"], info["traceback"])
         with anyio.move_on_after(2):
-            await self.send_ctl({"t": "error", "where": where, "message": f"{type(e).__name__}: {e}", "traceback": tb})
+            await self.send_ctl(m.Error(where=where, type=info["type"], message=info["message"], file=info["file"],
+                                        line=info["line"], batch_id=batch_id, traceback=info["traceback"]))
 
 
 def edge_labels(graph, node: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -504,39 +542,50 @@ def edge_labels(graph, node: str) -> tuple[dict[str, str], dict[str, str]]:
 
 class Heartbeat(threading.Thread):
     """Says 'alive' from its own thread and socket, so a long torch call (which releases the GIL)
-    does not look like a hang, while a stopped process (SIGSTOP) or a dead controller does."""
+    does not look like a hang, while a stopped process (SIGSTOP) or a dead controller does. It
+    also says how long the node has been inside its current call, so a call that never returns
+    (a wedged collective, a bug) is found by `process_timeout_s` although the process is alive."""
 
     def __init__(self, spec: ProcSpec):
         super().__init__(daemon=True, name="flowrl-heartbeat")
         self.spec = spec
         self.parent = os.getppid()
+        self.worker: Worker | None = None
 
     def run(self) -> None:
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, f"{self.spec.proc_id}#{self.spec.incarnation}#hb".encode())
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 16)
         sock.connect(self.spec.control)
-        msg = control.pack({"t": "hb"})
         while True:
             if os.getppid() != self.parent:  # our launcher is gone: nobody will stop us
                 os._exit(70)
-            sock.send(msg)
+            busy = self.worker.busy if self.worker is not None else None
+            msg = m.Heartbeat(busy=[busy[0][:256], round(time.monotonic() - busy[1], 3)] if busy else None)
+            try:
+                sock.send(m.encode(msg, self.spec.secret), zmq.NOBLOCK)
+            except zmq.Again:
+                pass
             time.sleep(self.spec.heartbeat_s)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = ProcSpec.read(argv[0])
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # user node modules resolve as they did for the controller
+    for entry in reversed([os.getcwd(), *spec.sys_path]):  # user node modules resolve as for the controller
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
     bind_devices(spec)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec.proc_id} %(levelname)s %(name)s: %(message)s",
                         force=True)
-    Heartbeat(spec).start()
+    heartbeat = Heartbeat(spec)
     worker = Worker(spec)
+    heartbeat.worker = worker
+    heartbeat.start()
     try:
-        code = anyio.run(worker.run)
+        code = anyio.run(worker.run_node)
     finally:
         worker.ctl.close(linger=1000)
     return code

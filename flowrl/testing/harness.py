@@ -15,39 +15,11 @@ import os
 import signal
 import subprocess
 import sys
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from flowrl.runtime.api import RunSummary
-from flowrl.runtime.scheduler import read_jsonl  # noqa: F401  (re-exported by flowrl.testing)
-
-
-@dataclass
-class Audit:
-    """Ticket accounting from a ledger: every issued ticket consumed exactly once (net of rollbacks)."""
-
-    issued: set[str]
-    consumed: Counter
-    lost: list[str] = field(default_factory=list)
-    duplicated: list[str] = field(default_factory=list)
-
-    @property
-    def exactly_once(self) -> bool:
-        return not self.lost and not self.duplicated and bool(self.issued)
-
-
-def audit_ledger(rows: list[dict]) -> Audit:
-    issued = {r["batch_id"] for r in rows if r["event"] == "issued"}
-    net: Counter = Counter()
-    for r in rows:
-        if r["event"] == "consumed":
-            net[r["batch_id"]] += 1
-        elif r["event"] == "rolled_back":
-            net[r["batch_id"]] -= 1
-    return Audit(issued=issued, consumed=net,
-                 lost=sorted(b for b in issued if net[b] < 1),
-                 duplicated=sorted(b for b in issued if net[b] > 1))
+from flowrl.runtime.ledger import Audit, audit_ledger, read_jsonl  # noqa: F401  (re-exported by flowrl.testing)
 
 
 @dataclass
@@ -57,8 +29,9 @@ class RunResult(RunSummary):
     stdout: str = ""
     stderr: str = ""
 
-    def audit(self) -> Audit:
-        return audit_ledger(self.ledger)
+    def audit(self, sinks: list[str] | None = None) -> Audit:
+        """Exactly-once per ticket and per sink node (`sinks`: default, every sink that consumed)."""
+        return audit_ledger(self.ledger, sinks)
 
     def log(self, name: str) -> str:
         path = self.run_dir / "logs" / f"{name}.log"

@@ -1,0 +1,291 @@
+"""The control plane between the controller and node processes: one dataclass per message.
+
+The controller binds one ROUTER socket; each node process connects a DEALER whose identity is
+`node/replica/rank#incarnation` (its heartbeat thread: the same plus `#hb`). Batch payloads never
+travel here, only small msgpack maps `{t: TYPE, k: SECRET?, ...fields}`. `decode` checks every
+field's type and rejects unknown or missing fields, so a malformed message is dropped and counted,
+never a crash. Every message from a node carries the run's secret in `k` (checked by the
+controller): a stray local process cannot speak for a node. docs/recovery.md lists these
+messages; a test checks that table against the classes below.
+
+    data = encode(Consumed(batch_id="t-000003", attempt=0, index=3, epoch=1), secret="ab12")
+    msg = decode(data)          # -> Consumed(...), msg.k == "ab12"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+
+import msgpack
+
+MAX_CONTROL_BYTES = 1 << 20
+MAX_STR = 4096
+
+
+class ControlError(ValueError):
+    """A control message that is not one of ours (bad bytes, unknown type, wrong field types)."""
+
+
+@dataclass(frozen=True)
+class ProcId:
+    node: str
+    replica: int
+    rank: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.node}/{self.replica}/{self.rank}"
+
+
+_TYPES: dict[str, type] = {}
+
+
+def message(t: str, direction: str):
+    """Register a message class under its wire name `t`; `direction` is for the docs table."""
+
+    def wrap(cls):
+        cls = dataclass(frozen=True)(cls)
+        cls.t, cls.direction = t, direction
+        _TYPES[t] = cls
+        return cls
+
+    return wrap
+
+
+# node -> controller -----------------------------------------------------------------------------
+@message("ready", "node -> controller")
+class Ready:
+    """Setup done and inputs bound: the controller may rely on this process."""
+
+    pid: int
+    store_port: int | None = None
+
+
+@message("wired", "node -> controller")
+class Wired:
+    """Outputs connected; the process takes input now (in recovery epoch `epoch`)."""
+
+    epoch: int = 0
+
+
+@message("hb", "node -> controller")
+class Heartbeat:
+    """Alive. From the heartbeat thread: `busy` = [batch_id, seconds inside the current call] while
+    the node is inside `process`/`generate`/`join`/a weight sync; from the event loop: metrics."""
+
+    busy: list | None = None
+    metrics: dict | None = None
+    version: int | None = None
+
+
+@message("consumed", "node -> controller")
+class Consumed:
+    """A sink consumed a ticket (`dropped_by` set: it received the ticket's drop marker)."""
+
+    batch_id: str
+    attempt: int
+    index: int
+    epoch: int
+    policy_version: int = -1
+    staleness: int = 0
+    dropped_by: str | None = None
+    metrics: dict | None = None
+
+
+@message("published", "node -> controller")
+class Published:
+    """A trainer finished an update: weights `version` are ready to broadcast."""
+
+    version: int
+    epoch: int
+    digest: str | None = None
+
+
+@message("synced", "node -> controller")
+class Synced:
+    """A subscriber holds weights `version` (after weight-sync epoch `sync_epoch`)."""
+
+    version: int
+    sync_epoch: int
+    digest: str | None = None
+
+
+@message("sync_failed", "node -> controller")
+class SyncFailed:
+    """A weight broadcast failed or timed out; the previous version is still held."""
+
+    sync_epoch: int
+    error: str
+
+
+@message("checkpointed", "node -> controller")
+class Checkpointed:
+    """A stateful node saved its state as of watermark `step` (every ticket < step, none after)."""
+
+    step: int
+    epoch: int
+    file: str
+    version: int = 0
+
+
+@message("recovered", "node -> controller")
+class Recovered:
+    """The node entered recovery epoch `epoch` (stateful nodes: after loading the checkpoint)."""
+
+    epoch: int
+
+
+@message("duplicate", "node -> controller")
+class Duplicate:
+    """A batch was dropped at the node's input: a duplicate, a stale epoch or an invalid batch."""
+
+    batch_id: str
+    attempt: int
+    why: str
+
+
+@message("error", "node -> controller")
+class Error:
+    """The node failed (it exits right after). `type`, `file`, `line`: the user's exception and
+    the innermost frame of the node's own code; `batch_id`: the ticket it was working on."""
+
+    where: str
+    type: str
+    message: str
+    file: str | None = None
+    line: int | None = None
+    batch_id: str | None = None
+    traceback: str = ""
+
+
+# controller -> node -----------------------------------------------------------------------------
+@message("wire", "controller -> node")
+class Wire:
+    """Every consumer is ready: connect the outputs, then take input."""
+
+
+@message("ticket", "controller -> node")
+class TicketMsg:
+    """Work for a source: `size` items at position `index` of the run's sequence."""
+
+    batch_id: str
+    index: int
+    attempt: int
+    min_policy_version: int
+    size: int
+    epoch: int
+
+
+@message("sync", "controller -> node")
+class Sync:
+    """Join weight-sync epoch `sync_epoch` as `rank` of `world_size` and receive/send `version`."""
+
+    sync_epoch: int
+    version: int
+    rank: int
+    world_size: int
+    store: list
+    timeout_s: float
+
+
+@message("epoch", "controller -> node")
+class Epoch:
+    """Enter recovery epoch `epoch`: drop every batch of an older epoch; stateful nodes load
+    `checkpoint` (None: their state after setup) and continue from ticket `watermark`; sinks
+    already consumed the tickets in `consumed`."""
+
+    epoch: int
+    watermark: int
+    checkpoint: str | None = None
+    consumed: list = field(default_factory=list)
+
+
+@message("progress", "controller -> node")
+class Progress:
+    """Every ticket below `complete_below` is consumed by every sink: caches may forget them."""
+
+    complete_below: int
+
+
+@message("stop", "controller -> node")
+class Stop:
+    """Finish and exit 0."""
+
+
+# codec --------------------------------------------------------------------------------------------
+def encode(msg, secret: str | None = None) -> bytes:
+    body = {"t": msg.t, **dataclasses.asdict(msg)}
+    if secret is not None:
+        body["k"] = secret
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def decode(data: bytes):
+    """bytes -> a message object (with `.k`, the sender's secret or None). Raises ControlError."""
+    if len(data) > MAX_CONTROL_BYTES:
+        raise ControlError(f"control message of {len(data)} bytes exceeds {MAX_CONTROL_BYTES}")
+    try:
+        body = msgpack.unpackb(data, raw=False, strict_map_key=True, max_str_len=MAX_CONTROL_BYTES,
+                               max_bin_len=0, max_array_len=1 << 16, max_map_len=1 << 16)
+    except Exception as e:  # noqa: BLE001 - msgpack raises several types for bad bytes
+        raise ControlError(f"not msgpack: {type(e).__name__}: {e}"[:200]) from None
+    if type(body) is not dict or type(body.get("t")) is not str:
+        raise ControlError("control message is not a map with a string field 't'")
+    cls = _TYPES.get(body.pop("t"))
+    if cls is None:
+        raise ControlError("unknown control message type")
+    secret = body.pop("k", None)
+    hints = _hints(cls)
+    unknown = set(body) - set(hints)
+    if unknown:
+        raise ControlError(f"{cls.t}: unknown fields {sorted(unknown)[:5]}")
+    for name, hint in hints.items():
+        if name in body:
+            if not _fits(body[name], hint):
+                raise ControlError(f"{cls.t}.{name}: expected {hint}, got {type(body[name]).__name__}")
+        elif _required(cls, name):
+            raise ControlError(f"{cls.t}: missing field {name!r}")
+    msg = cls(**body)
+    object.__setattr__(msg, "k", secret if type(secret) is str else None)
+    return msg
+
+
+_HINTS: dict[type, dict] = {}
+
+
+def _hints(cls) -> dict:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _required(cls, name: str) -> bool:
+    f = cls.__dataclass_fields__[name]
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def _fits(value, hint) -> bool:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return any(_fits(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is int:
+        return type(value) is int and -(1 << 62) <= value < 1 << 62
+    if hint is float:
+        return type(value) in (int, float)
+    if hint is str:
+        return type(value) is str and len(value) <= (1 << 16 if value.count("\n") else MAX_STR)
+    if hint is bool:
+        return type(value) is bool
+    if hint is list:
+        return type(value) is list
+    if hint is dict:
+        return type(value) is dict
+    return False
+
+
+def message_types() -> dict[str, type]:
+    """Every registered message class by wire name (the docs table is checked against this)."""
+    return dict(_TYPES)
