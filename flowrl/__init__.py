@@ -8,11 +8,11 @@ __version__ = "0.1.0"
 
 from flowrl.graph import GraphError, GraphSpec, load_graph
 from flowrl.graph.errors import FlowrlError
-from flowrl.runtime.node import Join, Node, NodeConfig, NodeContext, Sink, Source, Ticket
+from flowrl.runtime.node import Drop, Join, Node, NodeConfig, NodeContext, Observer, Sink, Source, Ticket
 
 __all__ = [
-    "Batch", "FlowrlError", "GraphError", "GraphSpec", "Join", "Node", "NodeConfig", "NodeContext",
-    "Sink", "Source", "Ticket", "load_graph", "run",
+    "Batch", "Drop", "FlowrlError", "GraphError", "GraphSpec", "Join", "Node", "NodeConfig", "NodeContext",
+    "Observer", "Sink", "Source", "Ticket", "load_graph", "run",
 ]
 
 

@@ -113,19 +113,25 @@ def read_latest(run_dir: Path) -> dict:
     return record
 
 
-def node_state(run_dir: Path, node: str, step: int | None = None, replica: int = 0, rank: int = 0) -> dict:
-    """The saved state_dict of `node` at the committed checkpoint (or at `step`, if it was kept)."""
-    record = read_latest(run_dir)
+def node_checkpoint(run_dir: Path, node: str, step: int | None = None, replica: int = 0, rank: int = 0) -> dict:
+    """The saved checkpoint of `node` ({"node": state_dict, "step", "epoch", "version"}) at the
+    committed checkpoint, or at an older committed `step` that is still kept."""
     root = Path(run_dir) / "checkpoints"
+    record = read_latest(run_dir)
+    if step is not None and step != record["step"]:
+        try:
+            record = json.loads((root / step_dir(step) / "commit.json").read_text())
+        except (FileNotFoundError, ValueError):
+            kept = sorted(p.name for p in root.glob("step*") if (p / "commit.json").exists())
+            raise CheckpointError(f"no committed checkpoint at step {step}; kept: {', '.join(kept) or 'none'}") from None
     proc = f"{node}/{replica}/{rank}"
-    if step is None or step == record["step"]:
-        name = record["files"].get(proc)
-        if name is None:
-            raise CheckpointError(f"the checkpoint at step {record['step']} has no state of {proc} "
-                                  f"(it has {', '.join(record['files']) or 'none'})")
-        return load_state(confine(root, name))["node"]
-    matches = sorted((root / step_dir(step)).glob(f"{node}.{replica}.{rank}.e*.pt"))
-    if not matches:
-        kept = sorted(p.name for p in root.glob("step*"))
-        raise CheckpointError(f"no checkpoint of {proc} at step {step}; kept: {', '.join(kept) or 'none'}")
-    return load_state(matches[-1])["node"]
+    name = record["files"].get(proc)
+    if name is None:
+        raise CheckpointError(f"the checkpoint at step {record['step']} has no state of {proc} "
+                              f"(it has {', '.join(record['files']) or 'none'})")
+    return load_state(confine(root, name))
+
+
+def node_state(run_dir: Path, node: str, step: int | None = None, replica: int = 0, rank: int = 0) -> dict:
+    """The saved state_dict of `node` (see `node_checkpoint`)."""
+    return node_checkpoint(run_dir, node, step, replica, rank)["node"]

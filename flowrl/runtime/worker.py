@@ -363,11 +363,11 @@ class Worker:
         if item.drop is not None:
             result = Drop(item.drop)
         else:
-            await self.faults.on_batch(self.step)
-            self.step += 1
             method = "generate" if self.is_source else "join" if self.is_join else "process"
             self.busy = (item.batch_id, time.monotonic())
             try:
+                await self.faults.on_batch(self.step)
+                self.step += 1
                 with self.recorder.span("compute", batch_id=item.batch_id):
                     if self.is_source:
                         result = await self.node.generate(item.batch)
@@ -375,6 +375,9 @@ class Worker:
                         result = await self.node.join(item.parts)
                     else:
                         result = await self.node.process(item.batch, item.port)
+            except BaseException:
+                self.failed_on = item.batch_id  # named on the last-error line
+                raise
             finally:
                 self.busy = None
             if self.is_sink:
@@ -514,7 +517,7 @@ class Worker:
         from flowrl.runtime.contract import describe_error
 
         info = describe_error(e)
-        batch_id = self.busy[0] if self.busy else None
+        batch_id = getattr(self, "failed_on", None) or (self.busy[0] if self.busy else None)
         log.error("%s failed: %s: %s\n%s", where, info["type"], info["message"], info["traceback"])
         with anyio.move_on_after(2):
             await self.send_ctl(m.Error(where=where, type=info["type"], message=info["message"], file=info["file"],

@@ -140,3 +140,97 @@ class Follower(flowrl.Node):
         if held != float(self.version):
             raise RuntimeError(f"weights say version {held} but the node holds version {self.version}")
         return batch.replace(policy_version=self.version)
+
+
+def chain_digest(previous: str, batch) -> str:
+    """One link of a hash chain over (batch id, content): equal chains = the same tickets, in the same
+    order, each once."""
+    import hashlib
+
+    x = np.ascontiguousarray(np.asarray(batch.tensors["x"]))
+    return hashlib.sha256(previous.encode() + batch.batch_id.encode() + x.tobytes()).hexdigest()[:32]
+
+
+class Normalizer(flowrl.Node):
+    """A stateful transform (a running normaliser): folds every batch into a hash chain and a count,
+    and forwards the batch with the count it saw. Its final state proves each ticket was folded in
+    once, in order."""
+
+    stateful = True
+
+    class Config(flowrl.NodeConfig):
+        delay_s: float = 0.0
+
+    async def setup(self):
+        self.count, self.chain = 0, ""
+
+    async def process(self, batch, port):
+        if self.config.delay_s:
+            await anyio.sleep(self.config.delay_s)
+        self.count += 1
+        self.chain = chain_digest(self.chain, batch)
+        return batch.replace(tensors={**batch.tensors, "count": np.full(batch.num_samples, self.count, np.int64)})
+
+    def state_dict(self):
+        return {"count": self.count, "chain": self.chain}
+
+    def load_state_dict(self, state):
+        self.count, self.chain = int(state["count"]), str(state["chain"])
+
+
+class Chain(Collect):
+    """A stateful sink whose state is a hash chain over what it consumed (see `Normalizer`)."""
+
+    async def setup(self):
+        await super().setup()
+        self.chain = ""
+
+    async def process(self, batch, port):
+        await super().process(batch, port)
+        self.chain = chain_digest(self.chain, batch)
+
+    def state_dict(self):
+        return {"seen": self.seen, "chain": self.chain}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.chain = str(state["chain"])
+
+
+class Logger(flowrl.Sink):
+    """A sink without state (a logger, an evaluator): it only writes a line per batch."""
+
+    async def process(self, batch, port):
+        self.ctx.log.info("consumed %s", batch.batch_id)
+
+
+class DropEvery(flowrl.Node):
+    """A filter: drops the tickets whose index % every == remainder, and shrinks the others to
+    their first `keep` samples (0: keep all). `empty: true` drops by returning an empty batch."""
+
+    class Config(flowrl.NodeConfig):
+        every: int = 3
+        remainder: int = 1
+        keep: int = 0
+        empty: bool = False
+
+    async def process(self, batch, port):
+        if batch.index % self.config.every == self.config.remainder:
+            return batch.select([]) if self.config.empty else flowrl.Drop(f"index {batch.index}")
+        return batch.select(slice(0, self.config.keep)) if self.config.keep else batch
+
+
+class Faulty(flowrl.Node):
+    """Raises `KeyError('scores')` at ticket `fail_at`, every time it sees it (a deterministic bug),
+    or returns a `bad_return` value instead of a batch."""
+
+    class Config(flowrl.NodeConfig):
+        fail_at: int = -1
+        bad_return: bool = False
+
+    async def process(self, batch, port):
+        if batch.index == self.config.fail_at:
+            return batch.tensors["scores"]
+        if self.config.bad_return:
+            return [batch]
+        return batch

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from flowrl.testing import run_graph
+from flowrl.testing import node_checkpoint, run_graph
 
 ROOT = Path(__file__).resolve().parents[2]
 PPO = ROOT / "graphs" / "ppo.yaml"
@@ -172,8 +172,8 @@ def test_resume_continues_from_the_checkpoint_with_the_next_tickets_and_the_same
     ckpts = run_dir / "checkpoints"
     latest = json.loads((ckpts / "latest.json").read_text())
     assert latest["step"] == first_steps  # every 5 steps and at the end
-    assert (ckpts / "actor.0.0.step000005.pt").exists()
-    actor_before = torch.load(ckpts / f"actor.0.0.step{first_steps:06d}.pt", weights_only=False)
+    assert (ckpts / "step00000005" / "commit.json").exists()
+    actor_before = node_checkpoint(run_dir, "actor")
     assert actor_before["step"] == first_steps
     issued_before = [r for r in first.ledger if r["event"] == "issued"]
 
@@ -198,10 +198,11 @@ def test_resume_continues_from_the_checkpoint_with_the_next_tickets_and_the_same
     # The actor's checkpoint advanced.
     latest = json.loads((ckpts / "latest.json").read_text())
     assert latest["step"] == total
-    actor_after = torch.load(ckpts / f"actor.0.0.step{total:06d}.pt", weights_only=False)
+    actor_after = node_checkpoint(run_dir, "actor")
     assert actor_after["step"] == total > actor_before["step"]
     assert actor_after["version"] == total
-    assert (ckpts / "actor.0.0.step000010.pt").exists()
+    assert (ckpts / "step00000010" / "commit.json").exists()  # keep_checkpoints=2: 10 and 14 stay
+    assert not (ckpts / "step00000005").exists()
     changed = [k for k, v in actor_after["node"]["model"].items()
                if not torch.equal(v, actor_before["node"]["model"][k])]
     assert changed, "the resumed actor did not train"
@@ -255,7 +256,7 @@ def test_ppo_runs_with_a_tiny_hugging_face_model_in_every_model_role(tmp_path):
     for n in ("rollout", "reference", "critic", "actor"):
         assert resolved["nodes"][n]["config"]["model"]["type"] == "hf", n
     # The trained checkpoint is the Hugging Face model's (its parameter names), and it trained.
-    actor = torch.load(result.run_dir / "checkpoints" / f"actor.0.0.step{steps:06d}.pt", weights_only=False)
+    actor = node_checkpoint(result.run_dir, "actor")
     names = list(actor["node"]["model"])
     assert any("self_attn" in k for k in names), names[:5]
     fresh = transformers.AutoModelForCausalLM.from_pretrained(model_dir).state_dict()

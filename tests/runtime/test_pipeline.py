@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flowrl.testing import audit_ledger, read_jsonl, run_graph
+from flowrl.testing import audit_ledger, node_state, read_jsonl, run_graph
 from flowrl.testing.harness import flowrl_command, kill_group
 
 pytestmark = pytest.mark.timeout(180)
@@ -97,10 +97,8 @@ schedule: {{steps: 8, batch_size: 3, max_staleness: 2}}
 """
     result = run_graph(graph(tmp_path, text), tmp_path / "run", timeout_s=120)
     assert_exactly_once(result, 8)
-    import torch
-
-    state = torch.load(tmp_path / "run" / "checkpoints" / "collect.0.0.step000008.pt", weights_only=False)
-    sums = {bid: s for bid, s in state["node"]["seen"]}
+    state = node_state(tmp_path / "run", "collect", step=8)
+    sums = {bid: s for bid, s in state["seen"]}
     for bid, s in sums.items():
         i = int(bid.rsplit("-", 1)[1])
         assert s == 5 * sum(range(i * 3, i * 3 + 3))  # (2x + 3x) summed

@@ -1,25 +1,38 @@
-"""The scheduler's bookkeeping on its own: staleness capacity, replay, rollback, resume."""
+"""The scheduler's bookkeeping on its own: staleness capacity, per-sink consumption, re-issue,
+attempt limits, rollback and resume — with the ledger audited after each story."""
 
-from flowrl.runtime.scheduler import Ledger, Scheduler
-from flowrl.testing import audit_ledger
+import pytest
 
-
-def make(k=0, steps=6, sinks=("actor",)):
-    return Scheduler(steps=steps, batch_size=2, max_staleness=k, sinks=list(sinks), ticket_timeout_s=10,
-                     ledger=Ledger(None))
-
-
-def consume_next(s, version_bump=True):
-    bid = s.in_flight[0]
-    assert s.consumed("actor", bid, s.tickets[bid].attempt)
-    if version_bump:
-        s.set_version(s.consumed_count)
-    return bid
+from flowrl.runtime.indexset import IndexSet
+from flowrl.runtime.ledger import Ledger, audit_ledger, read_jsonl
+from flowrl.runtime.scheduler import Scheduler, TicketExhausted
 
 
-def test_staleness_k_allows_exactly_k_plus_one_tickets_in_flight():
+@pytest.fixture
+def ledger_path(tmp_path):
+    return tmp_path / "ledger.jsonl"
+
+
+def make(path, k=0, steps=6, sinks=("actor",), stateful=("actor",), max_attempts=10):
+    return Scheduler(steps=steps, batch_size=2, max_staleness=k, sinks=list(sinks), stateful_sinks=list(stateful),
+                     ticket_timeout_s=10, max_attempts=max_attempts, ledger=Ledger(path))
+
+
+def rows(s):
+    s.ledger.flush()
+    return read_jsonl(s.ledger.path)
+
+
+def consume_next(s, sinks=("actor",)):
+    i = min(s.open)
+    done = [s.consumed(sink, i, s.open[i].attempt) for sink in sinks]
+    s.set_version(s.completed)
+    return i, done[-1]
+
+
+def test_staleness_k_allows_exactly_k_plus_one_tickets_in_flight(ledger_path):
     for k in (0, 1, 2):
-        s = make(k)
+        s = make(ledger_path, k)
         first = s.issuable()
         assert [t.index for t in first] == list(range(k + 1))
         assert [t.min_policy_version for t in first] == [0] * (k + 1)
@@ -29,53 +42,96 @@ def test_staleness_k_allows_exactly_k_plus_one_tickets_in_flight():
         assert nxt.index == k + 1 and nxt.min_policy_version == 1
 
 
-def test_reissue_in_flight_bumps_attempt_and_keeps_consumed_tickets():
-    s = make(k=1)
+def test_reissue_open_bumps_attempt_and_keeps_complete_tickets(ledger_path):
+    s = make(ledger_path, k=1)
     s.issuable()
-    done = consume_next(s)
+    done, _ = consume_next(s)
     s.issuable()
-    again = s.reissue_in_flight("rollout/0/0 restarted")
+    again = s.reissue_open("rollout/0/0 restarted")
     assert [t.attempt for t in again] == [1, 1]
-    assert done not in [t.batch_id for t in again]
+    assert done not in [t.index for t in again]
 
 
-def test_duplicate_consumption_is_recorded_and_not_counted():
-    s = make()
+def test_duplicate_consumption_by_one_sink_is_recorded_and_not_counted(ledger_path):
+    s = make(ledger_path)
     (t,) = s.issuable()
-    assert s.consumed("actor", t.batch_id, 0)
-    assert not s.consumed("actor", t.batch_id, 1)
-    assert [r["event"] for r in s.ledger.events] == ["issued", "consumed", "duplicate_dropped"]
-    assert s.consumed_count == 1
+    assert s.consumed("actor", t.index, 0)
+    assert not s.consumed("actor", t.index, 1)
+    assert [r["event"] for r in rows(s)] == ["issued", "consumed", "completed", "duplicate_dropped"]
+    assert s.completed == 1
 
 
-def test_a_ticket_with_two_sinks_is_consumed_when_both_have_it():
-    s = make(sinks=("actor", "logger"))
+def test_a_ticket_is_complete_only_when_every_sink_has_it_and_each_sink_counts_once(ledger_path):
+    s = make(ledger_path, sinks=("actor", "logger"), stateful=("actor",))
     (t,) = s.issuable()
-    assert not s.consumed("actor", t.batch_id, 0)
-    assert s.consumed("logger", t.batch_id, 0)
+    assert not s.consumed("actor", t.index, 0)
+    assert not s.consumed("actor", t.index, 0)  # the same sink again: a duplicate, not completion
+    assert s.consumed("logger", t.index, 0, dropped_by="filter: no variance")
+    audit = audit_ledger(rows(s), sinks=["actor", "logger"])
+    assert audit.exactly_once
 
 
-def test_rollback_then_replay_keeps_the_audit_exactly_once():
-    s = make(k=0, steps=4)
+def test_a_ticket_reissued_past_max_attempts_fails_naming_it(ledger_path):
+    s = make(ledger_path, max_attempts=3)
+    (t,) = s.issuable()
+    s.timed_out(now=1e12)
+    s.timed_out(now=2e12)
+    with pytest.raises(TicketExhausted) as e:
+        s.timed_out(now=3e12)
+    assert e.value.batch_id == t.batch_id and e.value.attempts == 3 and "timeout" in str(e.value)
+
+
+def test_rollback_replays_from_the_checkpoint_for_stateful_sinks_only(ledger_path):
+    s = make(ledger_path, k=0, steps=6, sinks=("actor", "logger"), stateful=("actor",))
     for _ in range(4):
         s.issuable()
-        consume_next(s)
-    s.rolled_back([s.batch_id(2), s.batch_id(3)], reason="actor restored from checkpoint 2")
-    s.version = 2
-    for t in s.reissue_in_flight("actor restarted"):
-        assert s.consumed("actor", t.batch_id, t.attempt)
-    audit = audit_ledger(s.ledger.events)
-    assert audit.exactly_once and s.done
+        consume_next(s, sinks=("actor", "logger"))
+    s.rollback(2, version=2, epoch=1, reason="critic/0/0 exited")
+    assert s.complete_below == 2 and s.next_index == 2 and s.version == 2
+    replay = s.issuable()
+    assert [(t.index, t.attempt, t.epoch) for t in replay] == [(2, 1, 1)]
+    # the logger (no state) keeps what it consumed: only the actor consumes 2 and 3 again
+    assert s.consumed_above("logger", 2) == [2, 3]
+    while not s.done:
+        i, _ = consume_next(s, sinks=("actor",)) if min(s.open) < 4 else consume_next(s, sinks=("actor", "logger"))
+        s.issuable()
+    audit = audit_ledger(rows(s), sinks=["actor", "logger"])
+    assert audit.exactly_once, (audit.lost, audit.duplicated)
+    assert sum(1 for r in rows(s) if r["event"] == "rolled_back") == 2
 
 
-def test_resume_marks_only_what_the_sink_saved_as_consumed():
-    s = make(k=1, steps=6)
+def test_resume_rebuilds_consumption_from_the_ledger_after_the_checkpoint(ledger_path):
+    s = make(ledger_path, k=1, steps=6, sinks=("actor", "logger"), stateful=("actor",))
     s.issuable()
-    consume_next(s)
-    state = s.state_dict()
-    consume_next(s)  # consumed after the snapshot: the sink's checkpoint says so
-    saved = {s.batch_id(0), s.batch_id(1)}
-    r = make(k=1, steps=6)
-    r.load_state_dict(state, applied=saved)
-    assert r.consumed_count == 2 and r.next_index >= 2
-    assert r.in_flight == []
+    for _ in range(3):
+        consume_next(s, sinks=("actor", "logger"))
+        s.issuable()
+    s.consumed("logger", min(s.open), 0)  # the logger ran ahead of the actor
+    s.ledger.close()
+    r = make(ledger_path, k=1, steps=6, sinks=("actor", "logger"), stateful=("actor",))
+    r.resume(2, version=2, epoch=1, ledger_rows=read_jsonl(ledger_path))
+    assert r.complete_below == 2 and r.consumed_above("logger", 2) == [2, 3] and r.consumed_above("actor", 2) == []
+    assert [t.index for t in r.issuable()] == [2, 3]
+
+
+def test_state_and_per_call_work_stay_small_over_many_steps(ledger_path):
+    s = Scheduler(steps=100_000, batch_size=1, max_staleness=2, sinks=["a", "b"], stateful_sinks=["a"],
+                  ticket_timeout_s=10, ledger=Ledger(None))
+    for _ in range(100_000 // 3):
+        for t in s.issuable():
+            s.consumed("b", t.index)
+            s.consumed("a", t.index)
+        s.set_version(s.completed)
+    assert len(s.open) <= 3 and not s.complete.extras and not s.attempts
+    assert all(not c.extras for c in s.consumed_by.values())
+
+
+def test_index_set_keeps_a_watermark_and_the_few_above_it():
+    x = IndexSet()
+    for i in (0, 2, 3):
+        x.add(i)
+    assert x.low == 1 and x.extras == {2, 3}
+    assert x.add(1) and x.low == 4 and not x.extras
+    assert not x.add(2)
+    assert x.truncate(2) == [2, 3] and x.low == 2
+    assert x.above(0) == [0, 1]

@@ -1,0 +1,79 @@
+"""Input policies on their own: fences, version gates, joins, in-order delivery, once-only sinks."""
+
+from flowrl.runtime.inputs import Fence, Item, JoinBuffer, Ordered, OutputCache, SinkSeen, VersionGate
+from flowrl.transport import Batch
+
+
+def b(index, attempt=0, epoch=0, drop=None, min_version=0):
+    return Batch(tensors={}, batch_id=f"t-{index:06d}", attempt=attempt, index=index, epoch=epoch, drop=drop,
+                 min_version=min_version)
+
+
+def test_fence_drops_older_epochs_and_holds_newer_ones_until_entered():
+    f = Fence(1)
+    assert f.classify(0) == "stale" and f.classify(1) == "ok" and f.classify(2) == "future"
+    f.future += [("in", b(3, epoch=2), None), ("in", b(4, epoch=3), None)]
+    held = f.enter(2)
+    assert [a[1].index for a in held] == [3] and [a[1].index for a in f.future] == [4]
+
+
+def test_version_gate_releases_batches_once_the_weights_arrive():
+    g = VersionGate()
+    assert not g.admits(3, 2)
+    g.hold(("in", b(1, min_version=3), None))
+    g.hold(("in", b(2, min_version=5), None))
+    assert [a[1].index for a in g.release(4)] == [1]
+    assert [a[1].index for a in g.clear()] == [2]
+
+
+def test_join_gathers_each_attempt_once_and_hands_back_every_copy_it_drops():
+    j = JoinBuffer(("a", "b"))
+    assert j.offer("a", b(1), "rxa") == (None, [])
+    item, drops = j.offer("a", b(1), "rxa2")
+    assert item is None and drops == [("rxa2", drops[0][1], "duplicate part")]  # acked, credit returns
+    item, drops = j.offer("b", b(1), "rxb")
+    assert item.index == 1 and set(item.parts) == {"a", "b"} and len(item.acks) == 2 and not drops
+    assert j.offer("b", b(1), "late")[1][0][2] == "already joined"
+    # a re-issue (attempt 1) is joined again: downstream may have lost the first result
+    j.offer("a", b(1, attempt=1), "x")
+    item, _ = j.offer("b", b(1, attempt=1), "y")
+    assert item.attempt == 1
+    # a newer attempt supersedes a half-gathered older one, whose part is acked
+    j.offer("a", b(2), "old")
+    _, drops = j.offer("b", b(2, attempt=1), "new")
+    assert [d[2] for d in drops] == ["superseded attempt"]
+
+
+def test_join_of_a_drop_marker_is_a_drop():
+    j = JoinBuffer(("a", "b"))
+    j.offer("a", b(5, drop="filter: empty"), None)
+    item, _ = j.offer("b", b(5), None)
+    assert item.drop == "filter: empty"
+
+
+def test_ordered_delivery_hands_out_tickets_in_index_order_each_once():
+    o = Ordered(watermark=2)
+    items = {i: Item(i, f"t{i}", 0, 0) for i in (1, 2, 3, 4)}
+    assert o.offer(items[4]) == "buffered" and o.next_ready() is None
+    assert o.offer(items[1]) == "replay"
+    assert o.offer(items[3]) == "buffered" and o.offer(Item(3, "t3", 1, 0)) == "duplicate"
+    assert o.offer(items[2]) == "buffered"
+    got = []
+    while (it := o.next_ready()) is not None:
+        got.append(it.index)
+        o.done(it.index)
+    assert got == [2, 3, 4] and o.watermark == 5
+    assert o.reset(2) == [] and o.watermark == 2
+
+
+def test_sink_seen_consumes_each_ticket_once_across_a_restart():
+    s = SinkSeen(low=3, consumed=[5])
+    assert not s.first_time(1) and not s.first_time(5) and s.first_time(4) and not s.first_time(4)
+
+
+def test_output_cache_forgets_what_every_sink_has():
+    c = OutputCache()
+    c.put(1, "one")
+    c.put(2, "two")
+    c.forget_below(2)
+    assert c.get(1) is None and c.get(2) == "two"

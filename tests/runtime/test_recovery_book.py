@@ -1,0 +1,83 @@
+"""The recovery book on its own: what commits, what an epoch change abandons, what is kept."""
+
+import json
+
+import pytest
+
+from flowrl.runtime.checkpoints import CheckpointError, confine, read_latest
+from flowrl.runtime.ledger import Ledger, read_jsonl
+from flowrl.runtime.recovery import RecoveryBook
+
+MEMBERS = ["actor/0/0", "critic/0/0"]
+
+
+def book(tmp_path, keep=2):
+    return RecoveryBook(tmp_path, MEMBERS, keep=keep, ledger=Ledger(tmp_path / "ledger.jsonl"), publishers=["actor"])
+
+
+def save(tmp_path, b, proc, step, epoch=0, version=0):
+    name = f"step{step:08d}/{proc.replace('/', '.')}.e{epoch}.pt"
+    (tmp_path / "checkpoints" / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "checkpoints" / name).write_bytes(b"x")
+    return b.report(proc, step=step, epoch=epoch, file=name, version=version)
+
+
+def test_a_checkpoint_commits_only_when_every_stateful_node_saved_it_and_every_sink_passed_it(tmp_path):
+    b = book(tmp_path)
+    save(tmp_path, b, "actor/0/0", 5, version=5)
+    assert b.committable(complete_below=10) is None  # the critic has not saved 5
+    save(tmp_path, b, "critic/0/0", 5)
+    assert b.committable(complete_below=4) is None  # ticket 4 is not consumed by every sink yet
+    assert b.committable(complete_below=5) == 5
+    record = b.commit(5, {})
+    assert record["version"] == 5 and set(record["files"]) == set(MEMBERS)
+    assert read_latest(tmp_path)["step"] == 5
+    assert [r["event"] for r in read_jsonl(tmp_path / "ledger.jsonl")] == ["checkpoint"]  # fsynced with it
+
+
+def test_a_restart_during_a_checkpoint_abandons_it_and_old_epoch_reports_never_count(tmp_path):
+    b = book(tmp_path)
+    save(tmp_path, b, "actor/0/0", 5)
+    assert b.begin_recovery() == 1
+    assert not save(tmp_path, b, "critic/0/0", 5, epoch=0)  # the dead epoch's file
+    assert b.committable(complete_below=10) is None and b.committed is None
+    save(tmp_path, b, "actor/0/0", 5, epoch=1)
+    save(tmp_path, b, "critic/0/0", 5, epoch=1)
+    assert b.commit(b.committable(10), {})["files"]["critic/0/0"].endswith(".e1.pt")
+
+
+def test_old_checkpoints_are_pruned_to_keep_and_partial_saves_below_the_last_commit_go(tmp_path):
+    b = book(tmp_path, keep=2)
+    for step in (5, 10, 15):
+        for p in MEMBERS:
+            save(tmp_path, b, p, step)
+        b.commit(step, {})
+    save(tmp_path, b, "actor/0/0", 20)
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").glob("step*"))
+    assert kept == ["step00000010", "step00000015", "step00000020"]  # 20 is being written
+
+
+def test_paths_outside_the_run_directory_are_refused(tmp_path):
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    for bad in ("../../x.pt", "/etc/passwd", "", 5, "a/../../b"):
+        with pytest.raises(CheckpointError):
+            confine(root, bad)
+    (root / "latest.json").write_text(json.dumps({"step": 3, "files": {"actor/0/0": "../../evil.pt"}}))
+    with pytest.raises(CheckpointError, match="outside"):
+        read_latest(tmp_path)
+
+
+def test_a_checkpoint_holding_pickled_code_is_refused(tmp_path):
+    import torch
+
+    from flowrl.runtime.checkpoints import load_state
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("ran",))
+
+    path = tmp_path / "evil.pt"
+    torch.save({"node": Evil()}, path)
+    with pytest.raises(CheckpointError, match="plain-data"):
+        load_state(path)
