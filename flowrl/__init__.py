@@ -7,8 +7,8 @@ travels between nodes, graph loading, `run`, and the error types. Built-in nodes
 __version__ = "0.1.0"
 
 from flowrl.graph import GraphError, GraphSpec, load_graph
-from flowrl.graph.errors import FlowrlError
-from flowrl.runtime.node import Drop, Join, Node, NodeConfig, NodeContext, Observer, Sink, Source, Ticket
+from flowrl.errors import FlowrlError
+from flowrl.node import Drop, Join, Node, NodeConfig, NodeContext, Observer, Sink, Source, Ticket
 
 __all__ = [
     "Batch", "Drop", "FlowrlError", "GraphError", "GraphSpec", "Join", "Node", "NodeConfig", "NodeContext",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flowrl.errors import FlowrlError  # noqa: F401  (re-exported)
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -21,10 +23,6 @@ class Problem:
             where += f":{self.line}"
         text = f"{where}: {self.path or '<top>'}: {self.message}"
         return f"{text}. Fix: {self.fix}" if self.fix else text
-
-
-class FlowrlError(Exception):
-    """Base class of every error flowrl raises for a user's mistake or a failed run."""
 
 
 class GraphError(FlowrlError, ValueError):

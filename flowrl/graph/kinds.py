@@ -41,7 +41,7 @@ def import_path(kind: str) -> str:
 
 def resolve_kind(kind: str) -> type:
     """Import and return the Node class for `kind`."""
-    from flowrl.runtime.node import Node
+    from flowrl.node import Node
 
     path = import_path(kind)
     module_name, _, attr = path.partition(":")

@@ -153,7 +153,7 @@ def check_structure(spec: GraphSpec, located=None) -> dict[str, type]:
             problems.extend(problems_from_validation(e, loc_src, classes[name].Config, ("nodes", name, "config")))
 
     problems.extend(_async_problems(classes, spec, located))
-    from flowrl.runtime.node import Source
+    from flowrl.node import Source
 
     if not any(issubclass(cls, Source) for cls in classes.values()):
         problems.append(_p(located, ("nodes",), "the graph has no source node (a node without inputs)",
@@ -167,7 +167,7 @@ def _async_problems(classes: dict, spec: GraphSpec, located) -> list[Problem]:
     """Hooks the runtime awaits must be `async def`: a plain `def` would fail deep in the worker."""
     import inspect
 
-    from flowrl.runtime.node import Join, Source
+    from flowrl.node import Join, Source
 
     out = []
     for name, cls in classes.items():

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from flowrl.graph.errors import FlowrlError
+from flowrl.errors import FlowrlError
 
 
 class CheckpointError(FlowrlError, ValueError):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import traceback
 from pathlib import Path
 
-from flowrl.graph.errors import FlowrlError
-from flowrl.runtime.node import Drop
+from flowrl.errors import FlowrlError
+from flowrl.node import Drop
 
 _RUNTIME_DIRS = (str(Path(__file__).resolve().parent), "anyio", "asyncio", "concurrent", "threading")
 

@@ -32,7 +32,7 @@ import anyio
 import zmq
 import zmq.asyncio
 
-from flowrl.graph.errors import FlowrlError
+from flowrl.errors import FlowrlError
 from flowrl.runtime import messages as m
 from flowrl.runtime.launcher import Launcher
 from flowrl.runtime.ledger import Ledger
@@ -51,7 +51,7 @@ class RunFailed(FlowrlError):
 
 def node_shapes(classes: dict) -> dict[str, list[str]]:
     """Which nodes are sources, sinks, observers, stateful, publishers and subscribers."""
-    from flowrl.runtime.node import Source
+    from flowrl.node import Source
 
     observers = [n for n, c in classes.items() if not issubclass(c, Source) and not c.inputs and not c.outputs]
     return {"sources": [n for n, c in classes.items() if issubclass(c, Source)],

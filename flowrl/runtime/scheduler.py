@@ -21,10 +21,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from flowrl.graph.errors import FlowrlError
+from flowrl.errors import FlowrlError
 from flowrl.runtime.indexset import IndexSet
 from flowrl.runtime.ledger import Ledger, read_jsonl  # noqa: F401  (read_jsonl re-exported)
-from flowrl.runtime.node import Ticket
+from flowrl.node import Ticket
 
 
 class TicketExhausted(FlowrlError):

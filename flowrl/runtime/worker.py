@@ -30,7 +30,7 @@ import zmq.asyncio
 from flowrl.runtime import messages as m
 from flowrl.runtime.faults import FaultInjector
 from flowrl.runtime.inputs import Fence, Item, JoinBuffer, Ordered, OutputCache, SinkSeen, VersionGate
-from flowrl.runtime.node import Drop, Ticket
+from flowrl.node import Drop, Ticket
 from flowrl.runtime.procspec import ProcSpec
 
 log = logging.getLogger("flowrl.worker")
@@ -80,7 +80,7 @@ class Worker:
         from flowrl.graph import load_graph
         from flowrl.graph.kinds import resolve_kind
         from flowrl.metrics import Recorder
-        from flowrl.runtime.node import NodeContext, Source
+        from flowrl.node import NodeContext, Source
         from flowrl.runtime.weightsync import WeightsClient
         from flowrl.transport import ChannelConfig, Receiver
 
