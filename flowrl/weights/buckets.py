@@ -22,8 +22,9 @@ from flowrl.weights.layout import Layout
 
 
 class BucketPlan:
-    """Which tensor lives where: tensors grouped by dtype, in layout order, into buckets of at most
-    `bucket_bytes` (a larger tensor gets a bucket of its own)."""
+    """Which tensor lives where: tensors grouped by dtype, sorted by name (so two sides whose dicts
+    list the same tensors in another order agree), into buckets of at most `bucket_bytes` (a
+    larger tensor gets a bucket of its own)."""
 
     def __init__(self, layout: Layout, bucket_bytes: int = 32 << 20):
         import torch
@@ -33,7 +34,7 @@ class BucketPlan:
         self.layout = [(n, list(s), d) for n, s, d in layout]
         self.bucket_bytes = bucket_bytes
         by_dtype: dict[str, list] = {}
-        for name, shape, dtype in self.layout:
+        for name, shape, dtype in sorted(self.layout):
             by_dtype.setdefault(dtype, []).append((name, shape))
         # buckets: [(dtype, [(name, shape, offset, numel)], total numel)]
         self.buckets: list[tuple[str, list[tuple[str, list[int], int, int]], int]] = []

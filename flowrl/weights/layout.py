@@ -36,7 +36,8 @@ def serving_layout(layout: Layout, serving_dtype: str | None) -> Layout:
 
 
 def layout_digest(layout: Layout) -> str:
-    return hashlib.sha256(repr([(n, list(s), d) for n, s, d in layout]).encode()).hexdigest()[:16]
+    """Equal for equal layouts, whatever order the tensors are listed in."""
+    return hashlib.sha256(repr(sorted((n, list(s), d) for n, s, d in layout)).encode()).hexdigest()[:16]
 
 
 def layout_mismatch(publisher: Layout, subscriber: Layout) -> str | None:
@@ -58,17 +59,15 @@ def layout_mismatch(publisher: Layout, subscriber: Layout) -> str | None:
     for name, _, _ in subscriber:
         if name not in pub:
             return f"tensor {name!r} ({describe(sub[name])}) is held by the subscriber but never published"
-    if [n for n, _, _ in publisher] != [n for n, _, _ in subscriber]:
-        return "the same tensors are listed in a different order on the publisher and the subscriber"
-    return None
+    return None  # the order may differ: bucket plans sort by name
 
 
 def weights_digest(tensors: dict[str, Any], layout: Layout) -> str:
-    """sha256 over the raw bytes of every tensor, in layout order: equal digests = bitwise equal."""
+    """sha256 over the raw bytes of every tensor, sorted by name: equal digests = bitwise equal."""
     import torch
 
     h = hashlib.sha256()
-    for name, _, _ in layout:
+    for name, _, _ in sorted(layout):
         t = tensors[name].detach().contiguous().cpu()
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:32]

@@ -58,7 +58,7 @@ class WeightStore:
         except Exception:
             sock.close()
             raise
-        self._sock = sock  # TCPStore serves on this fd; it must stay open as long as the server lives
+        sock.detach()  # the fd is the server's now: a closed (collected) Python socket would close it under it
 
     @property
     def address(self) -> tuple[str, int]:

@@ -1,6 +1,7 @@
 """A rollout's side of weight sync: whole versions only, label and content always agree.
 
-    sub = WeightSubscriber(model.state_dict(), device="cpu", bucket_bytes=32 << 20)
+    sub = WeightSubscriber(model, device="cpu", bucket_bytes=32 << 20)        # swap: no copy
+    sub = WeightSubscriber(model.state_dict(), device="cpu")                  # copy into tensors
     # or, for an engine that takes weights through its own API (vLLM):
     sub = WeightSubscriber(lambda named, version: engine.load_weights(named), device="cuda")
 
@@ -11,19 +12,27 @@
 `join` checks the layout against the publisher's before any byte moves (LayoutMismatchError names
 the first differing tensor, shape and dtype on each side) and is a no-op for the current epoch.
 `receive` says it is ready, waits for the publisher's go, then receives the version tensor and
-every bucket into *staging* buffers; only when all arrived is the version copied into the live
-tensors (or handed to the loader) and `sub.version` set. A broadcast that breaks mid-way leaves
-the live tensors as they were. Cost: staging holds one more copy of the weights (serving dtype)
-for the subscriber's lifetime, and each version is copied once more after it has arrived (memcpy
-speed; see benchmarks/weight_sync.py). A loader is handed views into staging, in layout order,
-each tensor once per version; it must copy what it keeps (the next receive overwrites staging).
-If the loader itself raises, the version is not advanced and the error says the engine may hold
-a partial version.
+every bucket into *staging* buffers; only when all arrived does the model change and
+`sub.version` advance. A broadcast that breaks mid-way leaves the model as it was. Three targets:
+
+- an `nn.Module` (swap, the fast path): a double buffer. The module's parameters and buffers
+  are pointed (`t.data = view`) into one bucket set, the next version arrives in the other, and
+  a complete version is taken by pointing them at it: no copy after the broadcast. Memory: one
+  more copy of the weights. Storage moves at every version, so whatever captured the old
+  pointers (a CUDA graph, a fused weight cache) must be rebuilt after `receive` (the node's
+  `load_weights` hook).
+- a dict of live tensors (copy): the complete version is copied into them (memcpy speed, see
+  benchmarks/weight_sync.py). Memory: one more copy of the weights (staging).
+- a loader `load(named_tensors, version)`: handed views into staging, in bucket order, each
+  tensor once per version; it must copy what it keeps (the next receive overwrites staging).
+  If the loader raises, the version does not advance and the error says the engine may hold
+  part of it.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Callable, Iterator
 
 from flowrl.weights.buckets import BucketPlan
@@ -40,26 +49,34 @@ class WeightSubscriber:
     fault_hook: Callable[[int], None] | None = None
     """Tests: called with i once tensor i has arrived (0 is the version tensor)."""
 
-    def __init__(self, target: dict[str, Any] | Loader, *, device: str = "cpu", bucket_bytes: int = 32 << 20,
+    def __init__(self, target: Any, *, device: str = "cpu", bucket_bytes: int = 32 << 20,
                  layout: Layout | None = None, version: int = -1):
-        """`target`: the live tensors (name -> tensor, e.g. a state_dict), or a loader
+        """`target`: an nn.Module (swap), the live tensors (name -> tensor, copy), or a loader
         `load(named_tensors, version)`. A loader without `layout` takes the publisher's layout as
-        it is (the engine's own loader rejects names it does not know)."""
+        it is (the engine's own loader rejects names it does not know). `version`: the label of
+        the weights the target holds now."""
         import torch
 
         self.device, self.bucket_bytes, self.version = device, bucket_bytes, version
-        self.live = target if isinstance(target, dict) else None
-        self.load = None if isinstance(target, dict) else target
-        self.layout = layout_of(target) if self.live is not None else layout
+        self.mode = "swap" if isinstance(target, torch.nn.Module) else "copy" if isinstance(target, dict) else "loader"
+        # swap: the module's own tensor objects (keep_vars), so that repointing them reaches the module
+        self.live = target.state_dict(keep_vars=True) if self.mode == "swap" else target if self.mode == "copy" else None
+        self.load = target if self.mode == "loader" else None
+        self.layout = layout_of(self.live) if self.live is not None else layout
         self.plan: BucketPlan | None = None
         self.staging: list = []
         if self.layout is not None:
             self._allocate(self.layout)
+        if self.mode == "swap":
+            self._serving = self.plan.allocate(device)
+            self.plan.pack(self.live, out=self._serving)
+            self._point_live_at(self._serving)
         self._version_tensor = torch.zeros(1, dtype=torch.int64, device=device)
         self._store: SealedStore | None = None
         self._group: WeightGroup | None = None
         self._epoch = self._rank = self._world = None
         self._round, self._failed, self._staging_holds_version = 0, False, False
+        self.seconds = self.commit_seconds = 0.0  # the last broadcast's and the last copy-out's durations
 
     def _allocate(self, layout: Layout) -> None:
         self.plan = BucketPlan(layout, self.bucket_bytes)
@@ -119,7 +136,11 @@ class WeightSubscriber:
 
     def _commit(self, version: int) -> None:
         # every bucket and the version tensor arrived: only now do the live weights change
-        if self.live is not None:
+        t0 = time.perf_counter()
+        if self.mode == "swap":
+            self._point_live_at(self.staging)
+            self._serving, self.staging = self.staging, self._serving
+        elif self.mode == "copy":
             for i in range(len(self.plan)):
                 self.plan.unpack(i, self.staging, self.live)
         else:
@@ -130,6 +151,14 @@ class WeightSubscriber:
                                       f"the engine may hold part of it and should be reloaded: {e}") from e
         self._staging_holds_version = True
         self.version = version
+        self.commit_seconds = time.perf_counter() - t0
+
+    def _point_live_at(self, buckets: list) -> None:
+        import torch
+
+        with torch.no_grad():
+            for name, view in self.plan.iter_views(buckets):
+                self.live[name].data = view
 
     def digest(self) -> str:
         """Digest of the weights this subscriber serves (equal digests = bitwise equal)."""

@@ -32,6 +32,23 @@ def expected_digest(version: int, serving_dtype: str) -> str:
     return weights_digest(w, layout_of(w))
 
 
+def module_of(tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """An nn.Module whose state_dict is `tensors` (floats as parameters, the rest as buffers)."""
+    root = torch.nn.Module()
+    for name, t in tensors.items():
+        *path, leaf = name.split(".")
+        mod = root
+        for part in path:
+            if not hasattr(mod, part):
+                mod.add_module(part, torch.nn.Module())
+            mod = getattr(mod, part)
+        if t.is_floating_point():
+            mod.register_parameter(leaf, torch.nn.Parameter(t.clone()))
+        else:
+            mod.register_buffer(leaf, t.clone())
+    return root
+
+
 def subscriber(cfg: dict) -> None:
     from flowrl.weights import WeightSubscriber, WeightSyncError
 
@@ -45,6 +62,8 @@ def subscriber(cfg: dict) -> None:
     else:
         shapes = dict(SHAPES, **{k: tuple(v) for k, v in cfg.get("shapes", {}).items()})
         target = master(0, cfg.get("dtype", "float32"), shapes)  # version 0: what the node starts with
+        if cfg.get("module"):
+            target = module_of(target)
     sub = WeightSubscriber(target, bucket_bytes=cfg.get("bucket_bytes", 32 << 10), version=0)
     for op in cfg["ops"]:
         out: dict = {"op": op["op"]}
@@ -69,6 +88,10 @@ def subscriber(cfg: dict) -> None:
             out["error"] = f"{type(e).__name__}: {e}"
         out["version"] = sub.version
         out["digest"] = sub.digest() if sub.version > 0 or sub.live is not None else None
+        if cfg.get("module"):  # what the module itself now holds, read afresh
+            from flowrl.weights import weights_digest
+
+            out["module_digest"] = weights_digest(target.state_dict(), sub.layout)
         print(json.dumps(out), flush=True)
     if loaded:
         print(json.dumps({"op": "loaded", "calls": loaded}), flush=True)

@@ -24,10 +24,10 @@ def publisher(secret: str, version: int = 1, **kw) -> tuple[WeightPublisher, dic
 
 
 def test_two_subscribers_receive_every_version_bitwise_in_the_serving_dtype(peers):
-    """fp32 master weights served as bf16: a bf16 live-tensor subscriber and a loader subscriber."""
+    """fp32 master weights served as bf16: a bf16 nn.Module (swap) and a loader subscriber."""
     pub, weights = publisher(peers.secret, serving_dtype="bfloat16")
     ops = [{"op": "join", "epoch": 1, "rank": 0, "world": 3}, {"op": "receive"}, {"op": "receive"}]
-    subs = [peers.start("sub", {"addr": pub.store_addr, "dtype": "bfloat16", "bucket_bytes": SMALL,
+    subs = [peers.start("sub", {"addr": pub.store_addr, "dtype": "bfloat16", "bucket_bytes": SMALL, "module": True,
                                 "ops": [dict(op, rank=1) if op["op"] == "join" else op for op in ops]}),
             peers.start("sub", {"addr": pub.store_addr, "loader": True,
                                 "ops": [dict(op, rank=2) if op["op"] == "join" else op for op in ops]})]
@@ -42,6 +42,7 @@ def test_two_subscribers_receive_every_version_bitwise_in_the_serving_dtype(peer
     live, loader = (peers.results(p) for p in subs)
     assert [r.get("received") for r in live] == [None, 1, 2]
     assert [r["digest"] for r in live[1:]] == [expected_digest(1, "bfloat16"), expected_digest(2, "bfloat16")]
+    assert [r["module_digest"] for r in live[1:]] == [r["digest"] for r in live[1:]]  # the module uses them
     assert [r["digest"] for r in loader[1:3]] == [expected_digest(1, "bfloat16"), expected_digest(2, "bfloat16")]
     calls = loader[-1]["calls"]
     assert [c["version"] for c in calls] == [1, 2]
@@ -63,9 +64,10 @@ def test_an_all_bf16_graph_syncs_without_a_serving_dtype(peers):
     assert peers.results(sub)[-1]["digest"] == expected_digest(1, "bfloat16") == pub.digest()
 
 
-def test_a_broadcast_that_breaks_after_bucket_k_leaves_the_previous_version_then_a_new_epoch_delivers(peers):
+@pytest.mark.parametrize("mode", ["swap", "copy"])
+def test_a_broadcast_that_breaks_after_bucket_k_leaves_the_previous_version_then_a_new_epoch_delivers(peers, mode):
     pub, weights = publisher(peers.secret)
-    sub = peers.start("sub", {"addr": pub.store_addr, "ops": [
+    sub = peers.start("sub", {"addr": pub.store_addr, "module": mode == "swap", "ops": [
         {"op": "join", "epoch": 1, "rank": 1, "world": 2}, {"op": "receive"},
         {"op": "receive", "fault_after": 2},  # version and bucket 0 of version 2 arrived, then it breaks
         {"op": "join", "epoch": 2, "rank": 1, "world": 2}, {"op": "receive"}]})
@@ -85,6 +87,7 @@ def test_a_broadcast_that_breaks_after_bucket_k_leaves_the_previous_version_then
     assert broken["staged_new"], "the fault must hit after new bytes arrived, or it proves nothing"
     assert "injected fault" in broken["error"]
     assert broken["version"] == 1 and broken["digest"] == expected_digest(1, "float32")  # label and content agree
+    assert broken.get("module_digest", broken["digest"]) == broken["digest"]
     assert again["version"] == 2 and again["digest"] == expected_digest(2, "float32")
 
 
