@@ -66,6 +66,13 @@ def release(store: Any, r: int, verdict: str = "go") -> None:
     store.set(f"round-{r}/go", verdict)
 
 
+def forget(store: Any, r: int, world_size: int) -> None:
+    """Publisher, after a delivered round: its keys are read by everyone and can go."""
+    for rank in range(1, world_size):
+        store.delete_key(_ready(r, rank))
+    store.delete_key(f"round-{r}/go")
+
+
 def await_release(store: Any, r: int, ready_timeout_s: float) -> None:
     """Subscriber: wait for the publisher's go: it reaches `serve` within ready_timeout_s and gives
     its verdict within ready_timeout_s more. A dead publisher takes its store along: an error at once."""

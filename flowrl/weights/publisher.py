@@ -26,7 +26,7 @@ from typing import Any, Callable
 from flowrl.weights.buckets import BucketPlan
 from flowrl.weights.errors import WeightSyncError
 from flowrl.weights.group import WeightGroup
-from flowrl.weights.handshake import gather, release
+from flowrl.weights.handshake import forget, gather, release
 from flowrl.weights.layout import layout_digest, layout_of, serving_layout, weights_digest
 from flowrl.weights.store import WeightStore
 
@@ -76,6 +76,8 @@ class WeightPublisher:
         naming the member at fault; the epoch is then over (the controller forms a new one)."""
         if self.version is None:
             raise ValueError("serve() before any snapshot(): publish the initial weights with snapshot(version=0) first")
+        if self._epoch is not None and epoch < self._epoch:  # fencing: an order from before the last epoch
+            raise WeightSyncError(f"weight-sync epoch {epoch} is stale (the publisher is at epoch {self._epoch})")
         if epoch != self._epoch:
             self._close_group()
             self._epoch, self._round, self._failed = epoch, 0, False
@@ -98,7 +100,8 @@ class WeightPublisher:
                                                    timeout_s=timeout_s, device=self.device, host=self._server.host)
                 self._version_tensor.fill_(self.version)
                 self.seconds = self._group.broadcast([self._version_tensor, *self.buckets], fill=self.fault_hook)
-                return self.version
+            forget(store, r, world_size)  # every member has read them: the store stays O(members), not O(versions)
+            return self.version
         except Exception:
             self._failed = True
             self._close_group()

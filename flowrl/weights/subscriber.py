@@ -68,6 +68,10 @@ class WeightSubscriber:
         if self.layout is not None:
             self._allocate(self.layout)
         if self.mode == "swap":
+            elsewhere = [n for n, t in self.live.items() if t.device != torch.device(device)]
+            if elsewhere:
+                raise ValueError(f"tensor {elsewhere[0]!r} of the module is on {self.live[elsewhere[0]].device}, not on "
+                                 f"device={device!r}: pass the device the module lives on")
             self._serving = self.plan.allocate(device)
             self.plan.pack(self.live, out=self._serving)
             self._point_live_at(self._serving)
@@ -87,6 +91,9 @@ class WeightSubscriber:
         """Enter `epoch` as `rank`; checks the publisher's layout. A no-op for the current epoch."""
         if epoch == self._epoch and not self._failed:
             return
+        if self._epoch is not None and epoch <= self._epoch:  # fencing: an order from before the last epoch
+            raise WeightSyncError(f"weight-sync epoch {epoch} is stale (this subscriber is at epoch {self._epoch}"
+                                  f"{', which failed' if epoch == self._epoch else ''}); the controller must form a newer one")
         self._close_group()
         self._epoch, self._rank, self._world, self._round, self._failed = epoch, rank, world_size, 0, False
         self.timeout_s, self.ready_timeout_s, self._store_host = timeout_s, ready_timeout_s, store_addr[0]
