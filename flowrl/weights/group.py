@@ -121,7 +121,8 @@ class WeightGroup:
         return time.perf_counter() - t0
 
     def abort(self) -> None:
-        """Break a collective that waits for a dead member (it raises instead of timing out)."""
+        """Ask the backend to break a collective that waits for a dead member. With gloo (torch
+        2.13) a receive already waiting is not interrupted: it still ends at `timeout_s`."""
         pg = self.pg
         if pg is not None and hasattr(pg, "abort"):
             try:

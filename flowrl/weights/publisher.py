@@ -56,6 +56,7 @@ class WeightPublisher:
         self._epoch: int | None = None
         self._round = 0
         self._failed = False
+        self._fence = 0  # epochs below this are stale (see fence)
 
     @property
     def store_addr(self) -> tuple[str, int]:
@@ -76,8 +77,8 @@ class WeightPublisher:
         naming the member at fault; the epoch is then over (the controller forms a new one)."""
         if self.version is None:
             raise ValueError("serve() before any snapshot(): publish the initial weights with snapshot(version=0) first")
-        if self._epoch is not None and epoch < self._epoch:  # fencing: an order from before the last epoch
-            raise WeightSyncError(f"weight-sync epoch {epoch} is stale (the publisher is at epoch {self._epoch})")
+        if self._stale(epoch):  # fencing: an order from before a newer epoch
+            raise WeightSyncError(self._stale(epoch))
         if epoch != self._epoch:
             self._close_group()
             self._epoch, self._round, self._failed = epoch, 0, False
@@ -89,7 +90,7 @@ class WeightPublisher:
         self._round += 1
         try:
             try:
-                gather(store, r, world_size, ready_timeout_s)
+                gather(store, r, world_size, ready_timeout_s, stop=lambda: self._stale(epoch))
             except WeightSyncError as e:
                 release(store, r, f"abort: {e}")
                 raise WeightSyncError(f"weight-sync epoch {epoch} round {r}: {e}") from e
@@ -106,6 +107,18 @@ class WeightPublisher:
             self._failed = True
             self._close_group()
             raise
+
+    def fence(self, epoch: int) -> None:
+        """Orders of epochs below `epoch` are stale from now on (any thread may call this, e.g. the
+        worker when a newer sync order arrives): a serve of one stops waiting for members within
+        handshake.SLICE_S; a collective already under way ends within its timeout_s."""
+        self._fence = max(self._fence, epoch)
+
+    def _stale(self, epoch: int) -> str | None:
+        newest = max(self._fence, self._epoch if self._epoch is not None else 0)
+        if epoch < newest:
+            return f"weight-sync epoch {epoch} is stale: the publisher is at epoch {newest}"
+        return None
 
     def digest(self) -> str:
         """Digest of the snapshot the buckets hold (equal digests = bitwise equal weights)."""

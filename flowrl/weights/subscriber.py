@@ -80,6 +80,7 @@ class WeightSubscriber:
         self._group: WeightGroup | None = None
         self._epoch = self._rank = self._world = None
         self._round, self._failed, self._staging_holds_version = 0, False, False
+        self._fence = 0  # epochs below this are stale (see fence)
         self.seconds = self.commit_seconds = 0.0  # the last broadcast's and the last copy-out's durations
 
     def _allocate(self, layout: Layout) -> None:
@@ -91,9 +92,9 @@ class WeightSubscriber:
         """Enter `epoch` as `rank`; checks the publisher's layout. A no-op for the current epoch."""
         if epoch == self._epoch and not self._failed:
             return
-        if self._epoch is not None and epoch <= self._epoch:  # fencing: an order from before the last epoch
-            raise WeightSyncError(f"weight-sync epoch {epoch} is stale (this subscriber is at epoch {self._epoch}"
-                                  f"{', which failed' if epoch == self._epoch else ''}); the controller must form a newer one")
+        if self._stale(epoch) or epoch == self._epoch:  # fencing: an order from before a newer epoch
+            raise WeightSyncError(self._stale(epoch) or f"weight-sync epoch {epoch} failed here already; "
+                                  "the controller must form a newer one")
         self._close_group()
         self._epoch, self._rank, self._world, self._round, self._failed = epoch, rank, world_size, 0, False
         self.timeout_s, self.ready_timeout_s, self._store_host = timeout_s, ready_timeout_s, store_addr[0]
@@ -121,7 +122,7 @@ class WeightSubscriber:
         self._round += 1
         try:
             announce(self._store, r, self._rank)
-            await_release(self._store, r, self.ready_timeout_s)
+            await_release(self._store, r, self.ready_timeout_s, stop=lambda: self._stale(self._epoch))
             if self._group is None:
                 self._group = WeightGroup.join(epoch=self._epoch, rank=self._rank, world_size=self._world,
                                                store=self._store.child("pg"), timeout_s=self.timeout_s,
@@ -159,6 +160,17 @@ class WeightSubscriber:
         self._staging_holds_version = True
         self.version = version
         self.commit_seconds = time.perf_counter() - t0
+
+    def fence(self, epoch: int) -> None:
+        """Orders of epochs below `epoch` are stale from now on (any thread may call this): a
+        receive of one stops waiting for the go within handshake.SLICE_S."""
+        self._fence = max(self._fence, epoch)
+
+    def _stale(self, epoch: int) -> str | None:
+        newest = max(self._fence, self._epoch if self._epoch is not None else 0)
+        if epoch < newest:
+            return f"weight-sync epoch {epoch} is stale: this subscriber is at epoch {newest}"
+        return None
 
     def _point_live_at(self, buckets: list) -> None:
         import torch

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
+import threading
 
 import psutil
 import pytest
-import torch
 
-from flowrl.weights import WeightPublisher, WeightSubscriber, WeightSyncError, layout_of, weights_digest
+from flowrl.weights import WeightPublisher, WeightSubscriber, WeightSyncError
 from tests.weights.peers import SHAPES, expected_digest, master
 
 pytestmark = pytest.mark.timeout(90)
@@ -146,3 +145,33 @@ def test_a_member_that_never_says_ready_fails_the_round_naming_it_within_the_rea
             pub.serve(1, 2, timeout_s=1, ready_timeout_s=0.5)
     finally:
         pub.close()
+
+
+def test_a_newer_epoch_ends_the_waits_of_an_older_one_on_both_sides(peers):
+    pub, _ = publisher(peers.secret)
+    sub = WeightSubscriber(master(0), bucket_bytes=SMALL, version=0)
+    errors: dict[str, str] = {}
+
+    def run(name, call):
+        try:
+            call()
+        except WeightSyncError as e:
+            errors[name] = str(e)
+
+    try:
+        sub.join(1, 1, 3, pub.store_addr, peers.secret, timeout_s=1, ready_timeout_s=60)
+        # rank 2 never comes, so the publisher waits for it and the subscriber waits for the go
+        threads = [threading.Thread(target=run, args=("pub", lambda: pub.serve(1, 3, timeout_s=1, ready_timeout_s=60))),
+                   threading.Thread(target=run, args=("sub", sub.receive))]
+        for t in threads:
+            t.start()
+        pub.fence(2)
+        sub.fence(2)
+        for t in threads:
+            t.join(timeout=10)  # far below the 60 s they would otherwise wait
+        assert not any(t.is_alive() for t in threads)
+        assert "epoch 1 is stale" in errors["pub"] and "epoch 1 is stale" in errors["sub"], errors
+        assert sub.version == 0
+    finally:
+        pub.close()
+        sub.close()
