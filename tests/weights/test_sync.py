@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import timedelta
 
 import psutil
 import pytest
@@ -165,6 +166,7 @@ def test_a_newer_epoch_ends_the_waits_of_an_older_one_on_both_sides(peers):
                    threading.Thread(target=run, args=("sub", sub.receive))]
         for t in threads:
             t.start()
+        pub._store.child("epoch-1").wait(["round-0/ready/1"], timedelta(seconds=10))  # the subscriber now waits
         pub.fence(2)
         sub.fence(2)
         for t in threads:
