@@ -25,7 +25,6 @@ import sys
 import time
 
 BUCKET = 32 << 20
-PREFIX = os.environ.get("BENCH_PREFIX", "").split()
 
 
 def state_dict(mb: int):
@@ -118,7 +117,7 @@ def worker(rank: int, mb: int, reps: int, secret: str) -> None:
 def measure(mb: int, reps: int) -> dict:
     secret = secrets.token_hex(32)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FLOWRL_BENCH_SECRET": secret}
-    procs = [subprocess.Popen([sys.executable, *PREFIX, __file__, "--worker", str(r), str(mb), str(reps)], env=env,
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(mb), str(reps)], env=env,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for r in range(2)]
     try:
         procs[1].stdin.write(procs[0].stdout.readline())  # the publisher's store address
