@@ -1,60 +1,43 @@
 """Pack named tensors into a few large flat buffers (one dtype each) and back.
 
 A broadcast per tensor costs a round of latency per tensor; a few large buckets cost almost only
-bandwidth. Both sides derive the same layout from their own model (same names, shapes, dtypes in
-the same order), so the subscriber allocates its buffers without asking the publisher. Packing
-bucket i+1 overlaps the broadcast of bucket i (see `WeightGroup.broadcast`).
+bandwidth. Both sides derive the same plan from the same layout (names, shapes, dtypes in the
+same order), so a subscriber allocates its buffers without asking the publisher.
 
-    plan = BucketPlan(layout_of(model.state_dict()), bucket_bytes=32 << 20)
-    buckets = plan.allocate(live=model.state_dict())   # once; reused for every version
-    plan.fill(i, buckets, tensors)            # publisher: copy the tensors of bucket i in
-    plan.drain(i, buckets, live)              # subscriber: copy bucket i into the live tensors
+    plan = BucketPlan(layout, bucket_bytes=32 << 20)
+    buckets = plan.allocate("cpu")            # once; reused for every version
+    plan.pack(tensors, buckets)               # publisher: copy (and cast) every tensor in
+    plan.unpack(i, buckets, live)             # subscriber: copy bucket i into the live tensors
+    plan.views(buckets)                       # {name: view}, no copy (a loader reads these)
 
-A tensor of at least `direct_bytes` travels alone, in place: on a subscriber its bucket *is* the
-model's own (contiguous) tensor, so the broadcast writes the weights where they are used and
-nothing is copied afterwards.
+Buckets are never the model's own tensors: a subscriber receives into buckets of its own and
+copies out only once a whole version has arrived (see `WeightSubscriber`).
 """
 
 from __future__ import annotations
 
-import hashlib
-from typing import Any
+from typing import Any, Iterator
 
-Layout = list[tuple[str, list[int], str]]
-
-
-def layout_of(tensors: dict[str, Any]) -> Layout:
-    return [(name, list(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in tensors.items()]
-
-
-def layout_digest(layout: Layout) -> str:
-    return hashlib.sha256(repr([tuple(x) for x in layout]).encode()).hexdigest()[:16]
-
-
-def weights_digest(tensors: dict[str, Any], layout: Layout) -> str:
-    """sha256 over the raw bytes of every tensor, in layout order: equal digests = bitwise equal."""
-    h = hashlib.sha256()
-    for name, _, _ in layout:
-        t = tensors[name].detach().contiguous().cpu()
-        h.update(t.reshape(-1).view(__import__("torch").uint8).numpy().tobytes())
-    return h.hexdigest()[:32]
+from flowrl.weights.layout import Layout
 
 
 class BucketPlan:
-    """Which tensor lives where: tensors grouped by dtype, in layout order, into buckets of at
-    most `bucket_bytes` (a larger tensor gets a bucket of its own)."""
+    """Which tensor lives where: tensors grouped by dtype, sorted by name (so two sides whose dicts
+    list the same tensors in another order agree), into buckets of at most `bucket_bytes` (a
+    larger tensor gets a bucket of its own)."""
 
-    def __init__(self, layout: Layout, bucket_bytes: int = 32 << 20, direct_bytes: int = 4 << 20):
+    def __init__(self, layout: Layout, bucket_bytes: int = 32 << 20):
         import torch
 
-        self.layout = [tuple(x) for x in layout]
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        self.layout = [(n, list(s), d) for n, s, d in layout]
         self.bucket_bytes = bucket_bytes
         by_dtype: dict[str, list] = {}
-        for name, shape, dtype in self.layout:
-            by_dtype.setdefault(dtype, []).append((name, list(shape)))
+        for name, shape, dtype in sorted(self.layout):
+            by_dtype.setdefault(dtype, []).append((name, shape))
         # buckets: [(dtype, [(name, shape, offset, numel)], total numel)]
         self.buckets: list[tuple[str, list[tuple[str, list[int], int, int]], int]] = []
-        self.direct: set[int] = set()  # buckets holding one large tensor
         for dtype, items in by_dtype.items():
             itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
             current, offset = [], 0
@@ -62,10 +45,6 @@ class BucketPlan:
                 numel = 1
                 for d in shape:
                     numel *= d
-                if numel * itemsize >= direct_bytes:
-                    self.buckets.append((dtype, [(name, shape, 0, numel)], numel))
-                    self.direct.add(len(self.buckets) - 1)
-                    continue
                 if current and (offset + numel) * itemsize > bucket_bytes:
                     self.buckets.append((dtype, current, offset))
                     current, offset = [], 0
@@ -78,35 +57,20 @@ class BucketPlan:
         return len(self.buckets)
 
     def allocate(self, device: str = "cpu", live: dict[str, Any] | None = None) -> list:
-        """One flat buffer per bucket; with `live`, a large contiguous tensor is its own buffer."""
+        """One flat buffer per bucket. `live` is ignored: receiving straight into the model's own
+        tensors is not transactional (kept in the signature until every caller has moved on)."""
         import torch
 
-        out = []
-        for i, (dtype, items, n) in enumerate(self.buckets):
-            t = live.get(items[0][0]) if live is not None and i in self.direct else None
-            if t is not None and t.is_contiguous() and str(t.dtype).removeprefix("torch.") == dtype:
-                out.append(t.detach().view(-1))
-            else:
-                out.append(torch.empty(n, dtype=getattr(torch, dtype), device=device))
-        return out
+        return [torch.empty(n, dtype=getattr(torch, dtype), device=device) for dtype, _, n in self.buckets]
+
+    def nbytes(self, buckets: list) -> int:
+        return sum(b.numel() * b.element_size() for b in buckets)
 
     def fill(self, i: int, buckets: list, tensors: dict[str, Any]) -> None:
+        """Copy the tensors of bucket i in, cast to the bucket's dtype."""
         bucket = buckets[i]
         for name, _, offset, numel in self.buckets[i][1]:
-            src = tensors[name].detach()
-            if src.data_ptr() != bucket.data_ptr() or offset:
-                bucket[offset:offset + numel].copy_(src.reshape(-1))
-
-    def drain(self, i: int, buckets: list, live: dict[str, Any]) -> None:
-        """Copy bucket i into the live tensors (nothing to do for a tensor received in place)."""
-        self.fill_from(i, buckets, live)
-
-    def fill_from(self, i: int, buckets: list, live: dict[str, Any]) -> None:
-        bucket = buckets[i]
-        for name, shape, offset, numel in self.buckets[i][1]:
-            dst = live[name]
-            if dst.data_ptr() != bucket.data_ptr() or offset:
-                dst.detach().copy_(bucket[offset:offset + numel].view(shape))
+            bucket[offset:offset + numel].copy_(tensors[name].detach().reshape(-1))
 
     def pack(self, tensors: dict[str, Any], out: list | None = None) -> list:
         buckets = out if out is not None else self.allocate(str(next(iter(tensors.values())).device))
@@ -114,14 +78,21 @@ class BucketPlan:
             self.fill(i, buckets, tensors)
         return buckets
 
-    def views(self, buckets: list) -> dict[str, Any]:
-        """Views into the buckets, one per tensor, shaped as the layout says (no copy)."""
-        out = {}
-        for bucket, (_, items, _) in zip(buckets, self.buckets):
-            for name, shape, offset, numel in items:
-                out[name] = bucket[offset:offset + numel].view(shape)
-        return out
+    def unpack(self, i: int, buckets: list, live: dict[str, Any]) -> None:
+        """Copy bucket i into the live tensors."""
+        for name, view in self.bucket_views(i, buckets).items():
+            live[name].detach().copy_(view)
+
+    drain = unpack  # the name the runtime's worker still calls
 
     def bucket_views(self, i: int, buckets: list) -> dict[str, Any]:
         bucket = buckets[i]
         return {name: bucket[offset:offset + numel].view(shape) for name, shape, offset, numel in self.buckets[i][1]}
+
+    def views(self, buckets: list) -> dict[str, Any]:
+        """Views into the buckets, one per tensor, shaped as the layout says (no copy)."""
+        return dict(self.iter_views(buckets))
+
+    def iter_views(self, buckets: list) -> Iterator[tuple[str, Any]]:
+        for i in range(len(self.buckets)):
+            yield from self.bucket_views(i, buckets).items()

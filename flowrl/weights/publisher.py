@@ -1,0 +1,135 @@
+"""The trainer's side of weight sync: the plan, the send buckets, the store and the version.
+
+    pub = WeightPublisher(model.state_dict, device="cpu", bucket_bytes=32 << 20,
+                          serving_dtype="bfloat16", store_host="127.0.0.1", secret=run_secret)
+    # the controller hands pub.store_addr and the run's secret to every subscriber
+    pub.snapshot(version=0)                       # the initial weights
+    while training:
+        train_step()                              # fp32 (or bf16) master weights change
+        pub.snapshot(version=pub.version + 1)     # copy out, cast to the serving dtype; training goes on
+        # when the controller orders a sync (epoch e, n members incl. us), in a thread:
+        sent = pub.serve(epoch=e, world_size=n, timeout_s=30, ready_timeout_s=process_timeout_s)
+
+`serve` sends the newest snapshot, whatever version the order named: the version travels first,
+in the same broadcast, so what a subscriber labels and what it holds always agree. A `serve` and
+a `snapshot` never overlap (a lock): a snapshot taken while a broadcast runs waits for it; the
+ready wait (see `handshake`) holds no lock, so training goes on while subscribers finish their
+batches. Memory: one copy of the weights in the serving dtype (the send buckets).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Callable
+
+from flowrl.weights.buckets import BucketPlan
+from flowrl.weights.errors import WeightSyncError
+from flowrl.weights.group import WeightGroup
+from flowrl.weights.handshake import forget, gather, release
+from flowrl.weights.layout import layout_digest, layout_of, serving_layout, weights_digest
+from flowrl.weights.store import WeightStore
+
+
+class WeightPublisher:
+    fault_hook: Callable[[int], None] | None = None
+    """Tests: called with i just before tensor i goes out (0 is the version tensor)."""
+
+    def __init__(self, tensors_fn: Callable[[], dict[str, Any]], *, device: str = "cpu",
+                 bucket_bytes: int = 32 << 20, serving_dtype: str | None = None,
+                 store_host: str = "127.0.0.1", secret: bytes | str):
+        import torch
+
+        self.tensors_fn, self.device = tensors_fn, device
+        self.layout = serving_layout(layout_of(tensors_fn()), serving_dtype)
+        self.layout_digest = layout_digest(self.layout)
+        self.plan = BucketPlan(self.layout, bucket_bytes)
+        self.buckets = self.plan.allocate(device)
+        self.version: int | None = None  # the version the buckets hold; None before any snapshot
+        self.seconds = 0.0  # the last broadcast's duration
+        self._version_tensor = torch.zeros(1, dtype=torch.int64, device=device)
+        self._server = WeightStore(store_host)
+        self._store = self._server.sealed(secret)
+        self._store.set("layout", json.dumps(self.layout))
+        self._lock = threading.Lock()
+        self._group: WeightGroup | None = None
+        self._epoch: int | None = None
+        self._round = 0
+        self._failed = False
+        self._fence = 0  # epochs below this are stale (see fence)
+
+    @property
+    def store_addr(self) -> tuple[str, int]:
+        return self._server.address
+
+    def snapshot(self, version: int) -> None:
+        """Copy the trainer's current weights into the send buckets (cast to the serving dtype)."""
+        tensors = self.tensors_fn()
+        with self._lock:
+            self.plan.pack(tensors, out=self.buckets)
+            self.version = version
+
+    def serve(self, epoch: int, world_size: int, *, timeout_s: float = 30.0, ready_timeout_s: float = 60.0) -> int:
+        """Send the newest snapshot to ranks 1..world_size-1 of `epoch`; returns the version sent.
+
+        Waits up to `ready_timeout_s` for every member to say it is free, then forms the epoch's
+        group (first round only) and broadcasts, each within `timeout_s`. Raises WeightSyncError
+        naming the member at fault; the epoch is then over (the controller forms a new one)."""
+        if self.version is None:
+            raise ValueError("serve() before any snapshot(): publish the initial weights with snapshot(version=0) first")
+        if self._stale(epoch):  # fencing: an order from before a newer epoch
+            raise WeightSyncError(self._stale(epoch))
+        if epoch != self._epoch:
+            self._close_group()
+            self._epoch, self._round, self._failed = epoch, 0, False
+        if self._failed:
+            raise WeightSyncError(f"weight-sync epoch {epoch} already failed; the controller must form a new epoch")
+        if world_size < 2:
+            return self.version
+        store, r = self._store.child(f"epoch-{epoch}"), self._round
+        self._round += 1
+        try:
+            try:
+                gather(store, r, world_size, ready_timeout_s, stop=lambda: self._stale(epoch))
+            except WeightSyncError as e:
+                release(store, r, f"abort: {e}")
+                raise WeightSyncError(f"weight-sync epoch {epoch} round {r}: {e}") from e
+            release(store, r, "go")
+            with self._lock:  # the collective's timeout counts from here: every member is waiting
+                if self._group is None:
+                    self._group = WeightGroup.join(epoch=epoch, rank=0, world_size=world_size, store=store.child("pg"),
+                                                   timeout_s=timeout_s, device=self.device, host=self._server.host)
+                self._version_tensor.fill_(self.version)
+                self.seconds = self._group.broadcast([self._version_tensor, *self.buckets], fill=self.fault_hook)
+            forget(store, r, world_size)  # every member has read them: the store stays O(members), not O(versions)
+            return self.version
+        except Exception:
+            self._failed = True
+            self._close_group()
+            raise
+
+    def fence(self, epoch: int) -> None:
+        """Orders of epochs below `epoch` are stale from now on (any thread may call this, e.g. the
+        worker when a newer sync order arrives): a serve of one stops waiting for members within
+        handshake.SLICE_S; a collective already under way ends within its timeout_s."""
+        self._fence = max(self._fence, epoch)
+
+    def _stale(self, epoch: int) -> str | None:
+        newest = max(self._fence, self._epoch if self._epoch is not None else 0)
+        if epoch < newest:
+            return f"weight-sync epoch {epoch} is stale: the publisher is at epoch {newest}"
+        return None
+
+    def digest(self) -> str:
+        """Digest of the snapshot the buckets hold (equal digests = bitwise equal weights)."""
+        with self._lock:
+            return weights_digest(self.plan.views(self.buckets), self.layout)
+
+    def close(self) -> None:
+        self._close_group()
+        self._server.close()
+
+    def _close_group(self) -> None:
+        if self._group is not None:
+            self._group.close()
+            self._group = None

@@ -1,0 +1,197 @@
+"""A rollout's side of weight sync: whole versions only, label and content always agree.
+
+    sub = WeightSubscriber(model, device="cpu", bucket_bytes=32 << 20)        # swap: no copy
+    sub = WeightSubscriber(model.state_dict(), device="cpu")                  # copy into tensors
+    # or, for an engine that takes weights through its own API (vLLM):
+    sub = WeightSubscriber(lambda named, version: engine.load_weights(named), device="cuda")
+
+    # on a sync order (epoch e, rank k of n), handled between two batches:
+    sub.join(e, k, n, store_addr, secret, timeout_s=30, ready_timeout_s=process_timeout_s)
+    version = sub.receive()            # raises WeightSyncError: still on sub.version, untouched
+
+`join` checks the layout against the publisher's before any byte moves (LayoutMismatchError names
+the first differing tensor, shape and dtype on each side) and is a no-op for the current epoch.
+`receive` says it is ready, waits for the publisher's go, then receives the version tensor and
+every bucket into *staging* buffers; only when all arrived does the model change and
+`sub.version` advance. A broadcast that breaks mid-way leaves the model as it was. Three targets:
+
+- an `nn.Module` (swap, the fast path): a double buffer. The module's parameters and buffers
+  are pointed (`t.data = view`) into one bucket set, the next version arrives in the other, and
+  a complete version is taken by pointing them at it: no copy after the broadcast. Memory: one
+  more copy of the weights. Storage moves at every version, so whatever captured the old
+  pointers (a CUDA graph, a fused weight cache) must be rebuilt after `receive` (the node's
+  `load_weights` hook).
+- a dict of live tensors (copy): the complete version is copied into them (memcpy speed, see
+  benchmarks/weight_sync.py). Memory: one more copy of the weights (staging).
+- a loader `load(named_tensors, version)`: handed views into staging, in bucket order, each
+  tensor once per version; it must copy what it keeps (the next receive overwrites staging).
+  If the loader raises, the version does not advance and the error says the engine may hold
+  part of it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable, Iterator
+
+from flowrl.weights.buckets import BucketPlan
+from flowrl.weights.errors import LayoutMismatchError, WeightSyncError
+from flowrl.weights.group import WeightGroup, local_address
+from flowrl.weights.handshake import announce, await_release
+from flowrl.weights.layout import Layout, layout_mismatch, layout_of, weights_digest
+from flowrl.weights.store import SealedStore, connect
+
+Loader = Callable[[Iterator[tuple[str, Any]], int], None]
+
+
+class WeightSubscriber:
+    fault_hook: Callable[[int], None] | None = None
+    """Tests: called with i once tensor i has arrived (0 is the version tensor)."""
+
+    def __init__(self, target: Any, *, device: str = "cpu", bucket_bytes: int = 32 << 20,
+                 layout: Layout | None = None, version: int = -1):
+        """`target`: an nn.Module (swap), the live tensors (name -> tensor, copy), or a loader
+        `load(named_tensors, version)`. A loader without `layout` takes the publisher's layout as
+        it is (the engine's own loader rejects names it does not know). `version`: the label of
+        the weights the target holds now."""
+        import torch
+
+        self.device, self.bucket_bytes, self.version = device, bucket_bytes, version
+        self.mode = "swap" if isinstance(target, torch.nn.Module) else "copy" if isinstance(target, dict) else "loader"
+        # swap: the module's own tensor objects (keep_vars), so that repointing them reaches the module
+        self.live = target.state_dict(keep_vars=True) if self.mode == "swap" else target if self.mode == "copy" else None
+        self.load = target if self.mode == "loader" else None
+        self.layout = layout_of(self.live) if self.live is not None else layout
+        self.plan: BucketPlan | None = None
+        self.staging: list = []
+        if self.layout is not None:
+            self._allocate(self.layout)
+        if self.mode == "swap":
+            elsewhere = [n for n, t in self.live.items() if t.device != torch.device(device)]
+            if elsewhere:
+                raise ValueError(f"tensor {elsewhere[0]!r} of the module is on {self.live[elsewhere[0]].device}, not on "
+                                 f"device={device!r}: pass the device the module lives on")
+            self._serving = self.plan.allocate(device)
+            self.plan.pack(self.live, out=self._serving)
+            self._point_live_at(self._serving)
+        self._version_tensor = torch.zeros(1, dtype=torch.int64, device=device)
+        self._store: SealedStore | None = None
+        self._group: WeightGroup | None = None
+        self._epoch = self._rank = self._world = None
+        self._round, self._failed, self._staging_holds_version = 0, False, False
+        self._fence = 0  # epochs below this are stale (see fence)
+        self.seconds = self.commit_seconds = 0.0  # the last broadcast's and the last copy-out's durations
+
+    def _allocate(self, layout: Layout) -> None:
+        self.plan = BucketPlan(layout, self.bucket_bytes)
+        self.staging = self.plan.allocate(self.device)
+
+    def join(self, epoch: int, rank: int, world_size: int, store_addr: tuple[str, int], secret: bytes | str,
+             timeout_s: float = 30.0, *, ready_timeout_s: float = 60.0) -> None:
+        """Enter `epoch` as `rank`; checks the publisher's layout. A no-op for the current epoch."""
+        if epoch == self._epoch and not self._failed:
+            return
+        if self._stale(epoch) or epoch == self._epoch:  # fencing: an order from before a newer epoch
+            raise WeightSyncError(self._stale(epoch) or f"weight-sync epoch {epoch} failed here already; "
+                                  "the controller must form a newer one")
+        self._close_group()
+        self._epoch, self._rank, self._world, self._round, self._failed = epoch, rank, world_size, 0, False
+        self.timeout_s, self.ready_timeout_s, self._store_host = timeout_s, ready_timeout_s, store_addr[0]
+        try:
+            store = connect(tuple(store_addr), secret, timeout_s=timeout_s)  # it exists before any order names it
+            self._store = store.child(f"epoch-{epoch}")
+            theirs = [(n, list(s), d) for n, s, d in json.loads(store.get("layout"))]
+        except Exception as e:  # noqa: BLE001
+            self._failed = True
+            raise WeightSyncError(f"cannot join weight-sync epoch {epoch} at {store_addr[0]}:{store_addr[1]}: {e}") from e
+        if self.layout is None:
+            self.layout = theirs
+            self._allocate(theirs)
+        problem = layout_mismatch(theirs, self.layout)
+        if problem:
+            self._failed = True
+            announce(self._store, 0, rank, f"refused: {problem}")  # the publisher fails at once, naming it
+            raise LayoutMismatchError(f"weight layout differs from the publisher's: {problem}")
+
+    def receive(self) -> int:
+        """Receive the publisher's next broadcast of this epoch; returns the version now held."""
+        if self._epoch is None or self._failed:
+            raise WeightSyncError("receive() needs a joined epoch that has not failed: call join() with a new epoch")
+        r = self._round
+        self._round += 1
+        try:
+            announce(self._store, r, self._rank)
+            await_release(self._store, r, self.ready_timeout_s, stop=lambda: self._stale(self._epoch))
+            if self._group is None:
+                self._group = WeightGroup.join(epoch=self._epoch, rank=self._rank, world_size=self._world,
+                                               store=self._store.child("pg"), timeout_s=self.timeout_s,
+                                               device=self.device, host=local_address(self._store_host))
+            self._staging_holds_version = False
+            self._version_tensor.fill_(-1)
+            self.seconds = self._group.broadcast([self._version_tensor, *self.staging], on_bucket=self.fault_hook)
+            version = int(self._version_tensor[0])
+            if version < 0:
+                raise WeightSyncError(f"the version tensor says {version}: the broadcast did not complete")
+        except Exception as e:
+            self._failed = True
+            self._close_group()
+            if isinstance(e, WeightSyncError):
+                raise
+            raise WeightSyncError(f"weight sync epoch {self._epoch} round {r} failed: {e}") from e
+        self._commit(version)
+        return version
+
+    def _commit(self, version: int) -> None:
+        # every bucket and the version tensor arrived: only now do the live weights change
+        t0 = time.perf_counter()
+        if self.mode == "swap":
+            self._point_live_at(self.staging)
+            self._serving, self.staging = self.staging, self._serving
+        elif self.mode == "copy":
+            for i in range(len(self.plan)):
+                self.plan.unpack(i, self.staging, self.live)
+        else:
+            try:
+                self.load(self.plan.iter_views(self.staging), version)
+            except Exception as e:  # noqa: BLE001
+                raise WeightSyncError(f"the loader failed on version {version} (still labelled {self.version}); "
+                                      f"the engine may hold part of it and should be reloaded: {e}") from e
+        self._staging_holds_version = True
+        self.version = version
+        self.commit_seconds = time.perf_counter() - t0
+
+    def fence(self, epoch: int) -> None:
+        """Orders of epochs below `epoch` are stale from now on (any thread may call this): a
+        receive of one stops waiting for the go within handshake.SLICE_S."""
+        self._fence = max(self._fence, epoch)
+
+    def _stale(self, epoch: int) -> str | None:
+        newest = max(self._fence, self._epoch if self._epoch is not None else 0)
+        if epoch < newest:
+            return f"weight-sync epoch {epoch} is stale: this subscriber is at epoch {newest}"
+        return None
+
+    def _point_live_at(self, buckets: list) -> None:
+        import torch
+
+        with torch.no_grad():
+            for name, view in self.plan.iter_views(buckets):
+                self.live[name].data = view
+
+    def digest(self) -> str:
+        """Digest of the weights this subscriber serves (equal digests = bitwise equal)."""
+        if self.live is not None:
+            return weights_digest(self.live, self.layout)
+        if not self._staging_holds_version:
+            raise WeightSyncError("no complete version in staging to digest")
+        return weights_digest(self.plan.views(self.staging), self.layout)
+
+    def close(self) -> None:
+        self._close_group()
+        self._store = None
+
+    def _close_group(self) -> None:
+        if self._group is not None:
+            self._group.close()
+            self._group = None

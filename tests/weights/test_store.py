@@ -1,0 +1,91 @@
+"""The weight store binds to one address and seals every key and value with the run's secret."""
+
+from __future__ import annotations
+
+import datetime
+import secrets
+
+import pytest
+import torch.distributed as dist
+
+from flowrl.weights import (SealedStore, StoreAuthError, WeightPublisher, WeightStore, WeightSubscriber,
+                            WeightSyncError)
+from tests.weights.peers import master
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses of the LISTEN sockets on `port`, read from /proc/net/tcp and tcp6."""
+    out = set()
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(path) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, p = local.split(":")
+                if state == "0A" and int(p, 16) == port:  # 0A = LISTEN
+                    out.add(addr)
+    return out
+
+
+def raw_client(port: int) -> dist.TCPStore:
+    return dist.TCPStore("127.0.0.1", port, None, is_master=False, timeout=datetime.timedelta(seconds=5))
+
+
+def test_the_store_listens_on_loopback_only_and_refuses_all_interfaces():
+    store = WeightStore("127.0.0.1")
+    assert listening_addresses(store.port) == {"0100007F"}  # 127.0.0.1, and nothing on 0.0.0.0 or ::
+    store.close()
+    for host in ("0.0.0.0", "::", ""):
+        with pytest.raises(ValueError, match="all interfaces"):
+            WeightStore(host)
+
+
+def test_a_client_without_the_secret_reads_only_noise_and_cannot_join():
+    secret = secrets.token_bytes(32)
+    pub = WeightPublisher(lambda: master(1), secret=secret)
+    try:
+        spy = raw_client(pub.store_addr[1])
+        keys = spy.list_keys()
+        assert keys and all(k.startswith("fw/") and "layout" not in k for k in keys)
+        for k in keys:
+            assert b"emb" not in spy.get(k) and b"float32" not in spy.get(k)  # the layout is not readable
+        wrong = SealedStore(spy, secrets.token_bytes(32))
+        assert not wrong.check(["layout"])  # its names lead nowhere
+        with pytest.raises(WeightSyncError, match="cannot join"):
+            WeightSubscriber(master(0), version=0).join(1, 1, 2, pub.store_addr, secrets.token_bytes(32),
+                                                        timeout_s=1, ready_timeout_s=0.5)
+    finally:
+        pub.close()
+
+
+def test_values_written_without_the_secret_are_refused_not_acted_on():
+    secret = secrets.token_bytes(32)
+    pub = WeightPublisher(lambda: master(1), secret=secret)
+    pub.snapshot(1)
+    try:
+        ours = SealedStore(raw_client(pub.store_addr[1]), secret)
+        forger = raw_client(pub.store_addr[1])
+        # the strongest outsider: it knows which opaque name is which, but not the secret
+        forger.set(ours._key("layout"), b"\0" * 80)
+        with pytest.raises(StoreAuthError, match="not written with this run's secret"):
+            ours.get("layout")
+        with pytest.raises(WeightSyncError, match="not written with this run's secret"):
+            WeightSubscriber(master(0), version=0).join(1, 1, 2, pub.store_addr, secret, timeout_s=1, ready_timeout_s=1)
+        # a genuine sealed value replayed under another key fails too: the key is part of the MAC
+        epoch = ours.child("epoch-1")
+        epoch.set("round-0/go", "go")
+        forger.set(epoch._key("round-0/ready/1"), forger.get(epoch._key("round-0/go")))
+        with pytest.raises(WeightSyncError, match="epoch-1/round-0/ready/1 holds a value not written with"):
+            pub.serve(1, 2, timeout_s=1, ready_timeout_s=1)
+    finally:
+        pub.close()
+
+
+def test_sealed_values_round_trip_and_a_short_secret_is_refused():
+    store = SealedStore(dist.HashStore(), b"k" * 32)
+    store.set("a", b"\x00\x01hello")
+    store.child("epoch-1").set("a", "other")
+    assert store.get("a") == b"\x00\x01hello" and store.child("epoch-1").get("a") == b"other"
+    with pytest.raises(ValueError, match="at least 16 random bytes"):
+        SealedStore(dist.HashStore(), b"short")
