@@ -97,6 +97,7 @@ class Controller:
                                  publishers=self.publishers)
         self.recovering: set[str] | None = None
         self.sync_epoch = 0
+        self.sync_failures = 0
         self.sync_members: list[Proc] = []
         self.pending_tickets: list = []
         self.source_rr = 0
@@ -136,6 +137,7 @@ class Controller:
                           cpu_cores=list(entry.local_devices) if entry.device_type == "cpu" else [],
                           is_sink=entry.node in self.sinks, is_source=entry.node in self.sources,
                           faults=self.faults, heartbeat_s=spec.supervision.heartbeat_s, secret=self.secret,
+                          serving_dtype=next((spec.nodes[w.dst].dtype for w in spec.weights if w.src == entry.node), None),
                           sys_path=[p for p in sys.path if p and os.path.isdir(p)])
             self.procs.add(Proc(spec=ps))
 
@@ -302,12 +304,20 @@ class Controller:
                 await self.order_sync(msg.version)
         elif isinstance(msg, m.Synced):
             proc.version = msg.version
+            self.sync_failures = 0
             if msg.digest:
                 self.ledger.write("weights", "-", 0, node=proc.id, version=msg.version, digest=msg.digest)
         elif isinstance(msg, m.SyncFailed):
             log.warning("weight sync failed at %s: %s", proc.id, msg.error)
-            if msg.sync_epoch == self.sync_epoch and self.recovering is None:
-                await self.new_sync_epoch()
+            if msg.permanent:
+                self.fail(proc, f"cannot take the trainer's weights: {msg.error}; every node that holds the "
+                                "policy must build the same model (share it with a YAML anchor under vars:)")
+            elif msg.sync_epoch == self.sync_epoch and self.recovering is None:
+                self.sync_failures += 1
+                if self.sync_failures > 5:
+                    self.fail(proc, f"weight sync failed {self.sync_failures} times in a row; last: {msg.error}")
+                else:
+                    await self.new_sync_epoch()
         elif isinstance(msg, m.Checkpointed):
             self.book.report(proc.id, step=msg.step, epoch=msg.epoch, file=msg.file, version=msg.version)
             self.maybe_commit()
@@ -386,7 +396,7 @@ class Controller:
         for rank, p in enumerate(self.sync_members):
             await self.send(p, m.Sync(sync_epoch=self.sync_epoch, version=version, rank=rank,
                                       world_size=len(self.sync_members), store=["127.0.0.1", pub.store_port],
-                                      timeout_s=max(30.0, sup.deadline_s * 4, min(sup.process_timeout_s, 600.0))))
+                                      timeout_s=max(30.0, sup.deadline_s * 4)))
 
     # steps and checkpoints ----------------------------------------------------------------------
     async def on_step(self, msg) -> None:

@@ -114,10 +114,12 @@ class Synced:
 
 @message("sync_failed", "node -> controller")
 class SyncFailed:
-    """A weight broadcast failed or timed out; the previous version is still held."""
+    """A weight broadcast failed or timed out; the previous version is still held. `permanent`:
+    it cannot work in any epoch (the layouts differ)."""
 
     sync_epoch: int
     error: str
+    permanent: bool = False
 
 
 @message("checkpointed", "node -> controller")

@@ -1,13 +1,17 @@
-"""A node process's side of weight sync: the trainer publishes, subscribers receive whole versions.
+"""A node process's side of weight sync, on top of `flowrl.weights` (publisher / subscriber).
 
 The controller forms a weight-sync epoch (a fresh torch.distributed group of the publisher and
 every live subscriber) at start, after a member restarts and after a rollback, and orders a
-broadcast after every `published`. The worker calls `sync(order)` between two batches, never
-during `process`.
+broadcast after every `published`. The worker calls `sync(order)` between two calls into the
+node, never during one; a subscriber's weights change only when a whole version arrived.
 
-    client = WeightsClient(node, publisher=True, device="cpu", recorder=rec, faults=faults)
-    client.snapshot(version)                     # publisher, after each update
-    version = await client.sync(order)           # both sides; raises WeightSyncError
+    client = WeightsClient(node, publisher=True, device="cpu", secret=s, serving_dtype="bfloat16", ...)
+    client.snapshot(version)                      # publisher, after each update
+    version = await client.sync(order)            # both sides; raises WeightSyncError
+
+What a subscriber's `weights()` returns decides how a version lands: an `nn.Module` (swapped in,
+no copy), a dict of live tensors (copied in once complete), or a callable
+`load(named_tensors, version)` (an inference engine's own loader).
 """
 
 from __future__ import annotations
@@ -20,101 +24,88 @@ import anyio
 class WeightsClient:
     bucket_bytes = 32 << 20
 
-    def __init__(self, node, *, publisher: bool, device: str, recorder, faults):
+    def __init__(self, node, *, publisher: bool, device: str, recorder, faults, secret: str,
+                 serving_dtype: str | None = None, ready_timeout_s: float = 600.0):
         self.node, self.publisher, self.device = node, publisher, device
-        self.recorder, self.faults = recorder, faults
-        self.plan = None
-        self.buckets = None
-        self.live = None
-        self.staged = None
-        self.group = None
-        self.store = None
-        self.version_tensor = None
+        self.recorder, self.faults, self.secret = recorder, faults, secret
+        self.serving_dtype = serving_dtype
+        self.ready_timeout_s = ready_timeout_s
+        self.pub = None
+        self.sub = None
         if publisher:
-            from flowrl.weights import host_store
+            from flowrl.weights import WeightPublisher
 
-            self.store = host_store()
+            self.pub = WeightPublisher(node.weights, device=device, bucket_bytes=self.bucket_bytes,
+                                       serving_dtype=None if serving_dtype == "float32" else serving_dtype,
+                                       store_host="127.0.0.1", secret=secret)
 
     @property
     def store_port(self) -> int | None:
-        return getattr(self.store, "port", None)
+        return self.pub.store_addr[1] if self.pub is not None else None
 
     def snapshot(self, version: int) -> None:
         """Publishers: copy the weights into the send buckets, so training can go on meanwhile."""
-        from flowrl.weights import BucketPlan, layout_of
-
-        tensors = self.node.weights()
-        if self.plan is None:
-            self.plan = BucketPlan(layout_of(tensors), self.bucket_bytes)
-            self.buckets = self.plan.allocate(self.device)
         with self.recorder.span("weight_snapshot"):
-            self.plan.pack(tensors, out=self.buckets)
-        self.version_tensor = self._version_tensor(version)
+            self.pub.snapshot(version)
 
-    def _version_tensor(self, version: int):
-        """Travels first in every broadcast: the version the buckets really hold (a newer snapshot
-        may have replaced the one a sync order was issued for), so label and content agree."""
-        import torch
+    def subscriber(self):
+        if self.sub is None:
+            from flowrl.weights import WeightSubscriber
 
-        return torch.tensor([version], dtype=torch.int64, device=self.device)
+            self.sub = WeightSubscriber(self.node.weights(), device=self.device, bucket_bytes=self.bucket_bytes,
+                                        version=0)
+        return self.sub
 
     def digest(self) -> dict:
         """With FLOWRL_WEIGHT_DIGEST=1: a digest of the weights this process now holds."""
-        if os.environ.get("FLOWRL_WEIGHT_DIGEST") != "1" or self.plan is None:
+        if os.environ.get("FLOWRL_WEIGHT_DIGEST") != "1":
             return {}
-        from flowrl.weights import weights_digest
+        return {"digest": (self.pub or self.sub).digest()}
 
-        tensors = self.plan.views(self.buckets) if self.publisher else self.live
-        return {"digest": weights_digest(tensors, self.plan.layout)}
-
-    def abort(self, sync_epoch: int) -> None:
-        """A newer epoch was ordered: break a broadcast stuck waiting for a dead member."""
-        if self.group is not None and sync_epoch > self.group.epoch:
-            self.group.abort()
+    def fence(self, sync_epoch: int) -> None:
+        """A newer epoch was ordered (any thread): stop waiting for the members of an older one."""
+        for side in (self.pub, self.sub):
+            if side is not None:
+                side.fence(sync_epoch)
 
     def close(self) -> None:
-        if self.group:
-            self.group.close()
-            self.group = None
+        for side in (self.pub, self.sub):
+            if side is not None:
+                side.close()
 
     async def sync(self, order, version: int) -> int:
-        """Join `order.sync_epoch` and broadcast (publisher) or receive (subscriber) one version.
-
-        Subscribers receive into staging buffers and copy into the live weights only once every
-        bucket has arrived: a failed broadcast leaves the previous version whole."""
-        from flowrl.weights import BucketPlan, WeightGroup, layout_digest, layout_of
-
-        if self.publisher and self.plan is None:
-            self.snapshot(version)
-        if not self.publisher and self.plan is None:
-            live = self.node.weights()
-            self.plan = BucketPlan(layout_of(live), self.bucket_bytes)
-            self.buckets = self.plan.allocate(self.device)  # staging: never the live tensors
-            self.live = live
-        try:
-            with self.recorder.span("weight_sync", version=order.version):
-                if self.group is None or self.group.epoch != order.sync_epoch:
-                    self.close()
-                    store = self.store if self.publisher else tuple(order.store)
-                    self.group = await anyio.to_thread.run_sync(lambda: WeightGroup.join(
-                        epoch=order.sync_epoch, rank=order.rank, world_size=order.world_size, store=store,
-                        timeout_s=order.timeout_s, device=self.device))
-                    await anyio.to_thread.run_sync(self.group.check_layout, layout_digest(self.plan.layout))
+        """Join `order.sync_epoch` and broadcast (publisher) or receive (subscriber) one version."""
+        with self.recorder.span("weight_sync", version=order.version):
+            if self.publisher:
+                if self.pub.version is None:
+                    self.snapshot(version)
+                sent = await anyio.to_thread.run_sync(lambda: self.pub.serve(
+                    order.sync_epoch, order.world_size, timeout_s=order.timeout_s,
+                    ready_timeout_s=self.ready_timeout_s))
+                seconds, received = self.pub.seconds, sent
+            else:
+                sub = self.subscriber()
+                store = (order.store[0], int(order.store[1]))
+                await anyio.to_thread.run_sync(lambda: sub.join(
+                    order.sync_epoch, order.rank, order.world_size, store, self.secret, timeout_s=order.timeout_s,
+                    ready_timeout_s=self.ready_timeout_s))
                 if self.faults.fail_sync(order.version):
-                    raise RuntimeError("injected weight-sync failure")
-                if not self.publisher:
-                    self.version_tensor = self._version_tensor(-1)
-                tensors = [self.version_tensor, *self.buckets]
-                seconds = await anyio.to_thread.run_sync(lambda: self.group.broadcast(tensors))
-                nbytes = sum(b.numel() * b.element_size() for b in self.buckets)
-                self.recorder.count("weight_sync_bytes", nbytes, per_node=True)
-                self.recorder.observe("weight_sync_s", seconds, per_node=True)
-        except Exception:
-            self.close()
-            raise
-        received = int(self.version_tensor[0])
+                    sub.fault_hook = _fail_after_first_bucket
+                try:
+                    received = await anyio.to_thread.run_sync(sub.receive)
+                finally:
+                    sub.fault_hook = None
+                seconds = sub.seconds
+        buckets = self.pub.buckets if self.pub is not None else self.sub.staging
+        nbytes = sum(b.numel() * b.element_size() for b in buckets)
+        self.recorder.count("weight_sync_bytes", nbytes, per_node=True)
+        self.recorder.observe("weight_sync_s", seconds, per_node=True)
         if not self.publisher:
-            for i in range(len(self.plan)):  # every bucket arrived: now the live weights change
-                self.plan.drain(i, self.buckets, self.live)
-            self.node.load_weights(self.live, received)
+            target = self.sub.live if self.sub.live is not None else {}
+            self.node.load_weights(target, received)
         return received
+
+
+def _fail_after_first_bucket(i: int) -> None:
+    if i >= 1:
+        raise RuntimeError("injected weight-sync failure (fault 'fail_sync') after the first bucket arrived")

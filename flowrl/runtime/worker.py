@@ -129,7 +129,9 @@ class Worker:
         self.weights = None
         if cls.publishes_weights or cls.subscribes_weights:
             self.weights = WeightsClient(self.node, publisher=cls.publishes_weights, device=device,
-                                         recorder=self.recorder, faults=self.faults)
+                                         recorder=self.recorder, faults=self.faults, secret=spec.secret,
+                                         serving_dtype=spec.serving_dtype,
+                                         ready_timeout_s=graph.supervision.process_timeout_s)
         if cls.subscribes_weights and spec.epoch > 0:
             self.version = -1  # after a rollback only the publisher's restored weights count
         self.input_labels, self.output_labels = edge_labels(graph, spec.node)
@@ -197,7 +199,7 @@ class Worker:
                 log.warning("dropped bad control message: %s", e)
                 continue
             if isinstance(msg, m.Sync) and self.weights is not None:
-                self.weights.abort(msg.sync_epoch)  # a member died: unblock a stuck broadcast
+                self.weights.fence(msg.sync_epoch)  # a member died: stop waiting for the old epoch
             await self.events_tx.send(("ctl", msg))
 
     async def input_loop(self, port: str, rx) -> None:
@@ -454,7 +456,10 @@ class Worker:
         try:
             received = await self.weights.sync(order, self.version)
         except Exception as e:  # noqa: BLE001 - reported; the controller forms a new epoch
-            await self.send_ctl(m.SyncFailed(sync_epoch=order.sync_epoch, error=str(e)[:2000]))
+            from flowrl.weights import LayoutMismatchError
+
+            await self.send_ctl(m.SyncFailed(sync_epoch=order.sync_epoch, error=str(e)[:2000],
+                                             permanent=isinstance(e, LayoutMismatchError)))
             return
         finally:
             self.busy = None

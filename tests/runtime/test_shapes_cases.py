@@ -257,3 +257,26 @@ def test_flowrl_run_in_python_passes_the_callers_import_path_to_node_processes(t
                             edges=["numbers -> double", "double -> collect"], schedule={"steps": 3, "batch_size": 2})
     summary = flowrl.run(spec, run_dir=tmp_path / "run")
     assert summary.exit_code == 0
+
+
+ALL_BF16 = [f"nodes.{n}.dtype=bfloat16" for n in ("prompts", "rollout", "reward", "reference", "advantages", "actor")]
+
+
+def test_an_all_bfloat16_graph_syncs_weights_in_the_serving_dtype(tmp_path):
+    """Case 10: the actor keeps fp32 master weights and publishes bfloat16 to the bf16 rollout."""
+    result = run_graph("graphs/grpo.yaml", tmp_path / "run", cwd=Path(__file__).resolve().parents[2],
+                       overrides=["schedule.steps=4", "schedule.batch_size=4", *ALL_BF16], timeout_s=170,
+                       env={"FLOWRL_WEIGHT_DIGEST": "1"})
+    ok(result, 4, ["actor"])
+    digests = {}
+    for r in result.ledger:
+        if r["event"] == "weights":
+            digests.setdefault(r["version"], set()).add(r["digest"])
+    assert digests and all(len(d) == 1 for d in digests.values()), digests  # rollout == actor's serving copy
+
+
+def test_a_model_mismatch_between_trainer_and_rollout_fails_the_run_naming_the_tensor(tmp_path):
+    result = run_graph("graphs/grpo.yaml", tmp_path / "run", cwd=Path(__file__).resolve().parents[2],
+                       overrides=["schedule.steps=3", "nodes.rollout.config.model.d_model=64"], timeout_s=170)
+    assert result.exit_code == 1
+    assert "cannot take the trainer's weights" in result.stderr and "differs" in result.stderr
