@@ -27,7 +27,9 @@ class RunSummary:
 
     @property
     def ledger(self) -> list[dict]:
-        return read_jsonl(self.run_dir / "ledger.jsonl")
+        from flowrl.runtime.ledger import read_ledger
+
+        return read_ledger(self.run_dir)
 
 
 def run(graph: str | Path | GraphSpec, *, overrides: list[str] = (), run_dir: str | Path | None = None,

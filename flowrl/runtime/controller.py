@@ -143,13 +143,13 @@ class Controller:
 
     def resume_from(self, record: dict) -> None:
         """Continue a run whose controller died, from its committed checkpoint."""
-        from flowrl.runtime.ledger import read_jsonl
+        from flowrl.runtime.ledger import read_ledger
 
         step = record["step"]
         self.book.committed = record
         self.book.epoch = record.get("epoch", 0) + 1
         self.scheduler.resume(step, record.get("version", step), self.book.epoch,
-                              read_jsonl(self.run_dir / "ledger.jsonl"))
+                              read_ledger(self.run_dir))
         self.ledger.write("resumed", "-", 0, step=step, epoch=self.book.epoch)
         for proc in self.procs:
             self.prepare_start(proc)

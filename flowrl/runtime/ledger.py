@@ -44,11 +44,26 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-class Ledger:
-    """Append-only event log. Nothing is kept in memory: a long run's ledger lives on disk."""
+def read_ledger(run_dir: Path) -> list[dict]:
+    """Every ledger row of a run, rotated segments (`ledger.N.jsonl.gz`) first, in order."""
+    import gzip
 
-    def __init__(self, path: Path | None):
+    run_dir = Path(run_dir)
+    rows = []
+    for seg in sorted(run_dir.glob("ledger.*.jsonl.gz"), key=lambda p: int(p.name.split(".")[1])):
+        with gzip.open(seg, "rt", errors="replace") as f:
+            rows.extend(json.loads(line) for line in f if line.strip())
+    return rows + read_jsonl(run_dir / "ledger.jsonl")
+
+
+class Ledger:
+    """Append-only event log. Nothing is kept in memory: a long run's ledger lives on disk, and
+    past `rotate_bytes` it is compressed into `ledger.N.jsonl.gz` segments at a checkpoint commit
+    (about 10x smaller; `read_ledger` reads them all)."""
+
+    def __init__(self, path: Path | None, rotate_bytes: int = 64 << 20):
         self.path = path
+        self.rotate_bytes = rotate_bytes
         self._f = open(path, "a", buffering=1 << 16) if path else None
         self.rows = 0
 
@@ -67,6 +82,21 @@ class Ledger:
         if self._f:
             self._f.flush()
             os.fsync(self._f.fileno())
+            if self._f.tell() > self.rotate_bytes:
+                self.rotate()
+
+    def rotate(self) -> None:
+        """Compress the current file into the next `ledger.N.jsonl.gz` and start a new one."""
+        import gzip
+        import shutil
+
+        self._f.close()
+        n = 1 + max((int(p.name.split(".")[1]) for p in self.path.parent.glob("ledger.*.jsonl.gz")), default=0)
+        seg = self.path.parent / f"ledger.{n}.jsonl.gz"
+        with open(self.path, "rb") as src, gzip.open(seg.with_suffix(".tmp"), "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst)
+        os.replace(seg.with_suffix(".tmp"), seg)
+        self._f = open(self.path, "w", buffering=1 << 16)
 
     def close(self) -> None:
         if self._f:

@@ -81,3 +81,16 @@ def test_a_checkpoint_holding_pickled_code_is_refused(tmp_path):
     torch.save({"node": Evil()}, path)
     with pytest.raises(CheckpointError, match="plain-data"):
         load_state(path)
+
+
+def test_a_long_ledger_rotates_into_compressed_segments_and_reads_back_whole(tmp_path):
+    from flowrl.runtime.ledger import read_ledger
+
+    ledger = Ledger(tmp_path / "ledger.jsonl", rotate_bytes=2000)
+    for i in range(300):
+        ledger.write("issued", f"t-{i:06d}", 0, index=i)
+        if i % 50 == 49:
+            ledger.sync()  # a checkpoint commit
+    ledger.close()
+    assert len(list(tmp_path.glob("ledger.*.jsonl.gz"))) >= 2
+    assert [r["index"] for r in read_ledger(tmp_path)] == list(range(300))
