@@ -114,6 +114,10 @@ class Node:
     stateful: ClassVar[bool] = False
     publishes_weights: ClassVar[bool] = False
     subscribes_weights: ClassVar[bool] = False
+    requires: ClassVar[dict[str, str | None]] = {}
+    """Tensors every input batch must carry: name -> dtype (`int64`, `float32`, ...; None: any).
+    A batch without them is rejected at the node's boundary and counted (`batches_rejected`),
+    never handed to `process`: a forged or garbled batch cannot crash or restart the node."""
     merge_replicas: ClassVar[str | None] = None
     """Stateful nodes only: how the states of several replicas merge. None (the default) means
     replicas are refused by `flowrl check`; use `devices: N` for data-parallel training."""

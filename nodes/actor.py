@@ -14,6 +14,8 @@ from flowrl.rl import ActorConfig
 
 class Actor(flowrl.Sink):
     role = "actor"
+    requires = {"tokens": "int64", "response_mask": "bool", "logprobs": "float32", "advantages": "float32",
+                "scores": "float32"}
     stateful = True
     publishes_weights = True
 

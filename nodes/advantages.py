@@ -4,6 +4,8 @@ import flowrl
 
 
 class GroupAdvantages(flowrl.Node):
+    requires = {"scores": "float32", "response_mask": "bool"}
+
     class Config(flowrl.NodeConfig):
         normalize_std: bool = True
         """Divide by the group's std (False: Dr. GRPO, mean-centred only)."""

@@ -14,6 +14,7 @@ from flowrl.rl import AdvantageConfig, CriticConfig
 
 class Critic(flowrl.Node):
     role = "critic"
+    requires = {"tokens": "int64", "response_mask": "bool", "logprobs": "float32", "scores": "float32"}
     stateful = True
 
     class Config(ModelConfig):

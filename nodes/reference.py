@@ -8,6 +8,7 @@ from flowrl.nodes.common import ModelConfig, model_on
 
 class Reference(flowrl.Node):
     role = "reference"
+    requires = {"tokens": "int64", "response_mask": "bool"}
 
     class Config(ModelConfig):
         temperature: float = Field(1.0, gt=0)

@@ -17,6 +17,8 @@ class Reward(flowrl.Node):
     """Rule-based reward: the task's verifiable score (partial credit in [0, 1]), or your function
     `fn(responses [B,T], targets [B,A], batch) -> scores [B]` given as `function: pkg.mod:fn`."""
 
+    requires = {"tokens": "int64", "response_mask": "bool", "targets": "int64"}
+
     role = "reward"
 
     class Config(TaskConfig):

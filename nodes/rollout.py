@@ -15,6 +15,7 @@ from flowrl.nodes.common import ModelConfig, model_on
 
 class Rollout(flowrl.Node):
     role = "rollout"
+    requires = {"prompts": "int64", "targets": "int64"}
     subscribes_weights = True
 
     class Config(ModelConfig):

@@ -13,6 +13,9 @@ Spec language (`flowrl run --fault SPEC`, repeatable; or `faults:` in a graph fi
     delay:rollout,seconds=0.1  hold every outgoing message 0.1 s
     drop:rollout@step=1        silently drop its 2nd outgoing message
     corrupt:reward@step=1      send garbage frames to its consumers just before its 2nd message
+    forge:reward@step=1        send a well-formed batch with the wrong tensors and the next ticket's
+                               index just before its 2nd message (consumers must reject it at their
+                               boundary, and still take the real one)
     fail_sync:rollout@version=2  fail the weight sync to version 2
     crash:critic               raise in setup (a node that can never start)
 
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-ACTIONS = ("kill", "hang", "stall", "slow", "delay", "drop", "corrupt", "fail_sync", "crash")
+ACTIONS = ("kill", "hang", "stall", "slow", "delay", "drop", "corrupt", "forge", "fail_sync", "crash")
 TRIGGERS = ("step", "t", "version", "checkpoint")
 
 
@@ -146,6 +149,17 @@ class FaultInjector:
         if self._due("corrupt", step):
             await send_garbage(addresses)  # garbled frames reach the consumer first; it must reject them
         return False
+
+    def forged(self, batch):
+        """A batch to send before `batch` (its next message), or None."""
+        if not self.faults or not self._due("forge", self.sent):
+            return None
+        import numpy as np
+
+        from flowrl.transport import Batch
+
+        return Batch(tensors={"forged": np.zeros(3, dtype=np.int64)}, batch_id=batch.batch_id, attempt=batch.attempt,
+                     index=batch.index + 1, min_version=batch.min_version, epoch=batch.epoch)
 
     def on_checkpoint(self, step: int) -> None:
         for f in self.faults:

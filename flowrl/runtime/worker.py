@@ -316,6 +316,13 @@ class Worker:
                 and not self.gate.admits(work.min_version, self.version):
             self.gate.hold(arrival)  # generated later, once the weights arrive
             return
+        if rx is not None and work.drop is None and self.cls.requires:
+            problem = missing_tensors(work, self.cls.requires)
+            if problem:
+                self.recorder.count("batches_rejected", 1, edge=self.input_labels.get(port, port))
+                log.warning("rejected batch %s on %s: %s", work.batch_id, port, problem)
+                await self.discard(rx, work, f"invalid: {problem}")
+                return
         if rx is None:
             item = Item(work.index, work.batch_id, work.attempt, work.epoch, None, work,
                         min_version=work.min_policy_version)
@@ -411,6 +418,9 @@ class Worker:
     async def emit(self, outputs: dict, item: Item) -> None:
         for route, tx in self.senders:
             batch = outputs[route.port]
+            forged = self.faults.forged(batch)
+            if forged is not None:
+                await tx.send(forged)
             if await self.faults.on_send(route.addresses, batch):
                 continue
             with self.recorder.span("wait_credit", batch_id=batch.batch_id):
@@ -527,6 +537,19 @@ class Worker:
         with anyio.move_on_after(2):
             await self.send_ctl(m.Error(where=where, type=info["type"], message=info["message"], file=info["file"],
                                         line=info["line"], batch_id=batch_id, traceback=info["traceback"]))
+
+
+def missing_tensors(batch, requires: dict) -> str | None:
+    """What a batch lacks of a node's declared input, or None."""
+    from flowrl.transport.dtypes import dtype_name
+
+    for name, dtype in requires.items():
+        t = batch.tensors.get(name)
+        if t is None:
+            return f"no tensor {name!r} (has {sorted(batch.tensors)[:8]})"
+        if dtype is not None and dtype_name(t) != dtype:
+            return f"tensor {name!r} is {dtype_name(t)}, the node takes {dtype}"
+    return None
 
 
 def edge_labels(graph, node: str) -> tuple[dict[str, str], dict[str, str]]:

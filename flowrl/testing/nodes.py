@@ -234,3 +234,9 @@ class Faulty(flowrl.Node):
         if self.config.bad_return:
             return [batch]
         return batch
+
+
+class StrictNormalizer(Normalizer):
+    """A `Normalizer` that declares its input: batches without an int64 `x` are rejected."""
+
+    requires = {"x": "int64"}

@@ -280,3 +280,24 @@ def test_a_model_mismatch_between_trainer_and_rollout_fails_the_run_naming_the_t
                        overrides=["schedule.steps=3", "nodes.rollout.config.model.d_model=64"], timeout_s=170)
     assert result.exit_code == 1
     assert "cannot take the trainer's weights" in result.stderr and "differs" in result.stderr
+
+
+def test_a_forged_batch_is_rejected_at_the_nodes_boundary_without_a_restart(tmp_path):
+    """Issue 12: a well-formed batch with the wrong tensors and the next index restarts nothing,
+    and the real batch of that index is still taken."""
+    text = f"""\
+nodes:
+  numbers: {{kind: "{N}:Numbers"}}
+  norm: {{kind: "{N}:Normalizer"}}
+  collect: {{kind: "{N}:Chain"}}
+edges: [numbers -> norm, norm -> collect]
+schedule: {{steps: 8, batch_size: 2, max_staleness: 1}}
+{FAST}
+"""
+    result = run_graph(write(tmp_path, text.replace("Normalizer", "StrictNormalizer")), tmp_path / "run",
+                       faults=["forge:numbers@step=2"], timeout_s=150)
+    ok(result, 8, ["collect"])
+    assert not any(r["event"] == "node_down" for r in result.ledger)
+    rejected = [r for r in result.ledger if r["event"] == "duplicate_dropped" and "invalid" in r.get("why", "")]
+    assert len(rejected) == 1 and "no tensor 'x'" in rejected[0]["why"]
+    assert node_state(result.run_dir, "norm")["chain"] == expected_chain(8, 2)
