@@ -38,6 +38,7 @@ from flowrl.runtime.launcher import Launcher
 from flowrl.runtime.ledger import Ledger
 from flowrl.runtime.procs import NodeFailure, Proc, ProcTable
 from flowrl.runtime.procspec import OutputRoute, ProcSpec
+from flowrl.runtime.ranks import shard_address
 from flowrl.runtime.recovery import RecoveryBook
 from flowrl.runtime.scheduler import Scheduler, TicketExhausted
 from flowrl.runtime.supervisor import Supervisor
@@ -92,7 +93,7 @@ class Controller:
         self.procs = ProcTable()
         self.supervisor = Supervisor(launcher, run_dir, sup, {n: node.on_failure for n, node in spec.nodes.items()})
         self.build_procs()
-        members = [p.id for p in self.procs if p.spec.node in self.stateful and p.spec.rank == 0]
+        members = [p.id for p in self.procs if p.spec.node in self.stateful]  # every rank saves its own state
         self.book = RecoveryBook(run_dir, members, keep=sched.keep_checkpoints, ledger=self.ledger,
                                  publishers=self.publishers)
         self.recovering: set[str] | None = None
@@ -130,6 +131,8 @@ class Controller:
             if group not in master_ports:
                 master_ports[group] = free_port()
             env = dict(self.plan.env_for(entry, master_port=master_ports[group]))
+            rank_addresses = ([shard_address(str(self.sockdir), entry.node, entry.replica, r)
+                               for r in range(entry.world_size)] if entry.world_size > 1 else [])
             ps = ProcSpec(node=entry.node, kind=node.kind, replica=entry.replica, replicas=node.replicas,
                           rank=entry.rank, world_size=entry.world_size, incarnation=0, run_dir=str(self.run_dir),
                           graph_file=graph_file, control=self.control_addr, inputs=inputs, outputs=outputs, env=env,
@@ -138,7 +141,7 @@ class Controller:
                           is_sink=entry.node in self.sinks, is_source=entry.node in self.sources,
                           faults=self.faults, heartbeat_s=spec.supervision.heartbeat_s, secret=self.secret,
                           serving_dtype=next((spec.nodes[w.dst].dtype for w in spec.weights if w.src == entry.node), None),
-                          sys_path=[p for p in sys.path if p and os.path.isdir(p)])
+                          sys_path=[p for p in sys.path if p and os.path.isdir(p)], rank_addresses=rank_addresses)
             self.procs.add(Proc(spec=ps))
 
     def resume_from(self, record: dict) -> None:
@@ -193,10 +196,32 @@ class Controller:
         if self.hub:
             self.hub.inc("restarts", node=proc.spec.node, replica=str(proc.spec.replica))
             self.hub.event("restart", node=proc.id, why=why)
+        self.restart_rank_group(proc)
         if proc.spec.node in self.stateful:
             await self.begin_recovery(f"{proc.id} {why}")
         elif self.recovering is not None:
-            self.recovering.add(proc.id)
+            self.recovering.update(p.id for p in self.rank_group(proc))
+
+    def rank_group(self, proc: Proc) -> list[Proc]:
+        return [p for p in self.procs.of_node(proc.spec.node) if p.spec.replica == proc.spec.replica]
+
+    def restart_rank_group(self, proc: Proc) -> None:
+        """A dead rank takes its whole group down: the survivors are stopped and every rank starts
+        again together, in a fresh torch.distributed group (a new MASTER_PORT)."""
+        group = self.rank_group(proc)
+        if len(group) < 2:
+            return
+        port = str(free_port())
+        for p in group:
+            p.spec.env["MASTER_PORT"] = port
+            if p is proc:
+                continue
+            if p.down_since is None and p.handle is not None:
+                p.handle.stop(0.5)
+                p.ready = p.wired = False
+                p.down_since = time.monotonic()
+                self.ledger.write("node_down", "-", p.spec.incarnation, node=p.id, why=f"its rank group lost {proc.id}")
+            p.restart_at = proc.restart_at
 
     async def begin_recovery(self, reason: str) -> None:
         """Every stateful node rolls back to the committed checkpoint; the tickets after it replay."""
@@ -368,14 +393,16 @@ class Controller:
         if proc.spec.node in self.publishers or proc.spec.node in self.subscribers:
             if all(p.ready and p.wired for p in self.weight_procs()):
                 await self.new_sync_epoch()
-        if proc.spec.incarnation > 0:  # a restarted stateless node: what it held goes out again
+        if proc.spec.incarnation > 0 and proc.spec.rank == 0:  # a restarted stateless node: what it held goes out again
             self.pending_tickets = []
             await self.reissue(self.scheduler.reissue_open, f"{proc.id} restarted")
         await self.flush_tickets()
 
     # weight sync ----------------------------------------------------------------------------
     def weight_procs(self) -> list[Proc]:
-        return [p for p in self.procs if p.spec.rank == 0 and (p.spec.node in self.publishers or p.spec.node in self.subscribers)]
+        """Rank 0 of each publisher (its weights are whole there) and every rank of every subscriber."""
+        return [p for p in self.procs if (p.spec.node in self.publishers and p.spec.rank == 0)
+                or p.spec.node in self.subscribers]
 
     async def new_sync_epoch(self) -> None:
         """Form a fresh weight-sync group of every live member and send the newest weights."""

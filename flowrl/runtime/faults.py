@@ -2,7 +2,7 @@
 
 Spec language (`flowrl run --fault SPEC`, repeatable; or `faults:` in a graph file)::
 
-    ACTION:NODE[/REPLICA][@WHEN][,OPTION...]
+    ACTION:NODE[/REPLICA[/RANK]][@WHEN][,OPTION...]
 
     kill:rollout@step=3        SIGKILL itself before its 4th batch (0-based step 3)
     kill:critic@t=2.5          SIGKILL itself 2.5 s after it reported READY
@@ -45,6 +45,7 @@ class Fault:
     action: str
     node: str
     replica: int | None = None
+    rank: int | None = None
     step: int | None = None
     t: float | None = None
     version: int | None = None
@@ -55,20 +56,21 @@ class Fault:
 
     @classmethod
     def parse(cls, text: str) -> "Fault":
-        usage = ("write ACTION:NODE[/REPLICA][@step=N|@t=SECONDS|@version=V|@checkpoint=STEP][,seconds=X][,every], "
+        usage = ("write ACTION:NODE[/REPLICA[/RANK]][@step=N|@t=SECONDS|@version=V|@checkpoint=STEP][,seconds=X][,every], "
                  "e.g. kill:rollout@step=3")
         head, *opts = [p.strip() for p in text.split(",")]
         action, sep, rest = head.partition(":")
         if not sep or action not in ACTIONS:
             raise FaultSpecError(f"fault {text!r}: unknown action {action!r} (actions: {', '.join(ACTIONS)}); {usage}")
         target, _, when = rest.partition("@")
-        node, _, replica = target.partition("/")
+        node, _, where = target.partition("/")
+        replica, _, rank = where.partition("/")
         if not node:
             raise FaultSpecError(f"fault {text!r}: no node named; {usage}")
         try:
-            f = cls(action, node, int(replica) if replica else None)
+            f = cls(action, node, int(replica) if replica else None, int(rank) if rank else None)
         except ValueError:
-            raise FaultSpecError(f"fault {text!r}: replica must be a number, got {replica!r}; {usage}") from None
+            raise FaultSpecError(f"fault {text!r}: replica and rank must be numbers, got {where!r}; {usage}") from None
         if when:
             key, _, value = when.partition("=")
             if key not in TRIGGERS or not value:
@@ -91,8 +93,9 @@ class Fault:
             f.step = 0
         return f
 
-    def targets(self, node: str, replica: int) -> bool:
-        return self.node == node and (self.replica is None or self.replica == replica)
+    def targets(self, node: str, replica: int, rank: int = 0) -> bool:
+        return (self.node == node and (self.replica is None or self.replica == replica)
+                and (self.rank is None or self.rank == rank))
 
 
 def parse_faults(specs: list[str]) -> list[Fault]:
@@ -102,8 +105,8 @@ def parse_faults(specs: list[str]) -> list[Fault]:
 class FaultInjector:
     """The faults of one node process. Hooks are no-ops when no fault targets this process."""
 
-    def __init__(self, specs: list[str], node: str, replica: int):
-        self.faults = [f for f in parse_faults(specs) if f.targets(node, replica)]
+    def __init__(self, specs: list[str], node: str, replica: int, rank: int = 0):
+        self.faults = [f for f in parse_faults(specs) if f.targets(node, replica, rank)]
         self.sent = 0
         self.armed = False
 

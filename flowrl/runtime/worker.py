@@ -34,6 +34,7 @@ from flowrl.node import Drop, Ticket
 from flowrl.runtime.procspec import ProcSpec
 
 log = logging.getLogger("flowrl.worker")
+SHARD = "__rank_shard__"  # the pseudo input port of a follower rank
 
 
 def bind_devices(spec: ProcSpec) -> None:
@@ -54,7 +55,7 @@ class Worker:
         self.receivers: dict = {}
         self.senders: list = []  # (route, Sender)
         self.events_tx, self.events_rx = anyio.create_memory_object_stream(float("inf"))
-        self.faults = FaultInjector(spec.faults, spec.node, spec.replica)
+        self.faults = FaultInjector(spec.faults, spec.node, spec.replica, spec.rank)
         self.fence = Fence(spec.epoch)
         self.gate = VersionGate()
         self.stopping = False
@@ -135,6 +136,17 @@ class Worker:
         if cls.subscribes_weights and spec.epoch > 0:
             self.version = -1  # after a rollback only the publisher's restored weights count
         self.input_labels, self.output_labels = edge_labels(graph, spec.node)
+        self.dp = spec.world_size > 1
+        self.rank_rx = None
+        self.rank_tx: dict[int, object] = {}
+        if self.dp:
+            if self.is_source or self.is_join or len(cls.outputs) > 1:
+                raise ValueError(f"node {spec.node!r}: data parallelism (devices: {spec.world_size}) splits each batch "
+                                 "over the ranks of a transform or sink with one output port; for a source, a join "
+                                 "or several outputs use replicas instead")
+            self.rank_rx = Receiver(ChannelConfig(capacity_messages=4, peer_timeout_s=self.peer_timeout_s),
+                                    name=f"{spec.node}.rank{spec.rank}")
+            await self.rank_rx.bind(spec.rank_addresses[spec.rank])
         if spec.rank == 0:
             for port, address in spec.inputs.items():
                 route_caps = [o for o in graph.edges if o.dst == spec.node and o.dst_port in (None, port)]
@@ -161,6 +173,14 @@ class Worker:
             self.senders.append((route, tx))
         self.wired = True
         log.info("wired %.2f s after start", time.monotonic() - self.t_start)
+        if self.dp:  # the leader sends shards to every follower; followers send results back to it
+            peers = range(1, self.spec.world_size) if self.spec.rank == 0 else [0]
+            for r in peers:
+                tx = Sender(ChannelConfig(capacity_messages=4, peer_timeout_s=self.peer_timeout_s), name=f"rank{r}")
+                await tx.connect(self.spec.rank_addresses[r])
+                self.rank_tx[r] = tx
+            if self.spec.rank > 0:
+                self.tg.start_soon(self.input_loop, SHARD, self.rank_rx)
         for port, rx in self.receivers.items():
             self.tg.start_soon(self.input_loop, port, rx)
         await self.send_ctl(m.Wired(epoch=self.fence.epoch))
@@ -304,6 +324,9 @@ class Worker:
     async def on_arrival(self, arrival) -> None:
         """One batch (port, batch, rx) or ticket (None, ticket, None) from the event queue."""
         port, work, rx = arrival
+        if port == SHARD:
+            await self.on_shard(work, rx)
+            return
         verdict = self.fence.classify(work.epoch)
         if verdict == "stale":
             if rx is not None:
@@ -371,6 +394,8 @@ class Worker:
 
         if item.drop is not None:
             result = Drop(item.drop)
+            if self.dp:
+                await self.tell_followers(item)  # they follow every ticket, drops too
         else:
             method = "generate" if self.is_source else "join" if self.is_join else "process"
             self.busy = (item.batch_id, time.monotonic())
@@ -382,6 +407,8 @@ class Worker:
                         result = await self.node.generate(item.batch)
                     elif self.is_join:
                         result = await self.node.join(item.parts)
+                    elif self.dp:
+                        result = await self.run_ranks(item, method)
                     else:
                         result = await self.node.process(item.batch, item.port)
             except BaseException:
@@ -458,6 +485,85 @@ class Worker:
         await self.ack(item)
         await self.send_ctl(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why=why))
 
+    # data parallelism (ranks.py) -------------------------------------------------------------
+    async def run_ranks(self, item: Item, method: str):
+        """Leader: shard r to rank r, shard 0 here, gather the results in rank order."""
+        from flowrl.runtime.contract import outputs_of
+        from flowrl.runtime.ranks import merge_outputs, split_groups
+
+        shards = split_groups(item.batch, self.spec.world_size)
+        for r, tx in self.rank_tx.items():
+            await tx.send(self.stamp(shards[r], item).replace(meta={**shards[r].meta, "_port": item.port}))
+        self.recorder.count("rank_samples", shards[0].num_samples, rank="0", per_node=True)
+        mine = await self.node.process(shards[0], item.port)
+        outputs = [None if self.is_sink else outputs_of(mine, node=self.spec.node, method=method,
+                                                        ports=self.cls.outputs)[self.cls.outputs[0]]]
+        for r in range(1, self.spec.world_size):
+            outputs.append(await self.gather(item, r))
+        if self.is_sink:
+            return None
+        merged = merge_outputs(outputs)
+        return {self.cls.outputs[0]: merged}
+
+    async def gather(self, item: Item, rank: int):
+        """The result of `rank` for `item` (results of older work are dropped)."""
+        while True:
+            out = await self.rank_rx.recv()
+            await self.rank_rx.ack(out)
+            if out.batch_id == item.batch_id and out.attempt == item.attempt and out.meta.get("_rank") == rank:
+                if out.drop is not None:
+                    return Drop(out.drop)
+                return out.replace(meta={k: v for k, v in out.meta.items() if k != "_rank"})
+
+    async def tell_followers(self, item: Item) -> None:
+        from flowrl.transport import Batch
+
+        marker = Batch(batch_id=item.batch_id, attempt=item.attempt, index=item.index, epoch=item.epoch,
+                       drop=item.drop or "dropped")
+        for tx in self.rank_tx.values():
+            await tx.send(marker)
+
+    async def on_shard(self, shard, rx) -> None:
+        """Follower: run the leader's shard (or follow its drop), send the result back."""
+        from flowrl.runtime.contract import outputs_of
+        from flowrl.transport import Batch
+
+        await rx.ack(shard)
+        if shard.epoch != self.fence.epoch:
+            return  # work of another recovery epoch: the leader does not wait for it
+        result = None
+        if shard.drop is None:
+            port = shard.meta.get("_port") or self.cls.inputs[0]
+            batch = shard.replace(meta={k: v for k, v in shard.meta.items() if k != "_port"})
+            self.recorder.count("rank_samples", batch.num_samples, rank=str(self.spec.rank), per_node=True)
+            self.busy = (shard.batch_id, time.monotonic())
+            try:
+                await self.faults.on_batch(self.step)
+                self.step += 1
+                out = await self.node.process(batch, port)
+            except BaseException:
+                self.failed_on = shard.batch_id
+                raise
+            finally:
+                self.busy = None
+            if not self.is_sink:
+                result = outputs_of(out, node=self.spec.node, method="process", ports=self.cls.outputs)[self.cls.outputs[0]]
+            route = dict(batch_id=shard.batch_id, attempt=shard.attempt, index=shard.index, epoch=shard.epoch)
+            if isinstance(result, Drop):
+                reply = Batch(meta={"_rank": self.spec.rank}, drop=result.reason, **route)
+            elif result is None:
+                reply = Batch(meta={"_rank": self.spec.rank}, **route)
+            else:
+                reply = result.replace(meta={**result.meta, "_rank": self.spec.rank}, **route)
+            await self.rank_tx[0].send(reply)
+        if self.cls.publishes_weights:  # the leader's version, kept here too
+            self.version += 1
+            self.nctx.policy_version = self.version
+        if self.ordered is not None:  # follow the leader's watermark: checkpoints at the same ticket
+            self.ordered.watermark = shard.index + 1
+            if self.is_checkpoint_step(self.ordered.watermark):
+                await self.save_checkpoint(self.ordered.watermark)
+
     # weights --------------------------------------------------------------------------------
     async def weight_sync(self, order: m.Sync) -> None:
         from flowrl.weights import WeightSyncError  # noqa: F401
@@ -523,7 +629,10 @@ class Worker:
                 for _, tx in self.senders:
                     with anyio.move_on_after(1):
                         await tx.aclose()
-                for rx in self.receivers.values():
+                for tx in self.rank_tx.values():
+                    with anyio.move_on_after(1):
+                        await tx.aclose()
+                for rx in [*self.receivers.values(), *([self.rank_rx] if self.rank_rx else [])]:
                     with anyio.move_on_after(1):
                         await rx.aclose()
         return 0

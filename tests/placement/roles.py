@@ -4,7 +4,7 @@ built-in nodes' configs: `kind: "tests.placement.roles:Actor"`."""
 import flowrl
 
 
-class _Alone(flowrl.Node):
+class _Alone(flowrl.Source):
     inputs = ()
     outputs = ()
 
@@ -33,7 +33,7 @@ class Helper(_Alone):
     """No role: no sharing rules; on a GPU host `auto` runs it on the CPU."""
 
 
-class Source(flowrl.Node):
+class Source(flowrl.Source):
     role = "rollout"
     inputs = ()
     outputs = ("out",)
