@@ -96,7 +96,7 @@ def shapes_main(args) -> int:
         results = campaign(seeds, per, workdir, jobs=args.jobs, features=features, on_result=show, total=args.shapes)
     refs = [r for r in results if r.schedule == "ref"]
     runs = [r for r in results if r.schedule != "ref"]
-    count = lambda pred: sum(1 for r in runs if pred(r))  # noqa: E731
+    count = lambda pred: sum(1 for r in runs if pred(r))
     summary = {
         "schedules": len(runs),
         "completed": count(lambda r: r.outcome == "completed"),
@@ -113,6 +113,13 @@ def shapes_main(args) -> int:
     print()
     for k, v in summary.items():
         print(f"{k:<34}{v}")
+    print("\nbreakdown (schedules where the contract holds / schedules):")
+    groups: dict[str, list] = {}
+    for r in runs:
+        for key in {f"fault {k}" for k in r.kinds} | {f"shape {t}" for t in r.traits}:
+            groups.setdefault(key, []).append(r.ok)
+    for key in sorted(groups):
+        print(f"  {key:<32}{sum(groups[key])}/{len(groups[key])}")
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "features": asdict(features),
                                                "results": [asdict(r) for r in results]}, indent=1))
@@ -138,8 +145,8 @@ def main() -> int:
             row = trial(i, rng, Path(d))
             rows.append(row)
             rec = f"{row['recovery_s']:.2f}" if row["recovery_s"] is not None else "-"
-            print(f"trial {i:>2}  {row['fault']:<26} exit {row['exit_code']:>3}  killed {str(row['killed']):<5} "
-                  f"exactly-once {str(row['exactly_once']):<5} recovery {rec:>6} s", flush=True)
+            print(f"trial {i:>2}  {row['fault']:<26} exit {row['exit_code']:>3}  killed {row['killed']!s:<5} "
+                  f"exactly-once {row['exactly_once']!s:<5} recovery {rec:>6} s", flush=True)
     recs = [r["recovery_s"] for r in rows if r["recovery_s"] is not None]
     completed = sum(r["exit_code"] == 0 for r in rows)
     once = sum(r["exactly_once"] for r in rows)

@@ -5,5 +5,5 @@
 See `flowrl.testing.chaos` for the parts (synthetic nodes, DAG generator, model, schedules, checker).
 """
 
-from flowrl.testing.chaos import *  # noqa: F401,F403
+from flowrl.testing.chaos import *
 from flowrl.testing.chaos import __all__  # noqa: F401

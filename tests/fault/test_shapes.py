@@ -24,8 +24,15 @@ import pytest
 
 from flowrl.graph import dump_graph
 from flowrl.graph.loader import load_graph_text
-from flowrl.testing.chaos import (Features, check_ledger, compare_state, plan, random_schedule, random_shape,
-                                  simulate)
+from flowrl.testing.chaos import (
+    Features,
+    check_ledger,
+    compare_state,
+    plan,
+    random_schedule,
+    random_shape,
+    simulate,
+)
 from flowrl.testing.chaos import nodes as N
 from flowrl.testing.chaos.campaign import campaign
 

@@ -15,7 +15,12 @@ outcome, computed in-process), `schedules` (fault schedules), `check` (ledger, s
 """
 
 from flowrl.testing.chaos.campaign import campaign, plan
-from flowrl.testing.chaos.check import check_ledger, compare_state, load_checkpoint_file, read_final_states
+from flowrl.testing.chaos.check import (
+    check_ledger,
+    compare_state,
+    load_checkpoint_file,
+    read_final_states,
+)
 from flowrl.testing.chaos.features import Features
 from flowrl.testing.chaos.model import Expected, simulate
 from flowrl.testing.chaos.schedules import Schedule, random_schedule

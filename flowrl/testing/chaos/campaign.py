@@ -10,9 +10,9 @@ its wall time sets the shape's time bound), then under each of its schedules. Sh
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 from flowrl.testing.chaos.features import Features
 from flowrl.testing.chaos.model import simulate

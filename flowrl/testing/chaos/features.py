@@ -20,7 +20,7 @@ class Features:
     """Fault `kill:NODE@checkpoint=N`: SIGKILL when ordered to save checkpoint N."""
 
     @classmethod
-    def detect(cls) -> "Features":
+    def detect(cls) -> Features:
         from flowrl.graph.spec import ScheduleSpec, SupervisionSpec
         from flowrl.runtime.faults import ACTIONS, Fault
 
@@ -35,7 +35,7 @@ class Features:
                    stall="stall" in ACTIONS, kill_at_checkpoint=at_checkpoint)
 
     @classmethod
-    def all(cls) -> "Features":
+    def all(cls) -> Features:
         return cls(True, True, True, True, True)
 
     def missing(self) -> list[str]:

@@ -13,8 +13,8 @@ records each ticket once, as consumed or as dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -76,6 +76,6 @@ def simulate(shape, batch_id: Callable[[int], str] = default_batch_id) -> Expect
             if d.sink:
                 out.outcomes[d.name][i] = "consumed"
             value[d.name] = x
-    for name in chains:
-        out.states[name] = {"chain": chains[name], "count": counts[name], "indices": indices[name]}
+    for name, chain in chains.items():
+        out.states[name] = {"chain": chain, "count": counts[name], "indices": indices[name]}
     return out

@@ -16,8 +16,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from flowrl.testing.chaos.nodes import KINDS
 from flowrl.testing.chaos.features import Features
+from flowrl.testing.chaos.nodes import KINDS
 
 STATELESS = ("Mix", "Drop", "Shrink", "LogSink", "TicketSource")
 
@@ -81,6 +81,30 @@ class Shape:
     def processes(self) -> int:
         return sum(d.replicas for d in self.nodes.values())
 
+    def traits(self) -> list[str]:
+        """What makes this shape more than a chain with one sink (for breakdowns of results)."""
+        ds = list(self.nodes.values())
+        out = []
+        if len(self.sinks) > 1:
+            out.append("several sinks")
+        if any(d.cls == "LogSink" for d in ds):
+            out.append("stateless sink")
+        if any(d.sink and d.replicas > 1 for d in ds):
+            out.append("replicated sink")
+        if any(d.cls == "Fold" for d in ds):
+            out.append("stateful transform")
+        if any(d.cls == "Merge" for d in ds):
+            out.append("join")
+        if any(d.cls == "Drop" for d in ds):
+            out.append("drops")
+        if any(d.cls == "Shrink" for d in ds):
+            out.append("shrinks")
+        if any(len(self.consumers(n)) > 1 for n in self.nodes):
+            out.append("fan-out")
+        if any(d.replicas > 1 and not d.sink for d in ds):
+            out.append("replicas")
+        return out or ["chain, one sink"]
+
     def edges(self) -> list[str]:
         out = []
         for d in self.nodes.values():
@@ -90,8 +114,8 @@ class Shape:
 
     def describe(self) -> str:
         """One line per node: `name Class(xR)* <- inputs` (* = stateful)."""
-        lines = [f"shape {self.seed}: {self.steps} steps x {self.batch_size}, checkpoint every "
-                 f"{self.checkpoint_every}, max_staleness {self.max_staleness}"]
+        lines = [(f"shape {self.seed}: {self.steps} steps x {self.batch_size}, checkpoint every "
+                  f"{self.checkpoint_every}, max_staleness {self.max_staleness}")]
         for d in self.nodes.values():
             rep = f" x{d.replicas}" if d.replicas > 1 else ""
             star = "*" if d.stateful else ""

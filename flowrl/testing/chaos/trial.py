@@ -16,7 +16,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flowrl.testing.chaos.check import check_ledger, compare_state, names_the_culprit, read_final_states
+from flowrl.testing.chaos.check import (
+    check_ledger,
+    compare_state,
+    names_the_culprit,
+    read_final_states,
+)
 from flowrl.testing.chaos.features import Features
 from flowrl.testing.chaos.model import Expected, default_batch_id, simulate
 from flowrl.testing.chaos.schedules import Schedule
@@ -67,6 +72,8 @@ class TrialResult:
     """The run's failure message (stderr tail), if it failed."""
     run_dir: str = ""
     substituted: list[str] = field(default_factory=list)
+    traits: list[str] = field(default_factory=list)
+    """The shape's traits (`Shape.traits`)."""
 
     @property
     def late(self) -> bool:
@@ -93,8 +100,8 @@ class TrialResult:
         return not self.reasons
 
     def explain(self, shape: Shape | None = None) -> str:
-        lines = [f"{self.schedule} faults {self.faults or '-'} kinds {self.kinds or '-'}: {self.outcome} "
-                 f"(exit {self.exit_code}, {self.wall_s:.1f} s, bound {self.bound_s:.0f} s, {self.restarts} restarts)"]
+        lines = [(f"{self.schedule} faults {self.faults or '-'} kinds {self.kinds or '-'}: {self.outcome} "
+                  f"(exit {self.exit_code}, {self.wall_s:.1f} s, bound {self.bound_s:.0f} s, {self.restarts} restarts)")]
         lines += ["  " + r for r in self.reasons]
         if self.substituted:
             lines.append("  substituted: " + "; ".join(self.substituted))
@@ -123,7 +130,7 @@ def run_shape(shape: Shape, run_dir: Path, schedule: Schedule | None = None, *, 
     features = features or Features.detect()
     faults = list(schedule.faults) if schedule else []
     bound = bound_s(shape, len(faults), ref_wall_s)
-    limit = float(os.environ.get("FLOWRL_CHAOS_HANG_S", 0)) or bound + HANG_GRACE_S
+    limit = float(os.environ.get("FLOWRL_CHAOS_HANG_S", "0")) or bound + HANG_GRACE_S
     limit = min(limit, hang_s) if hang_s else limit
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -132,6 +139,7 @@ def run_shape(shape: Shape, run_dir: Path, schedule: Schedule | None = None, *, 
     t0 = time.monotonic()
     result = run_graph(graph, run_dir, faults=faults, timeout_s=limit)
     wall = time.monotonic() - t0
+    run_dir.with_name(run_dir.name + ".stderr.txt").write_text(result.stderr)
     rows = read_jsonl(run_dir / "ledger.jsonl")
     ids = {r["index"]: r["batch_id"] for r in rows if r.get("event") == "issued" and "index" in r}
     if expected is None or any(b != default_batch_id(i) for i, b in ids.items()):
@@ -164,4 +172,4 @@ def run_shape(shape: Shape, run_dir: Path, schedule: Schedule | None = None, *, 
         exit_code=result.exit_code, wall_s=wall, bound_s=bound, outcome=outcome, ledger=ledger, state=state,
         restarts=sum(1 for r in rows if r.get("event") == "node_down"),
         error="" if complete else _error_excerpt(result.stderr), run_dir=str(run_dir),
-        substituted=list(schedule.substituted) if schedule else [])
+        substituted=list(schedule.substituted) if schedule else [], traits=shape.traits())
