@@ -87,8 +87,10 @@ def shapes_main(args) -> int:
     def show(shape, res):
         mark = "ok " if res.ok else "BAD"
         why = "; ".join(res.reasons)[:300]
-        print(f"{mark} {res.schedule:<10} {res.outcome:<14} {res.wall_s:6.1f} s  {' '.join(res.faults) or '(fault-free)'}"
-              + (f"\n      {why}" if why else ""), flush=True)
+        name = res.schedule if res.schedule != "ref" else f"s{res.shape}.ref"
+        what = " ".join(res.faults) if res.faults else f"(fault-free; {', '.join(res.traits)})"
+        print(f"{mark} {name:<10} {res.outcome:<14} {res.wall_s:6.1f} s  {what}" + (f"\n      {why}" if why else ""),
+              flush=True)
 
     keep = Path(args.keep) if args.keep else None
     with tempfile.TemporaryDirectory(prefix="flowrl-shapes-") as d:

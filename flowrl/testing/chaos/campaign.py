@@ -2,8 +2,9 @@
 
     results = campaign(range(8), schedules_per_shape=4, workdir=tmp, jobs=2, on_result=print)
 
-Each shape is run fault-free first (the reference: it must complete with the model's states, and
-its wall time sets the shape's time bound), then under each of its schedules. Shapes go in parallel
+Each shape is run fault-free first (the reference: it must complete with the model's ledger and
+states; its wall time sets the shape's time bound and its final states are what every faulted run
+must end with), then under each of its schedules. Shapes go in parallel
 (`jobs`), the runs of one shape one after another.
 """
 
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from flowrl.testing.chaos.check import read_final_states
 from flowrl.testing.chaos.features import Features
 from flowrl.testing.chaos.model import simulate
 from flowrl.testing.chaos.schedules import Schedule, random_schedule
@@ -55,15 +57,20 @@ def campaign(shape_seeds, schedules_per_shape: int, workdir: Path, *, jobs: int 
 
     def one_shape(shape: Shape, schedules: list[Schedule]) -> None:
         expected = simulate(shape)
-        ref_wall = None
+        ref_wall, ref_states = None, None
         if references:
             ref = run_shape(shape, Path(workdir) / f"shape{shape.seed}" / "ref", None, features=features,
                             expected=expected)
-            ref_wall = ref.wall_s if ref.outcome == "completed" else None
+            if ref.outcome == "completed":
+                ref_wall = ref.wall_s
+                try:
+                    ref_states = read_final_states(Path(ref.run_dir))[1] or None
+                except Exception:  # noqa: BLE001 - reported by the reference's own check
+                    ref_states = None
             report(shape, ref)
         for sched in schedules:
             res = run_shape(shape, Path(workdir) / f"shape{shape.seed}" / sched.id, sched, features=features,
-                            ref_wall_s=ref_wall, expected=expected)
+                            ref_wall_s=ref_wall, expected=expected, reference_states=ref_states)
             report(shape, res)
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:

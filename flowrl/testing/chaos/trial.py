@@ -122,8 +122,10 @@ def _error_excerpt(stderr: str) -> str:
 
 def run_shape(shape: Shape, run_dir: Path, schedule: Schedule | None = None, *, features: Features | None = None,
               ref_wall_s: float | None = None, expected: Expected | None = None,
-              hang_s: float | None = None) -> TrialResult:
-    """Run `shape` once under `schedule` (None: fault-free) and check it against the model."""
+              hang_s: float | None = None, reference_states: dict[str, dict] | None = None) -> TrialResult:
+    """Run `shape` once under `schedule` (None: fault-free) and check it: the ledger against the
+    model, the stateful nodes' final states against `reference_states` (a fault-free run's, itself
+    checked against the model) or, without those, against the model."""
     from flowrl.graph import dump_graph
     from flowrl.testing import read_jsonl, run_graph
 
@@ -163,9 +165,10 @@ def run_shape(shape: Shape, run_dir: Path, schedule: Schedule | None = None, *, 
         if shape.stateful and step != shape.steps:
             state.append(f"final checkpoint is step {step}, want {shape.steps}")
         for node in shape.stateful:
-            diff = compare_state(node, states.get(node), expected.states[node])
+            want = (reference_states or {}).get(node) or expected.states[node]
+            diff = compare_state(node, states.get(node), want)
             if diff:
-                state.append(diff)
+                state.append(diff + (" (vs the fault-free run)" if reference_states else ""))
     return TrialResult(
         shape=shape.seed, schedule=schedule.id if schedule else "ref", faults=faults,
         kinds=list(schedule.kinds) if schedule else [], recoverable=schedule.recoverable if schedule else True,
