@@ -14,7 +14,8 @@ metrics row reaches it) it prints:
 - controller RSS (MiB), read from the `flowrl run` process with psutil;
 - controller CPU per step (us): controller CPU seconds (user + system) / steps, between points;
 - node CPU per step (us): the same for every node process together;
-- run-directory size (MiB), ledger size, checkpoint files kept.
+- run-directory size (MiB) and its growing parts (ledger, metrics, trace, checkpoints; MiB), and
+  the checkpoint files kept.
 
 What the issue asks (#11): RSS flat within 10 %, constant CPU per step, disk bounded by
 `schedule.keep_checkpoints`. Exit 0 when the run reached --steps; the verdict lines say the rest.
@@ -76,17 +77,22 @@ def last_step(run_dir: Path) -> int:
     return 0
 
 
-def dir_size(path: Path) -> tuple[int, int]:
-    """(bytes, checkpoint files) under a run directory."""
-    total, ckpts = 0, 0
+def dir_size(path: Path) -> dict:
+    """Bytes under a run directory: total and its growing parts; checkpoint files kept."""
+    out = {"total": 0, "checkpoints": 0, "ckpt_files": 0}
     for root, _, files in os.walk(path):
         for name in files:
             try:
-                total += os.path.getsize(os.path.join(root, name))
+                size = os.path.getsize(os.path.join(root, name))
             except OSError:
-                pass
-            ckpts += name.endswith(".pt") and os.path.basename(root) == "checkpoints"
-    return total, ckpts
+                continue
+            out["total"] += size
+            if os.path.basename(root) == "checkpoints":
+                out["checkpoints"] += size
+                out["ckpt_files"] += name.endswith(".pt")
+            elif root == str(path) and name in ("ledger.jsonl", "metrics.jsonl", "trace.json"):
+                out[name.split(".")[0]] = size
+    return out
 
 
 def cpu_of(proc) -> float:
@@ -120,7 +126,8 @@ def main() -> int:
     t0 = time.monotonic()
     rows, prev = [], {"step": 0, "wall": 0.0, "ctl_cpu": 0.0, "node_cpu": 0.0}
     print(f"{'steps':>9} {'wall s':>8} {'steps/s':>8} {'ctl RSS MiB':>11} {'ctl CPU us/step':>15} "
-          f"{'node CPU us/step':>16} {'run dir MiB':>11} {'ledger MiB':>10} {'ckpt files':>10}", flush=True)
+          f"{'node CPU us/step':>16} {'run dir MiB':>11} {'ledger':>7} {'metrics':>7} {'trace':>7} {'ckpts':>7} "
+          f"{'ckpt files':>10}", flush=True)
     try:
         pending = list(points)
         node_cpu_seen: dict[int, float] = {}
@@ -142,20 +149,22 @@ def main() -> int:
             wall = time.monotonic() - t0
             rss = ctl.memory_info().rss / 2**20
             ctl_cpu, node_cpu = cpu_of(ctl), sum(node_cpu_seen.values())
-            size, ckpts = dir_size(run_dir)
-            ledger = (run_dir / "ledger.jsonl").stat().st_size if (run_dir / "ledger.jsonl").exists() else 0
+            sizes = dir_size(run_dir)
+            mib = {k: round(sizes.get(k, 0) / 2**20, 2) for k in ("total", "ledger", "metrics", "trace", "checkpoints")}
             d = max(1, step - prev["step"])
             row = {"step": step, "wall_s": round(wall, 2), "steps_per_s": round(d / max(1e-9, wall - prev["wall"]), 1),
                    "controller_rss_mib": round(rss, 1),
                    "controller_cpu_us_per_step": round(1e6 * (ctl_cpu - prev["ctl_cpu"]) / d, 1),
                    "node_cpu_us_per_step": round(1e6 * (node_cpu - prev["node_cpu"]) / d, 1),
-                   "run_dir_mib": round(size / 2**20, 2), "ledger_mib": round(ledger / 2**20, 2),
-                   "checkpoint_files": ckpts}
+                   "run_dir_mib": mib["total"], "ledger_mib": mib["ledger"], "metrics_mib": mib["metrics"],
+                   "trace_mib": mib["trace"], "checkpoints_mib": mib["checkpoints"],
+                   "checkpoint_files": sizes["ckpt_files"]}
             rows.append(row)
             prev = {"step": step, "wall": wall, "ctl_cpu": ctl_cpu, "node_cpu": node_cpu}
             print(f"{step:>9} {wall:>8.1f} {row['steps_per_s']:>8.1f} {rss:>11.1f} "
                   f"{row['controller_cpu_us_per_step']:>15.1f} {row['node_cpu_us_per_step']:>16.1f} "
-                  f"{row['run_dir_mib']:>11.2f} {row['ledger_mib']:>10.2f} {ckpts:>10}", flush=True)
+                  f"{mib['total']:>11.2f} {mib['ledger']:>7.2f} {mib['metrics']:>7.2f} {mib['trace']:>7.2f} "
+                  f"{mib['checkpoints']:>7.2f} {sizes['ckpt_files']:>10}", flush=True)
         code = child.wait(timeout=120)
     except KeyboardInterrupt:
         code = 130
