@@ -182,3 +182,17 @@ def test_fault_free_run_of_a_random_shape_completes_with_the_models_ledger_and_s
 def test_random_faults_on_a_random_shape_keep_exactly_once_and_state_or_fail_naming_the_culprit(runs, schedule):
     res = runs[(schedule.shape_seed, schedule.id)]
     assert res.ok, res.explain(SHAPES[schedule.shape_seed])
+
+
+def test_the_time_bound_comes_from_the_graphs_own_timeouts():
+    from flowrl.testing.chaos import bound_s
+
+    shape = random_shape(0)
+    t = shape.timing
+    detect = max(t.deadline_s, t.process_timeout_s) + t.heartbeat_s + 0.5
+    stuck = (t.max_attempts + 1) * (t.ticket_timeout_s + detect)
+    assert bound_s(shape, 0, 5.0) == pytest.approx(2 * 5.0 + 10 + stuck)
+    one_fault = bound_s(shape, 1, 5.0) - bound_s(shape, 0, 5.0)
+    assert one_fault == pytest.approx(detect + t.backoff_s * 2 ** t.max_restarts + 5)
+    t.ticket_timeout_s *= 2
+    assert bound_s(shape, 0, 5.0) > 2 * 5.0 + 10 + stuck, "a longer ticket timeout widens the bound"
