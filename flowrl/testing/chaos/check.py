@@ -1,0 +1,178 @@
+"""The checker: what a run of a shape must leave behind, against the model of the shape.
+
+- ledger: for every issued ticket and every sink node, #consumed + #dropped - #rolled_back == 1
+  (replicas of a sink count as that node), and consumed vs dropped as the model says;
+- state: every stateful node's state in the final checkpoint equal, bitwise, to the model's (the
+  hash chain over what it folded, in order) — which is also what a fault-free run must leave;
+- outcome: exit 0; or a non-zero exit whose message names a node or a ticket ("failed, clear").
+
+    problems = check_ledger(read_jsonl(run_dir / "ledger.jsonl"), shape.sinks, expected)
+    step, states = read_final_states(run_dir)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flowrl.testing.chaos.model import Expected
+
+MAX_LISTED = 8
+
+
+@dataclass
+class LedgerCheck:
+    issued: int = 0
+    lost: list[str] = field(default_factory=list)
+    """`ticket@sink` with a net count of 0."""
+    duplicated: list[str] = field(default_factory=list)
+    """`ticket@sink` with a net count above 1."""
+    wrong_outcome: list[str] = field(default_factory=list)
+    """`ticket@sink: consumed, model says dropped` (or the other way)."""
+    not_issued: list[int] = field(default_factory=list)
+    """Ticket indices of the run that were never issued."""
+    per_ticket: bool = False
+    """The ledger records one `consumed` per ticket (the last sink), not one per (ticket, sink):
+    an older runtime. Exactly-once per sink cannot be read from it."""
+
+    def violations(self, complete: bool = True) -> list[str]:
+        """What breaks exactly-once. A run that did not complete may miss tickets (not duplicate them)."""
+        out = []
+
+        def listed(name, items):
+            if items:
+                more = f" (+{len(items) - MAX_LISTED} more)" if len(items) > MAX_LISTED else ""
+                out.append(f"{name}: {', '.join(map(str, items[:MAX_LISTED]))}{more}")
+
+        if self.per_ticket:
+            out.append("the ledger has one `consumed` per ticket, not one per (ticket, sink): "
+                       "consumption per sink cannot be checked")
+            return out
+        listed("duplicated", self.duplicated)
+        if complete:
+            listed("lost", self.lost)
+            listed("wrong outcome", self.wrong_outcome)
+            listed("never issued", self.not_issued)
+        return out
+
+
+def _sink_of(row: dict) -> str | None:
+    node = row.get("node")
+    return node.split("/")[0] if isinstance(node, str) else None
+
+
+def check_ledger(rows: list[dict], sinks: list[str], expected: Expected | None = None,
+                 steps: int | None = None) -> LedgerCheck:
+    """Exactly-once per (ticket, sink) from `RUN_DIR/ledger.jsonl` rows.
+
+    A `rolled_back` row undoes one `consumed`/`dropped` of its `node`; a row without `node` (older
+    runtimes) undoes the ticket's latest consumption, whichever sink recorded it."""
+    issued: dict[str, int] = {}
+    net: dict[tuple[str, str], int] = Counter()
+    kind: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    last_sink: dict[str, str] = {}
+    for r in rows:
+        ev, bid = r.get("event"), r.get("batch_id")
+        if ev == "issued":
+            issued.setdefault(bid, r.get("index", -1))
+        elif ev in ("consumed", "dropped"):
+            sink = _sink_of(r)
+            net[(bid, sink)] += 1
+            kind[(bid, sink)][ev] += 1
+            last_sink[bid] = sink
+        elif ev == "rolled_back":
+            sink = _sink_of(r) or last_sink.get(bid)
+            net[(bid, sink)] -= 1
+    out = LedgerCheck(issued=len(issued))
+    consumed_rows = Counter(r.get("batch_id") for r in rows if r.get("event") == "consumed")
+    dropped_rows = sum(1 for r in rows if r.get("event") == "dropped")
+    if len(sinks) > 1 and issued and not dropped_rows and all(consumed_rows[b] <= 1 for b in issued) \
+            and any(consumed_rows[b] for b in issued):
+        out.per_ticket = True
+        return out
+    by_index = {i: b for b, i in issued.items()}
+    for bid, index in sorted(issued.items(), key=lambda kv: kv[1]):
+        for sink in sinks:
+            n = net[(bid, sink)]
+            if n < 1:
+                out.lost.append(f"{bid}@{sink}")
+            elif n > 1:
+                out.duplicated.append(f"{bid}@{sink} x{n}")
+            elif expected is not None and index in expected.outcomes.get(sink, {}):
+                want = expected.outcomes[sink][index]
+                got = "dropped" if kind[(bid, sink)]["dropped"] > kind[(bid, sink)]["consumed"] else "consumed"
+                if got != want:
+                    out.wrong_outcome.append(f"{bid}@{sink}: {got}, model says {want}")
+    if steps is not None:
+        out.not_issued = [i for i in range(steps) if i not in by_index]
+    return out
+
+
+def load_checkpoint_file(path: Path) -> dict:
+    """One stateful node's checkpoint file -> the dict saved (its "node" key is the state_dict).
+    The contract is `weights_only=True`; older runtimes pickled more, so fall back for them."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def read_final_states(run_dir: Path) -> tuple[int | None, dict[str, dict]]:
+    """(step, {node: state_dict}) of the last committed checkpoint, or (None, {}) when there is none."""
+    latest = Path(run_dir) / "checkpoints" / "latest.json"
+    if not latest.exists():
+        return None, {}
+    record = json.loads(latest.read_text())
+    states = {}
+    for proc_id, rel in record.get("files", {}).items():
+        states[proc_id.split("/")[0]] = load_checkpoint_file(latest.parent / rel)["node"]
+    return record.get("step"), states
+
+
+def _runs(indices: list[int]) -> str:
+    """[10, 11, 12, 14] -> '10-12, 14'."""
+    out, start = [], None
+    for i, x in enumerate(indices):
+        if start is None:
+            start = x
+        if i + 1 == len(indices) or indices[i + 1] != x + 1:
+            out.append(str(start) if start == x else f"{start}-{x}")
+            start = None
+    return ", ".join(out)
+
+
+def compare_state(node: str, got: dict | None, want: dict) -> str | None:
+    """None when equal bitwise; otherwise what differs, in ticket indices (missing, repeated, order)."""
+    if got is None:
+        return f"{node}: no state in the final checkpoint"
+    if got.get("chain") == want["chain"] and got.get("count") == want["count"]:
+        return None
+    seen = list(got.get("indices", []))
+    counts = Counter(seen)
+    missing = sorted(set(want["indices"]) - set(seen))
+    extra = sorted(set(seen) - set(want["indices"]))
+    repeated = sorted(i for i, n in counts.items() if n > 1)
+    parts = [f"count {got.get('count')} (want {want['count']})"]
+    if missing:
+        parts.append(f"missing tickets {_runs(missing)}")
+    if repeated:
+        parts.append(f"folded twice {_runs(repeated)}")
+    if extra:
+        parts.append(f"folded but dropped by the model {_runs(extra)}")
+    if not (missing or repeated or extra):
+        parts.append("same tickets, other order or content" if seen != want["indices"] else "other content")
+    return f"{node}: " + "; ".join(parts)
+
+
+def names_the_culprit(stderr: str, nodes: list[str]) -> bool:
+    """A failure message is clear when it names a node of the graph or a ticket."""
+    if any(f"'{n}'" in stderr or f"`{n}`" in stderr or f"node {n}" in stderr for n in nodes):
+        return True
+    return re.search(r"\bt-\d{6}\b|ticket", stderr) is not None

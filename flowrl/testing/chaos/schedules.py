@@ -1,0 +1,146 @@
+"""Random fault schedules for a shape, seeded: 1-3 faults drawn from
+
+    kill          SIGKILL any node (or one replica) before its N-th batch
+    double_kill   two crashes (two nodes, stateful ones preferred) inside one checkpoint interval
+    kill_commit   SIGKILL a stateful node when ordered to save checkpoint N (a kill during a commit)
+    sigstop       SIGSTOP (only missed heartbeats reveal it)
+    stall         stuck inside `process` while its heartbeat thread keeps beating
+    drop_message  an outgoing message silently lost (the ticket must be re-issued)
+    corrupt       garbage frames sent to a node's consumers (they must reject them)
+    poison        every incarnation of a node hangs at its first batch: the run cannot finish and
+                  must fail with an error naming the node (or finish, if replicas do the work)
+
+Steps are aimed with the shape's model (`expected.reached`): a fault at step N of a node fires
+before the N-th batch that node processes, and N is drawn among the batches that reach it.
+When the runtime lacks an action (`Features`), the same draw maps to the nearest action it has
+(stall -> hang, kill at checkpoint -> kill at that ticket) and `Schedule.substituted` says so.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from flowrl.testing.chaos.features import Features
+from flowrl.testing.chaos.model import Expected
+from flowrl.testing.chaos.shapes import Shape
+
+KINDS = ("kill", "double_kill", "kill_commit", "sigstop", "stall", "drop_message", "corrupt", "poison")
+WEIGHTS = (5, 2, 2, 2, 2, 2, 2, 1)
+
+
+@dataclass
+class Schedule:
+    shape_seed: int
+    seed: int
+    faults: list[str] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+    substituted: list[str] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return f"s{self.shape_seed}.{self.seed}"
+
+    @property
+    def recoverable(self) -> bool:
+        """Every fault here is one the runtime must recover from (the run must complete)."""
+        return "poison" not in self.kinds
+
+    def describe(self) -> str:
+        sub = f"  (substituted: {'; '.join(self.substituted)})" if self.substituted else ""
+        return f"{self.id} [{', '.join(self.kinds)}] " + " ".join(self.faults) + sub
+
+
+def random_schedule(shape: Shape, expected: Expected, seed: int, features: Features | None = None) -> Schedule:
+    """1-3 faults for `shape` (the same for the same shape, seed and features)."""
+    features = features or Features.detect()
+    rng = random.Random(f"schedule:{shape.seed}:{seed}")
+    sched = Schedule(shape.seed, seed)
+    budget = rng.randint(1, 3)
+    while budget > 0:
+        kind = rng.choices(KINDS, WEIGHTS)[0]
+        if kind == "double_kill" and budget < 2:
+            kind = "kill"
+        budget -= 2 if kind == "double_kill" else 1
+        sched.kinds.append(kind)
+        sched.faults += _faults(kind, shape, expected, rng, features, sched)
+    return sched
+
+
+def _target(shape: Shape, expected: Expected, rng: random.Random, names: list[str],
+            used: set[str] = frozenset()) -> tuple[str, int]:
+    """A node (or one replica of it) among `names`, not in `used` if it can be helped, and a step
+    that its batches reach."""
+    names = [n for n in names if expected.reached[n]] or [next(iter(shape.nodes))]
+    names = [n for n in names if n not in used] or names
+    name = rng.choice(names)
+    d = shape.nodes[name]
+    per_replica = max(1, len(expected.reached[name]) // d.replicas)
+    who = f"{name}/{rng.randrange(d.replicas)}" if d.replicas > 1 else name
+    return who, rng.randrange(per_replica)
+
+
+def _step_at(shape: Shape, expected: Expected, name: str, index: int) -> int:
+    """The step of node `name` at which ticket `index` (or the next one reaching it) arrives."""
+    d = shape.nodes[name]
+    return sum(1 for i in expected.reached[name] if i < index) // d.replicas
+
+
+def _faults(kind: str, shape: Shape, expected: Expected, rng: random.Random, features: Features,
+            sched: Schedule) -> list[str]:
+    everyone = list(shape.nodes)
+    used = {f.split(":", 1)[1].split("@")[0].split("/")[0].split(",")[0] for f in sched.faults}
+    producers = [n for n in everyone if not shape.nodes[n].sink]
+    stateful = shape.stateful
+    if kind == "kill":
+        who, step = _target(shape, expected, rng, everyone, used)
+        return [f"kill:{who}@step={step}"]
+    if kind == "sigstop":
+        who, step = _target(shape, expected, rng, everyone, used)
+        return [f"hang:{who}@step={step}"]
+    if kind == "stall":
+        who, step = _target(shape, expected, rng, everyone, used)
+        seconds = rng.choice((0.5, 2 * shape.timing.process_timeout_s))
+        if not features.stall:
+            sched.substituted.append(f"stall:{who}@step={step} -> hang (no `stall` action)")
+            return [f"hang:{who}@step={step}"]
+        return [f"stall:{who}@step={step},seconds={seconds:g}"]
+    if kind == "drop_message":
+        who, step = _target(shape, expected, rng, producers, used)
+        return [f"drop:{who}@step={step}"]
+    if kind == "corrupt":
+        who, step = _target(shape, expected, rng, producers, used)
+        return [f"corrupt:{who}@step={step}"]
+    if kind == "double_kill":
+        k = shape.checkpoint_every
+        interval = rng.randrange(max(1, shape.steps // k))
+        lo, hi = interval * k, min(shape.steps, (interval + 1) * k)
+        pool = [n for n in (stateful if len(stateful) >= 2 else everyone) if n not in used]
+        a, b = rng.sample(pool if len(pool) >= 2 else everyone, 2)
+        out = []
+        for name in (a, b):
+            index = rng.randrange(lo, hi)
+            d = shape.nodes[name]
+            who = f"{name}/{rng.randrange(d.replicas)}" if d.replicas > 1 else name
+            out.append(f"kill:{who}@step={_step_at(shape, expected, name, index)}")
+        return out
+    if kind == "kill_commit":
+        if not stateful:
+            who, step = _target(shape, expected, rng, everyone, used)
+            sched.substituted.append("kill during a commit -> kill (no stateful node)")
+            return [f"kill:{who}@step={step}"]
+        name = rng.choice([n for n in stateful if n not in used] or stateful)
+        k = shape.checkpoint_every
+        points = [c for c in range(k, shape.steps, k)] + [shape.steps]
+        at = rng.choice(points)
+        if not features.kill_at_checkpoint:
+            step = _step_at(shape, expected, name, at)
+            sched.substituted.append(f"kill:{name}@checkpoint={at} -> kill:{name}@step={step} (no `@checkpoint`)")
+            return [f"kill:{name}@step={step}"]
+        return [f"kill:{name}@checkpoint={at}"]
+    if kind == "poison":
+        who, _ = _target(shape, expected, rng, everyone, used)
+        action = "stall" if features.stall else "hang"
+        opts = ",seconds=600" if action == "stall" else ""
+        return [f"{action}:{who}@step=0{opts},every"]
+    raise ValueError(f"unknown fault kind {kind!r}; kinds: {', '.join(KINDS)}")
