@@ -12,7 +12,7 @@ from flowrl.node import Drop, Join, Node, NodeConfig, NodeContext, Observer, Sin
 
 __all__ = [
     "Batch", "Drop", "FlowrlError", "GraphError", "GraphSpec", "Join", "Node", "NodeConfig", "NodeContext",
-    "Observer", "Sink", "Source", "Ticket", "load_graph", "run",
+    "Observer", "Sink", "Source", "Ticket", "load_graph", "run", "scale",
 ]
 
 
@@ -23,8 +23,8 @@ def __getattr__(name: str):
         from flowrl.transport import Batch
 
         return Batch
-    if name == "run":
-        from flowrl.runtime.api import run
+    if name in ("run", "scale"):
+        from flowrl.runtime import api
 
-        return run
+        return getattr(api, name)
     raise AttributeError(f"module 'flowrl' has no attribute {name!r}")

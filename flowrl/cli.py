@@ -45,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="print the live state of a running job")
     st.add_argument("run_dir", metavar="RUN_DIR")
     st.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
+
+    sc = sub.add_parser("scale", help="add or remove replicas of a stateless node while the run goes on")
+    sc.add_argument("run_dir", metavar="RUN_DIR")
+    sc.add_argument("changes", nargs="+", metavar="NODE=N", help="replicas wanted, e.g. rollout=3")
     return p
 
 
@@ -78,7 +82,25 @@ def main(argv: list[str] | None = None) -> int:
         from flowrl.metrics import show_status
 
         return show_status(args.run_dir, follow=args.follow)
+    if args.command == "scale":
+        return _scale(args)
     return 2
+
+
+def _scale(args) -> int:
+    from flowrl.runtime.scaling import ScaleError, request
+
+    for change in args.changes:
+        node, sep, n = change.partition("=")
+        if not sep or not n.isdigit():
+            print(f"flowrl scale: {change!r} is not NODE=N (e.g. rollout=3)", file=sys.stderr)
+            return 2
+        try:
+            print(request(args.run_dir, node, int(n)), flush=True)
+        except ScaleError as e:
+            print(f"flowrl scale: {e}", file=sys.stderr)
+            return 1
+    return 0
 
 
 if __name__ == "__main__":

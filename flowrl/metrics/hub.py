@@ -258,6 +258,14 @@ class MetricsHub:
                                 None if replica is None else int(replica), check_name(name), kind,
                                 _labels(labels), "run" if node is None else "node")
 
+    def forget(self, node: str, replica: int) -> None:
+        """A replica removed by `flowrl scale`: it reports no more and is not shown as silent."""
+        with self._lock:
+            self.reporters.pop((node, replica), None)
+            self._window_reporters.discard((node, replica))
+            for key in [k for k in self._series if k[0] == node and k[1] == replica]:
+                del self._series[key]
+
     def set(self, name: str, value: float, *, across: str = "mean", **labels: Any) -> None:
         """Controller gauge, e.g. set("queue_depth", 3, edge="rollout->reward")."""
         with self._lock:

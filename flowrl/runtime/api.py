@@ -55,5 +55,13 @@ def run(graph: str | Path | GraphSpec, *, overrides: list[str] = (), run_dir: st
         from flowrl.graph import GraphError, Problem
 
         raise GraphError([Problem(f"nodes.{f.node}", f.message, "see `flowrl check`") for f in errors])
-    code = execute(spec, plan, run_dir, faults=list(faults), quiet=quiet)
+    code = execute(spec, plan, run_dir, faults=list(faults), quiet=quiet, inventory=inventory)
     return RunSummary(code, run_dir)
+
+
+def scale(run_dir: str | Path, node: str, replicas: int, timeout_s: float = 30.0) -> str:
+    """Run `replicas` replicas of stateless node `node` in the running run at `run_dir` (the same
+    as `flowrl scale RUN_DIR node=N`). Returns what changed; raises ScaleError with the reason."""
+    from flowrl.runtime.scaling import request
+
+    return request(run_dir, node, replicas, timeout_s)

@@ -63,7 +63,8 @@ def node_shapes(classes: dict) -> dict[str, list[str]]:
 
 class Controller:
     def __init__(self, spec, plan, run_dir: Path, launcher: Launcher, *, faults: list[str] = (),
-                 resume: dict | None = None, hub=None, on_tick=None, summary: dict | None = None):
+                 resume: dict | None = None, hub=None, on_tick=None, summary: dict | None = None,
+                 inventory: str | None = None):
         from flowrl.graph import node_classes
 
         self.spec, self.plan, self.run_dir = spec, plan, run_dir
@@ -82,6 +83,10 @@ class Controller:
         self.router.setsockopt(zmq.LINGER, 0)
         self.control_addr = f"ipc://{self.sockdir}/control"
         self.router.bind(self.control_addr)
+        self.inventory = inventory
+        from flowrl.runtime.scaling import write_control_file
+
+        write_control_file(run_dir, self.control_addr, self.secret)
         for sub in ("logs", "procs", "checkpoints"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
         sched, sup = spec.schedule, spec.supervision
@@ -116,33 +121,35 @@ class Controller:
         return f"ipc://{self.sockdir}/{node}.{replica}.{port}"
 
     def build_procs(self) -> None:
-        spec = self.spec
         master_ports: dict[tuple, int] = {}
-        graph_file = str(self.run_dir / "graph.yaml")
         for entry in self.plan.entries:
-            cls = self.classes[entry.node]
-            node = spec.nodes[entry.node]
-            inputs = {p: self.address(entry.node, entry.replica, p) for p in cls.inputs}
-            outputs = [OutputRoute(edge=str(e), port=e.src_port,
-                                   addresses=[self.address(e.dst, r, e.dst_port) for r in range(spec.nodes[e.dst].replicas)],
-                                   capacity=e.capacity, capacity_bytes=e.capacity_bytes)
-                       for e in spec.edges if e.src == entry.node]
             group = (entry.node, entry.replica)
             if group not in master_ports:
                 master_ports[group] = free_port()
-            env = dict(self.plan.env_for(entry, master_port=master_ports[group]))
-            rank_addresses = ([shard_address(str(self.sockdir), entry.node, entry.replica, r)
-                               for r in range(entry.world_size)] if entry.world_size > 1 else [])
-            ps = ProcSpec(node=entry.node, kind=node.kind, replica=entry.replica, replicas=node.replicas,
-                          rank=entry.rank, world_size=entry.world_size, incarnation=0, run_dir=str(self.run_dir),
-                          graph_file=graph_file, control=self.control_addr, inputs=inputs, outputs=outputs, env=env,
-                          device_type=entry.device_type, devices=list(entry.devices),
-                          cpu_cores=list(entry.local_devices) if entry.device_type == "cpu" else [],
-                          is_sink=entry.node in self.sinks, is_source=entry.node in self.sources,
-                          faults=self.faults, heartbeat_s=spec.supervision.heartbeat_s, secret=self.secret,
-                          serving_dtype=next((spec.nodes[w.dst].dtype for w in spec.weights if w.src == entry.node), None),
-                          sys_path=[p for p in sys.path if p and os.path.isdir(p)], rank_addresses=rank_addresses)
-            self.procs.add(Proc(spec=ps))
+            self.procs.add(Proc(spec=self.proc_spec(entry, master_ports[group])))
+
+    def proc_spec(self, entry, master_port: int) -> ProcSpec:
+        """What process `entry` of the plan is told about itself (written as JSON before it starts)."""
+        spec = self.spec
+        cls = self.classes[entry.node]
+        node = spec.nodes[entry.node]
+        inputs = {p: self.address(entry.node, entry.replica, p) for p in cls.inputs}
+        outputs = [OutputRoute(edge=str(e), port=e.src_port,
+                               addresses=[self.address(e.dst, r, e.dst_port) for r in range(spec.nodes[e.dst].replicas)],
+                               capacity=e.capacity, capacity_bytes=e.capacity_bytes)
+                   for e in spec.edges if e.src == entry.node]
+        env = dict(self.plan.env_for(entry, master_port=master_port))
+        rank_addresses = ([shard_address(str(self.sockdir), entry.node, entry.replica, r)
+                           for r in range(entry.world_size)] if entry.world_size > 1 else [])
+        return ProcSpec(node=entry.node, kind=node.kind, replica=entry.replica, replicas=node.replicas,
+                        rank=entry.rank, world_size=entry.world_size, incarnation=0, run_dir=str(self.run_dir),
+                        graph_file=str(self.run_dir / "graph.yaml"), control=self.control_addr, inputs=inputs,
+                        outputs=outputs, env=env, device_type=entry.device_type, devices=list(entry.devices),
+                        cpu_cores=list(entry.local_devices) if entry.device_type == "cpu" else [],
+                        is_sink=entry.node in self.sinks, is_source=entry.node in self.sources,
+                        faults=self.faults, heartbeat_s=spec.supervision.heartbeat_s, secret=self.secret,
+                        serving_dtype=next((spec.nodes[w.dst].dtype for w in spec.weights if w.src == entry.node), None),
+                        sys_path=[p for p in sys.path if p and os.path.isdir(p)], rank_addresses=rank_addresses)
 
     def resume_from(self, record: dict) -> None:
         """Continue a run whose controller died, from its committed checkpoint."""
@@ -269,7 +276,8 @@ class Controller:
             self.hub.set("node_up", 0, node=proc.spec.node, replica=str(proc.spec.replica), across="min")
 
     async def supervise(self) -> None:
-        for proc, why in self.supervisor.check(self.procs):
+        self.retire_stopped()
+        for proc, why in self.supervisor.check([p for p in self.procs if not p.retired]):
             await self.on_down(proc, why)
             if self.failure:
                 return
@@ -284,6 +292,9 @@ class Controller:
                 self.rejected += 1
                 continue
             identity, data = frames
+            if identity.startswith(b"client#"):
+                await self.on_client(identity, data)
+                continue
             proc, current = self.procs.by_identity(identity)
             if proc is None or not current:
                 continue  # a stranger, or an old incarnation's last words
@@ -298,6 +309,35 @@ class Controller:
                 log.warning("control message for %s without the run's secret: dropped", proc.id)
                 continue
             await self.on_message(proc, msg)
+
+    async def on_client(self, identity: bytes, data: bytes) -> None:
+        """A request from `flowrl scale` (or `flowrl.scale`): answered on the same socket."""
+        from flowrl.runtime.scaling import ScaleError, scale
+
+        try:
+            msg = m.decode(data)
+        except m.ControlError:
+            self.rejected += 1
+            return
+        if not isinstance(msg, m.Scale) or not hmac.compare_digest(msg.k or "", self.secret):
+            self.rejected += 1
+            return
+        try:
+            reply = m.Scaled(ok=True, message=await scale(self, msg.node, msg.replicas))
+        except ScaleError as e:
+            reply = m.Scaled(ok=False, message=str(e))
+        try:
+            await self.router.send_multipart([identity, m.encode(reply)])
+        except zmq.ZMQError:
+            pass
+
+    def retire_stopped(self) -> None:
+        """Forget processes removed by `flowrl scale` once they are gone."""
+        for proc in [p for p in self.procs if p.retired and not p.alive and p.handle]:
+            del self.procs.procs[proc.id]
+            self.sync_members = [p for p in self.sync_members if p is not proc]
+            if self.hub:
+                self.hub.forget(proc.spec.node, proc.spec.replica)
 
     async def on_message(self, proc: Proc, msg) -> None:
         self.procs.seen(proc)
@@ -539,6 +579,7 @@ class Controller:
             if proc.handle:
                 proc.handle.stop(1.0)
         self.ledger.close()
+        (self.run_dir / "control.json").unlink(missing_ok=True)
         self.router.close(linger=0)
         self.zctx.term()
         shutil.rmtree(self.sockdir, ignore_errors=True)

@@ -211,6 +211,39 @@ class Progress:
     complete_below: int
 
 
+@message("connect", "controller -> node")
+class Connect:
+    """A replica of a consumer was added: send on `edge` to `address` too."""
+
+    edge: str
+    address: str
+
+
+@message("disconnect", "controller -> node")
+class Disconnect:
+    """A replica of a consumer is being removed: stop sending to `address`; what it has not
+    acknowledged goes to the other replicas."""
+
+    edge: str
+    address: str
+
+
+@message("scale", "client -> controller")
+class Scale:
+    """`flowrl scale`: run `replicas` replicas of stateless node `node` from now on."""
+
+    node: str
+    replicas: int
+
+
+@message("scaled", "controller -> client")
+class Scaled:
+    """The answer to `scale`: done, or why not (a placement finding, a stateful node...)."""
+
+    ok: bool
+    message: str
+
+
 @message("stop", "controller -> node")
 class Stop:
     """Finish and exit 0."""

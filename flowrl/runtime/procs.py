@@ -28,6 +28,7 @@ class Proc:
     error: "NodeFailure | None" = None  # last error the process reported
     last_signature: tuple | None = None  # the previous incarnation's error (type, message, file, line, ticket)
     busy: tuple | None = None  # (batch_id, seconds) inside one node call, from the heartbeat thread
+    retired: bool = False  # removed by `flowrl scale`: stopping, not a failure
     version: int = -1  # weights version it holds (subscribers)
     store_port: int | None = None  # publishers: their TCPStore
     pid: int | None = None

@@ -78,10 +78,11 @@ def run_main(args) -> int:
             return 1
         return 0
     return execute(spec, plan, run_dir, resume=resume, faults=list(args.fault or []),
-                   metrics_port=args.metrics_port, quiet=getattr(args, "quiet", False))
+                   metrics_port=args.metrics_port, quiet=getattr(args, "quiet", False),
+                   inventory=getattr(args, "inventory", None))
 
 
-def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=None, quiet=False,
+def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=None, quiet=False, inventory=None,
             launcher: str = "local") -> int:
     import anyio
 
@@ -106,7 +107,7 @@ def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=N
     print(f"flowrl: run {spec.name} -> {run_dir}", flush=True)
     summary = graph_summary(spec, plan)
     view = _live_view(hub, summary, quiet, run_dir)
-    controller = Controller(spec, plan, run_dir, launcher_obj, faults=list(faults), resume=resume, hub=hub,
+    controller = Controller(spec, plan, run_dir, launcher_obj, faults=list(faults), resume=resume, hub=hub, inventory=inventory,
                             on_tick=lambda c: view.update(), summary=summary)
     code = 0
     try:

@@ -281,8 +281,23 @@ class Worker:
             self.forget_below(msg.complete_below)
         elif isinstance(msg, m.Wire):
             await self.wire()
+        elif isinstance(msg, (m.Connect, m.Disconnect)):
+            await self.rewire(msg)
         elif isinstance(msg, m.Stop):
             self.stopping = True
+
+    async def rewire(self, msg) -> None:
+        """A consumer replica was added or removed (`flowrl scale`)."""
+        for route, tx in self.senders:
+            if route.edge != msg.edge:
+                continue
+            if isinstance(msg, m.Connect) and msg.address not in route.addresses:
+                route.addresses.append(msg.address)
+                await tx.connect(msg.address, wait=False)
+            elif isinstance(msg, m.Disconnect) and msg.address in route.addresses:
+                route.addresses.remove(msg.address)
+                for batch in await tx.disconnect(msg.address):  # not acknowledged there: to the others
+                    await tx.send(batch)
 
     def forget_below(self, index: int) -> None:
         if self.cache is not None:
@@ -391,6 +406,9 @@ class Worker:
     async def run(self, item: Item) -> None:
         """Call the node once for `item` and send what it returned (or the drop marker)."""
         from flowrl.runtime.contract import outputs_of
+
+        if self.step == 0:
+            log.info("first batch %.2f s after start (at %.6f)", time.monotonic() - self.t_start, time.time())
 
         if item.drop is not None:
             result = Drop(item.drop)

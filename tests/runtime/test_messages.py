@@ -39,7 +39,8 @@ def test_the_docs_table_lists_every_message_with_its_fields():
     rows = {}
     for line in DOC.read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 3 and cells[1] in ("node -> controller", "controller -> node"):
+        if len(cells) == 3 and cells[1] in ("node -> controller", "controller -> node", "client -> controller",
+                                            "controller -> client"):
             rows[cells[0]] = (cells[1], [f for f in re.split(r",\s*", cells[2]) if f])
     code = {t: (cls.direction, list(cls.__dataclass_fields__)) for t, cls in m.message_types().items()}
     assert rows == code
