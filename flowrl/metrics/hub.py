@@ -104,6 +104,7 @@ class MetricsHub:
         self.dropped_spans = 0
         self.last_row: dict[str, Any] | None = None
         self._wall_offset, self._closed = self._resume_offset(), False
+        self.rotate_bytes = 64 << 20
         self._rows = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
         if self._rows.tell() > 0 and not self._torn_free():
             self._rows.write("\n")  # a crash tore the last row: start ours on a fresh line
@@ -315,6 +316,12 @@ class MetricsHub:
             row = rows.order_row(row)
             self._rows.write(json.dumps(row, separators=(",", ":")) + "\n")
             self._rows.flush()
+            if self._rows.tell() > self.rotate_bytes:  # a long run: older rows go to metrics.N.jsonl.gz
+                from flowrl.segments import rotate
+
+                self._rows.close()
+                rotate(self.run_dir / "metrics.jsonl")
+                self._rows = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
             self._close_window(now, row)
             return row
 

@@ -23,7 +23,9 @@ class RunSummary:
 
     @property
     def metrics(self) -> list[dict]:
-        return read_jsonl(self.run_dir / "metrics.jsonl")
+        from flowrl.segments import read_all
+
+        return read_all(self.run_dir / "metrics.jsonl")
 
     @property
     def ledger(self) -> list[dict]:

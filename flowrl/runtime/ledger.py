@@ -46,14 +46,9 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def read_ledger(run_dir: Path) -> list[dict]:
     """Every ledger row of a run, rotated segments (`ledger.N.jsonl.gz`) first, in order."""
-    import gzip
+    from flowrl.segments import read_all
 
-    run_dir = Path(run_dir)
-    rows = []
-    for seg in sorted(run_dir.glob("ledger.*.jsonl.gz"), key=lambda p: int(p.name.split(".")[1])):
-        with gzip.open(seg, "rt", errors="replace") as f:
-            rows.extend(json.loads(line) for line in f if line.strip())
-    return rows + read_jsonl(run_dir / "ledger.jsonl")
+    return read_all(Path(run_dir) / "ledger.jsonl")
 
 
 class Ledger:
@@ -87,16 +82,11 @@ class Ledger:
 
     def rotate(self) -> None:
         """Compress the current file into the next `ledger.N.jsonl.gz` and start a new one."""
-        import gzip
-        import shutil
+        from flowrl.segments import rotate
 
         self._f.close()
-        n = 1 + max((int(p.name.split(".")[1]) for p in self.path.parent.glob("ledger.*.jsonl.gz")), default=0)
-        seg = self.path.parent / f"ledger.{n}.jsonl.gz"
-        with open(self.path, "rb") as src, gzip.open(seg.with_suffix(".tmp"), "wb", compresslevel=6) as dst:
-            shutil.copyfileobj(src, dst)
-        os.replace(seg.with_suffix(".tmp"), seg)
-        self._f = open(self.path, "w", buffering=1)
+        rotate(self.path)
+        self._f = open(self.path, "a", buffering=1)
 
     def close(self) -> None:
         if self._f:

@@ -94,3 +94,16 @@ def test_a_long_ledger_rotates_into_compressed_segments_and_reads_back_whole(tmp
     ledger.close()
     assert len(list(tmp_path.glob("ledger.*.jsonl.gz"))) >= 2
     assert [r["index"] for r in read_ledger(tmp_path)] == list(range(300))
+
+
+def test_a_long_runs_metrics_rows_rotate_into_segments_and_read_back_whole(tmp_path):
+    from flowrl.metrics import MetricsHub
+    from flowrl.segments import read_all, segments
+
+    hub = MetricsHub(tmp_path)
+    hub.rotate_bytes = 3000
+    for i in range(60):
+        hub.end_step(step=i + 1)
+    hub.close()
+    assert len(segments(tmp_path / "metrics.jsonl")) >= 2
+    assert [r["step"] for r in read_all(tmp_path / "metrics.jsonl")] == list(range(1, 61))
