@@ -11,7 +11,7 @@ import typing
 
 from pydantic import BaseModel, ValidationError
 
-from flowrl.graph.errors import GraphError, Problem
+from flowrl.graph.errors import GraphError, Problem, problems_text
 from flowrl.graph.loader import Located
 
 
@@ -22,7 +22,7 @@ class InventoryError(GraphError):
         super().__init__(problems)
         n = len(self.problems)
         head = f"inventory has {n} problem{'s' if n != 1 else ''}:"
-        self.args = ("\n".join([head, *("  " + str(p) for p in self.problems)]),)
+        self.args = (problems_text(head, self.problems),)
 
 
 def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
