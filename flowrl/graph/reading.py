@@ -75,8 +75,9 @@ def decode(data: bytes, file: str | None = None) -> str:
             try:
                 return data.decode(codec)
             except UnicodeDecodeError as e:
-                raise _fail(f"file starts with a {name} byte-order mark but byte {e.start} is not valid "
-                            f"{name} ({e.reason})", SAVE_AS_UTF8, file, None) from None
+                line = data[: e.start].decode(codec, "replace").count("\n") + 1
+                raise _fail(f"file starts with a {name} byte-order mark but byte {e.start} (line {line}) is not "
+                            f"valid {name} ({e.reason})", SAVE_AS_UTF8, file, line) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

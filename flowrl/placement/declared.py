@@ -87,8 +87,9 @@ class GpuDecl(GpuDefaultsDecl):
 class HostDecl(StrictModel):
     """One machine."""
 
-    name: str
-    address: str | None = None
+    name: str = Field(min_length=1, max_length=253)
+    """Host name (at most 253 characters, as in DNS)."""
+    address: str | None = Field(None, max_length=253)
     cuda_visible_devices: str | int | None = None
     cuda_device_order: str | None = None
     """CUDA_DEVICE_ORDER in the controller's environment there (`PCI_BUS_ID`, `FASTEST_FIRST`, unset)."""

@@ -15,6 +15,7 @@ from typing import Literal
 
 Severity = Literal["error", "warning", "info"]
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+MESSAGE_CHARS = 1500
 
 # code -> (severity, family, one line for docs/placement.md). The family is the seed mistake the
 # check guards against; every family has a test and a wrong example in examples/wrong/.
@@ -55,6 +56,11 @@ class Finding:
 
     def __post_init__(self):
         assert self.code in CODES, f"unregistered finding code {self.code!r}"
+        if len(self.message) > MESSAGE_CHARS:  # names from a file can be long; keep the head and the fix
+            cut = len(self.message) - MESSAGE_CHARS + 60
+            keep = MESSAGE_CHARS - 500
+            object.__setattr__(self, "message", f"{self.message[:keep]} ...[{cut:,} characters cut]... "
+                                                f"{self.message[-440:]}")
         if self.severity is None:
             object.__setattr__(self, "severity", CODES[self.code][0])
 
