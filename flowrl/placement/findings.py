@@ -31,13 +31,17 @@ CODES: dict[str, tuple[Severity, str, str]] = {
     "replica-split": ("error", "mesh", "an explicit device list does not split evenly over the replicas"),
     "mesh-mismatch": ("error", "mesh", "the mesh shape's product differs from the devices per replica"),
     "mixed-memory": ("warning", "memory", "one group holds GPUs of different memory sizes"),
-    "device-busy": ("error", "busy", "a planned GPU is already used by a foreign process"),
+    "device-busy": ("warning", "busy", "a planned GPU is used by a foreign job (error when the memory left is less than the plan needs)"),
     "nvlink-missed": ("warning", "topology", "a group has fewer NVLink links than an available group of that size"),
     "pcie-split": ("warning", "topology", "a group without NVLink spans PCIe root complexes although one root could hold it"),
-    "dtype-mismatch": ("error", "dtype", "two nodes joined by an edge declare different dtypes"),
+    "dtype-mismatch": ("warning", "dtype", "an edge carries compute-dtype tensors into a node computing in another dtype"),
     "bf16-unsupported": ("error", "dtype", "bfloat16 on a GPU below compute capability 8.0"),
     "rank-layout": ("error", "hosts", "a multi-host group has an uneven or interleaved torchrun rank layout"),
-    "tp-across-hosts": ("warning", "hosts", "the innermost (tensor-parallel) mesh dimension crosses hosts"),
+    "tp-across-hosts": ("warning", "hosts", "the tensor-parallel (last) dimension of a multi-dimensional mesh crosses hosts"),
+    "no-weight-subscriber": ("warning", "weights", "a node that publishes weights (a trainer) has no `weights:` edge to a subscriber"),
+    "stateful-replicas": ("error", "replicas", "replicas > 1 of a stateful node that does not declare how its replicas merge"),
+    "memory-exceeded": ("error", "memory", "the memory model puts more on a GPU than it has (weights, gradients, Adam, activations)"),
+    "memory-headroom": ("warning", "memory", "the memory model puts more than 90% of a GPU's memory on it"),
 }
 
 
@@ -67,6 +71,29 @@ class Finding:
     def to_json(self) -> dict:
         return {"severity": self.severity, "code": self.code, "node": self.node,
                 "devices": list(self.devices), "host": self.host, "message": self.message}
+
+
+def dedupe(findings: list[Finding]) -> list[Finding]:
+    """One finding per (code, node, host): repeats (per replica, per device) fold into the first,
+    which then names every device concerned and how many times it was found."""
+    out: dict[tuple, Finding] = {}
+    count: dict[tuple, int] = {}
+    for f in findings:
+        key = (f.code, f.node, f.host, f.severity) if f.node else (id(f),)
+        if key not in out:
+            out[key], count[key] = f, 1
+            continue
+        first = out[key]
+        count[key] += 1
+        devices = tuple(sorted(set(first.devices) | set(f.devices)))
+        out[key] = Finding(first.code, first.node, first.message, devices, first.host, first.severity)
+    result = []
+    for key, f in out.items():
+        if count[key] > 1:
+            f = Finding(f.code, f.node, f"{f.message} (found {count[key]} times for this node; devices "
+                        f"{ids_text(f.devices)} in all)", f.devices, f.host, f.severity)
+        result.append(f)
+    return result
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:

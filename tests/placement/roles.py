@@ -43,3 +43,29 @@ class Sink(flowrl.Node):
     role = "actor"
     inputs = ("in",)
     outputs = ()
+
+
+class HiddenSource(flowrl.Node):
+    """Sends tensors in its compute dtype (hidden states) on `out`."""
+
+    role = "rollout"
+    inputs = ()
+    outputs = ("out",)
+    compute_dtype_outputs = ("out",)
+
+
+class Trainer(_Alone):
+    """A stateful trainer that publishes weights."""
+
+    role = "actor"
+    stateful = True
+    publishes_weights = True
+
+
+class MergingTrainer(Trainer):
+    merge_replicas = "average"
+
+
+class Subscriber(_Alone):
+    role = "rollout"
+    subscribes_weights = True
