@@ -69,3 +69,12 @@ class MergingTrainer(Trainer):
 class Subscriber(_Alone):
     role = "rollout"
     subscribes_weights = True
+
+
+class Engine(_Alone):
+    """A rollout engine that reserves a share of the card (vLLM's gpu_memory_utilization)."""
+
+    role = "rollout"
+
+    class Config(flowrl.NodeConfig):
+        gpu_memory_utilization: float = 0.9
