@@ -30,12 +30,14 @@ from flowrl.graph.errors import GraphError, Problem, clip, shown
 
 Loc = tuple  # key path as a tuple of str / int
 
-MAX_BYTES = 8 << 20
-"""Largest file read (8 MiB); graph and inventory files are a few KiB."""
+MAX_BYTES = 2 << 20
+"""Largest file read (2 MiB); graph and inventory files are a few KiB. (PyYAML's scanner reads
+about a megabyte a second, so this bounds the time a file can take.)"""
 MAX_DEPTH = 64
 """Deepest nesting of mappings and lists, aliases expanded."""
-MAX_VALUES = 200_000
-"""Most values (keys, scalars, containers) a file may hold once its aliases are expanded."""
+MAX_VALUES = 20_000
+"""Most values (keys, scalars, containers) a file may hold, as written and once its aliases are
+expanded; graph files hold a few hundred."""
 
 _BOMS = (  # UTF-32 first: its little-endian mark starts with UTF-16's
     (codecs.BOM_UTF32_LE, "utf-32", "UTF-32"), (codecs.BOM_UTF32_BE, "utf-32", "UTF-32"),
@@ -97,15 +99,22 @@ def decode(data: bytes, file: str | None = None) -> str:
 
 
 class _Loader(yaml.SafeLoader):
-    """The safe loader, with nesting depth bounded while composing (the composer recurses)."""
+    """The safe loader, with nesting depth (the composer recurses) and the number of values
+    bounded while composing, so that neither a deep nor a long file runs for long."""
 
     def __init__(self, text: str):
         super().__init__(text)
         self._depth = 0
+        self._nodes = 0
 
     def compose_node(self, parent, index):
         self._depth += 1
+        self._nodes += 1
         try:
+            if self._nodes > MAX_VALUES:
+                mark = self.peek_event().start_mark
+                raise _fail(f"file holds more than {MAX_VALUES:,} values; graph and inventory files hold a few "
+                            "hundred", "check that this is the file you meant", None, mark.line + 1)
             if self._depth > MAX_DEPTH:
                 mark = self.peek_event().start_mark
                 raise _fail(f"nesting is deeper than {MAX_DEPTH} levels", "flatten the structure; graph "
