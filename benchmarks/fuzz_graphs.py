@@ -6,8 +6,8 @@
 
 Every shipped graph (graphs/, examples/) with its inventory (from its `# Check:` line) and every
 shipped inventory is mutated the ways careless users and attackers do it: byte flips, truncation,
-other encodings, alias bombs, deep nesting, odd keys and values, huge numbers and strings, merge
-keys, moved and dropped lines. Each mutant goes through `check_graph` (load, inventory, plan) and
+other encodings, alias bombs, deep nesting, long lists, odd keys and values, huge numbers and
+strings, merge keys, moved and dropped lines. Each mutant goes through `check_graph` (load, inventory, plan) and
 the table renderer, in this process, under a per-file time limit. The rules, all must print 0:
 
     tracebacks        an exception other than GraphError (a flowrl bug)
@@ -73,7 +73,7 @@ def mutate(data: bytes, rng: random.Random) -> tuple[str, bytes]:
     text = data.decode("utf-8")
     lines = text.splitlines() or [""]
     kind = rng.choice(["flip", "flip", "truncate", "encoding", "bomb", "deep", "key", "value", "value", "huge-number",
-                       "huge-string", "merge", "lines", "empty", "indent", "kind", "combo"])
+                       "huge-string", "merge", "lines", "empty", "indent", "kind", "long", "combo"])
     if kind == "flip":
         b = bytearray(data)
         for _ in range(rng.randint(1, 8)):
@@ -118,6 +118,9 @@ def mutate(data: bytes, rng: random.Random) -> tuple[str, bytes]:
     elif kind == "huge-string":
         n = rng.choice([300, 5000, 1 << 20])
         lines[i] = f"{key}: {'x' * n}" if rng.random() < 0.5 else f"{indent}{'k' * n}: 1"
+    elif kind == "long":
+        n = rng.choice([1000, 30_000, 300_000])
+        lines[i] = f"{key}: [{', '.join(['1'] * n)}]" if rng.random() < 0.5 else f"{key}:\n" + f"{indent}  - 1\n" * n
     elif kind == "merge":
         lines.insert(0, "base: &base {replicas: 2, devices: 1, dtype: bfloat16, colocate_with: [actor]}")
         nodes = [j for j, x in enumerate(lines) if re.match(r"^  [A-Za-z_]\w*:\s*$", x)]

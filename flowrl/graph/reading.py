@@ -35,7 +35,7 @@ MAX_BYTES = 2 << 20
 about a megabyte a second, so this bounds the time a file can take.)"""
 MAX_DEPTH = 64
 """Deepest nesting of mappings and lists, aliases expanded."""
-MAX_VALUES = 20_000
+MAX_VALUES = 10_000
 """Most values (keys, scalars, containers) a file may hold, as written and once its aliases are
 expanded; graph files hold a few hundred."""
 
@@ -71,7 +71,7 @@ def decode(data: bytes, file: str | None = None) -> str:
     """File bytes -> text: a byte-order mark picks UTF-8/16/32, anything else must be UTF-8."""
     if len(data) > MAX_BYTES:
         raise _fail(f"file is {len(data):,} bytes; graph and inventory files are a few KiB "
-                    f"(limit {MAX_BYTES:,})", "check that this is the file you meant", file, None)
+                    f"(limit {MAX_BYTES:,})", "check that this is the file you meant", file, 1)
     for bom, codec, name in _BOMS:
         if data.startswith(bom):
             try:
