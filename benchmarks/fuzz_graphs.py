@@ -2,7 +2,7 @@
 
     python benchmarks/fuzz_graphs.py                  # 10,000 seeded mutations (a few minutes)
     python benchmarks/fuzz_graphs.py -n 300 --seed 1  # the slice the test suite runs
-    python benchmarks/fuzz_graphs.py --save /tmp/fuzz # keep every file that broke a rule
+    python benchmarks/fuzz_graphs.py --save fuzz-failures/  # keep every file that broke a rule
 
 Every shipped graph (graphs/, examples/) with its inventory (from its `# Check:` line) and every
 shipped inventory is mutated the ways careless users and attackers do it: byte flips, truncation,
