@@ -30,8 +30,8 @@ from flowrl.placement.devices import GIB, Device, Inventory
 
 Key = tuple[str, int]  # (host, physical id)
 EXHAUSTIVE_LIMIT = 3000
-GREEDY_BUDGET = 150_000
-MAX_SEEDS = 8
+GREEDY_BUDGET = 60_000
+MAX_SEEDS = 4
 
 
 def mem_class(d: Device) -> int | None:
@@ -67,18 +67,19 @@ def _grow(seed: Device, devs: list[Device], size: int, load: dict[Key, int],
     Each step compares cheap per-device deltas of the score's terms (no full re-scoring)."""
     group, ids = [seed], {seed.id}
     mems, roots, numas = {mem_class(seed)}, {seed.pcie_root}, {seed.numa_node}
-    rest = [(d, d.busy, load.get((d.host, d.id), 0), mem_class(d)) for d in devs if d.id != seed.id]
+    # (busy, load, memory class, device, -links to `near`) per candidate, computed once
+    rest = [(d.busy, load.get((d.host, d.id), 0), mem_class(d), d, -len(d.nvlink_peers & near))
+            for d in devs if d.id != seed.id]
     while len(group) < size:
-        i = min(range(len(rest)), key=lambda i: (
-            rest[i][1], rest[i][2], rest[i][3] not in mems, -len(rest[i][0].nvlink_peers & ids),
-            -len(rest[i][0].nvlink_peers & near),
-            rest[i][0].pcie_root not in roots, rest[i][0].numa_node not in numas, -(rest[i][3] or 0), rest[i][0].id))
-        best, _, _, mem = rest.pop(i)
-        group.append(best)
-        ids.add(best.id)
-        mems.add(mem)
-        roots.add(best.pcie_root)
-        numas.add(best.numa_node)
+        best = min(rest, key=lambda r: (r[0], r[1], r[2] not in mems, -len(r[3].nvlink_peers & ids), r[4],
+                                        r[3].pcie_root not in roots, r[3].numa_node not in numas, -(r[2] or 0), r[3].id))
+        rest.remove(best)
+        d = best[3]
+        group.append(d)
+        ids.add(d.id)
+        mems.add(best[2])
+        roots.add(d.pcie_root)
+        numas.add(d.numa_node)
     return group
 
 
