@@ -26,6 +26,7 @@ __all__ = ["Located", "apply_overrides", "dump_graph", "load_graph", "load_graph
 def _dotted(loc: Loc) -> str:
     return ".".join(str(p)[:60] for p in loc)
 
+
 def apply_overrides(located: Located, overrides: list[str]) -> None:
     """Apply `key.path=value` overrides in place; the value is parsed as YAML (`3`, `true`, `[1,2]`)."""
     for item in overrides:
@@ -35,7 +36,7 @@ def apply_overrides(located: Located, overrides: list[str]) -> None:
         path, _, raw = item.partition("=")
         keys = [int(k) if k.isascii() and k.isdigit() else k for k in path.strip().split(".")]
         try:
-            value = parse_yaml(raw, where).data if raw.strip() else None
+            value = None if raw.strip() in ("", "~", "null", "Null", "NULL") else parse_yaml(raw, where).data
         except GraphError:
             value = raw
         cur = located.data
