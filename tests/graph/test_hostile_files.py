@@ -63,7 +63,7 @@ def test_a_510_byte_alias_bomb_fails_fast_with_a_line():
     assert len(BOMB) < 520
     start = time.perf_counter()
     (p,) = problems(BOMB + PIPE)
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 1  # a few ms idle
     assert "alias" in p.message and p.line is not None and p.file == "g.yaml"
 
 
@@ -83,7 +83,7 @@ def test_an_alias_inside_its_own_anchor_is_an_error():
 def test_deep_nesting_fails_fast_with_a_line(text):
     start = time.perf_counter()
     (p,) = problems(text)
-    assert time.perf_counter() - start < 1 and f"deeper than {MAX_DEPTH}" in p.message and p.line
+    assert time.perf_counter() - start < 2 and f"deeper than {MAX_DEPTH}" in p.message and p.line  # ~0.1 s idle
 
 
 def test_nesting_that_is_only_deep_through_aliases_is_bounded_too():
