@@ -13,21 +13,34 @@ import argparse
 import os
 import sys
 
+EXIT_INTERNAL = 70
+"""A flowrl bug (an exception flowrl did not expect), as EX_SOFTWARE in sysexits.h: never the 1 of
+"the plan has errors / the run failed" nor the 2 of "the graph or inventory cannot be used"."""
+
+EXIT_CODES = f"""exit codes:
+  0   ok (check: no errors in the plan; run: reached its configured end)
+  1   check: the plan has errors; run: the run failed
+  2   the graph, an override or the inventory cannot be used (file:line: key: what and fix)
+  {EXIT_INTERNAL}  internal error: a flowrl bug; the traceback is saved to a file the message names
+"""
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="flowrl",
         description="RL post-training of language models as a dataflow of OS processes.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    c = sub.add_parser("check", help="load a graph, plan its placement, print the plan and every finding")
+    c = sub.add_parser("check", help="load a graph, plan its placement, print the plan and every finding",
+                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("graph", help="graph file (YAML)")
     c.add_argument("overrides", nargs="*", metavar="key.path=value", help="override graph values")
     c.add_argument("--inventory", metavar="FILE", help="declared inventory (YAML) instead of this machine's devices")
     c.add_argument("--json", action="store_true", help="print the plan and findings as JSON")
 
-    r = sub.add_parser("run", help="run a graph")
+    r = sub.add_parser("run", help="run a graph", epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("graph", nargs="?", help="graph file (YAML); not needed with --resume")
     r.add_argument("overrides", nargs="*", metavar="key.path=value", help="override graph values")
     r.add_argument("--run-dir", metavar="DIR", help="run directory (default: runs/<name>-<timestamp>)")
@@ -52,8 +65,41 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def internal_error(command: str, exc: BaseException, run_dir: str | None = None) -> int:
+    """Say that flowrl has a bug, save the traceback (in `run_dir` if it exists, else the system
+    temp dir) and return EXIT_INTERNAL."""
+    import tempfile
+    import time
+    import traceback
+    from pathlib import Path
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    folder = Path(run_dir) if run_dir and Path(run_dir).is_dir() else Path(tempfile.gettempdir())
+    name = f"flowrl-{command}-internal-error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+    where = folder / name
+    try:
+        where.write_text(f"flowrl {' '.join(sys.argv[1:])}\n\n{text}")
+        saved = f"the traceback is saved in {where}"
+    except OSError as e:
+        saved = f"the traceback could not be saved ({e.strerror}); it follows:\n{text}"
+    why = str(exc).splitlines()[0][:300] if str(exc) else ""
+    print(f"flowrl {command}: internal error: {type(exc).__name__}{': ' + why if why else ''}\n"
+          f"This is a bug in flowrl, not a problem with your graph or inventory; {saved}. Please report it "
+          f"with that file (exit code {EXIT_INTERNAL}).", file=sys.stderr)
+    return EXIT_INTERNAL
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("check", "run"):
+        try:
+            return _dispatch(args)
+        except Exception as e:  # noqa: BLE001 - every exception that gets here is a flowrl bug
+            return internal_error(args.command, e, getattr(args, "run_dir", None) or getattr(args, "resume", None))
+    return _dispatch(args)
+
+
+def _dispatch(args) -> int:
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `kind: mypkg.module:Class` resolves from here, as with `python -m`
     if args.command is None:

@@ -99,3 +99,51 @@ def test_check_never_imports_torch():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.stdout.strip() == "0 []", r.stdout + r.stderr
+
+
+def test_an_internal_error_exits_70_says_it_is_a_bug_and_saves_the_traceback(monkeypatch, tmp_path, capsys):
+    import tempfile
+
+    from flowrl import cli
+    from flowrl.placement import check
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a flowrl bug")
+
+    monkeypatch.setattr(check, "check_graph", broken)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert cli.main(["check", "graphs/ppo.yaml"]) == cli.EXIT_INTERNAL == 70
+    err = capsys.readouterr().err
+    assert "internal error: ZeroDivisionError: a flowrl bug" in err and "bug in flowrl" in err
+    (saved,) = tmp_path.glob("flowrl-check-internal-error-*.txt")
+    assert str(saved) in err and "Traceback" in saved.read_text() and "broken" in saved.read_text()
+
+
+def test_an_internal_error_in_run_saves_the_traceback_in_the_run_dir(monkeypatch, tmp_path, capsys):
+    from flowrl import cli
+    from flowrl.runtime import run
+
+    def broken(args):
+        raise KeyError("plan")
+
+    monkeypatch.setattr(run, "run_main", broken)
+    assert cli.main(["run", "graphs/ppo.yaml", "--run-dir", str(tmp_path)]) == 70
+    (saved,) = tmp_path.glob("flowrl-run-internal-error-*.txt")
+    assert str(saved) in capsys.readouterr().err
+
+
+def test_help_documents_the_exit_codes():
+    r = subprocess.run([sys.executable, "-m", "flowrl", "check", "--help"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert "70" in r.stdout and "internal error" in r.stdout and "cannot be used" in r.stdout
+
+
+def test_graph_files_in_utf_16_load_and_latin_1_is_exit_2_with_the_fix(tmp_path):
+    text = (ROOT / "graphs/ppo.yaml").read_text()
+    utf16 = tmp_path / "ppo16.yaml"
+    utf16.write_bytes(text.encode("utf-16"))
+    assert flowrl(str(utf16), "--json").returncode == 0
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(text.replace("name: ppo", "name: café").encode("latin-1"))
+    r = flowrl(str(latin))
+    assert r.returncode == 2 and "save the file as UTF-8" in r.stderr and "Traceback" not in r.stderr

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import re
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$", re.ASCII)
 
 BUILTIN_KINDS: dict[str, str] = {
     "prompts": "flowrl.nodes.prompts:Prompts",
@@ -30,6 +33,10 @@ def import_path(kind: str) -> str:
     if kind in BUILTIN_KINDS:
         return BUILTIN_KINDS[kind]
     if ":" in kind:
+        if not _IMPORT_PATH.match(kind):
+            shown = kind if len(kind) <= 100 else kind[:80] + "..."
+            raise KindError(f"kind {shown!r} is not an import path 'package.module:ClassName' (dotted names of "
+                            "letters, digits and _, one ':' before the class)")
         return kind
     close = difflib.get_close_matches(kind, BUILTIN_KINDS, n=1)
     hint = f"did you mean `{close[0]}`? " if close else ""
@@ -47,7 +54,10 @@ def resolve_kind(kind: str) -> type:
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
+    except Exception as e:  # noqa: BLE001 - ImportError, or the module's own code failing at import
+        if not isinstance(e, ImportError):
+            raise KindError(f"kind {kind!r}: importing module {module_name!r} raised {type(e).__name__}: {e}; "
+                            "fix that module (its import must not fail)") from None
         raise KindError(
             f"kind {kind!r}: cannot import module {module_name!r} ({e}); check the spelling and that "
             "the module is on PYTHONPATH (run flowrl from the folder that holds the package)"

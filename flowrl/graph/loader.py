@@ -16,84 +16,15 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from flowrl.graph.errors import GraphError, Problem
+from flowrl.graph.errors import GraphError, Problem, shown
+from flowrl.graph.reading import Loc, Located, decode, parse_yaml
 from flowrl.graph.spec import GraphSpec
 
-Loc = tuple  # key path as a tuple of str / int
-
-
-class Located:
-    """Plain Python data from YAML plus the line of every key path."""
-
-    def __init__(self, data: Any, lines: dict[Loc, int], file: str | None):
-        self.data, self.lines, self.file = data, lines, file
-
-    def line_of(self, loc: Loc) -> int | None:
-        loc = tuple(loc)
-        while loc:  # nearest enclosing key that has a line
-            if loc in self.lines:
-                return self.lines[loc]
-            loc = loc[:-1]
-        return self.lines.get(())
-
-
-def _construct(node: yaml.Node, loc: Loc, lines: dict, problems: list, file: str | None, memo: dict | None = None):
-    """YAML node -> Python data. An anchor and its aliases become one shared object, so an
-    override of `vars.model.d_model` reaches every node that says `model: *model`."""
-    memo = {} if memo is None else memo
-    lines.setdefault(loc, node.start_mark.line + 1)
-    if id(node) in memo and isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
-        _record_lines(memo[id(node)][1], loc, lines)
-        return memo[id(node)][0]
-    if isinstance(node, yaml.MappingNode):
-        out: dict = {}
-        for key_node, value_node in node.value:
-            key = yaml.safe_load(yaml.serialize(key_node)) if not isinstance(key_node, yaml.ScalarNode) else key_node.value
-            if key_node.tag.endswith(":int"):
-                key = int(key)
-            if key in out:
-                problems.append(Problem(_dotted(loc + (key,)), f"key {key!r} appears twice (duplicate name)",
-                                        "give every key (and every node) a unique name", file,
-                                        key_node.start_mark.line + 1))
-            lines[loc + (key,)] = key_node.start_mark.line + 1
-            out[key] = _construct(value_node, loc + (key,), lines, problems, file, memo)
-        memo[id(node)] = (out, {k[len(loc):]: v for k, v in lines.items() if k[:len(loc)] == loc})
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        out = [_construct(v, loc + (i,), lines, problems, file, memo) for i, v in enumerate(node.value)]
-        memo[id(node)] = (out, {k[len(loc):]: v for k, v in lines.items() if k[:len(loc)] == loc})
-        return out
-    return yaml.SafeLoader(yaml.serialize(node)).get_single_data() if node.tag != "tag:yaml.org,2002:str" else node.value
-
-
-def _record_lines(relative: dict, loc: Loc, lines: dict) -> None:
-    for sub, line in relative.items():
-        lines.setdefault(loc + sub, line)
+__all__ = ["Located", "apply_overrides", "dump_graph", "load_graph", "load_graph_text", "parse_yaml"]
 
 
 def _dotted(loc: Loc) -> str:
-    return ".".join(str(p) for p in loc)
-
-
-def parse_yaml(text: str, file: str | None = None) -> Located:
-    """Parse YAML text keeping the line of every key. Raises GraphError on syntax errors."""
-    try:
-        loader = yaml.SafeLoader(text)
-        try:
-            root = loader.get_single_node()
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise GraphError([Problem("", f"not valid YAML: {getattr(e, 'problem', e)}",
-                                  "fix the YAML syntax at that line", file,
-                                  mark.line + 1 if mark else None)]) from None
-    lines: dict[Loc, int] = {}
-    problems: list[Problem] = []
-    data = {} if root is None else _construct(root, (), lines, problems, file)
-    if problems:
-        raise GraphError(problems)
-    return Located(data, lines, file)
+    return ".".join(str(p)[:60] for p in loc)
 
 
 def apply_overrides(located: Located, overrides: list[str]) -> None:
@@ -103,10 +34,10 @@ def apply_overrides(located: Located, overrides: list[str]) -> None:
         if "=" not in item:
             raise GraphError([Problem(item, "override has no '='", "write key.path=value, e.g. schedule.steps=20", where)])
         path, _, raw = item.partition("=")
-        keys = [int(k) if k.isdigit() else k for k in path.strip().split(".")]
+        keys = [int(k) if k.isascii() and k.isdigit() else k for k in path.strip().split(".")]
         try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError:
+            value = None if raw.strip() in ("", "~", "null", "Null", "NULL") else parse_yaml(raw, where).data
+        except GraphError:
             value = raw
         cur = located.data
         shared = keys[0] == "vars"  # `vars.x=...` changes every alias of the anchor; other paths only their own copy
@@ -115,7 +46,7 @@ def apply_overrides(located: Located, overrides: list[str]) -> None:
             if nxt is None and isinstance(cur, dict):
                 nxt = cur[key] = {}
             if not isinstance(nxt, (dict, list)):
-                raise GraphError([Problem(_dotted(keys[: i + 1]), f"cannot descend into {nxt!r}",
+                raise GraphError([Problem(_dotted(keys[: i + 1]), f"cannot descend into {shown(nxt)}",
                                           "override a key that exists in the graph file", where)])
             if not shared:
                 nxt = cur[key] = copy.copy(nxt)
@@ -174,8 +105,8 @@ def problems_from_validation(e: ValidationError, located: Located, model: type[B
         # pydantic adds the union member / validator name to loc; keep only real keys
         loc = prefix + tuple(p for p in err["loc"] if not (isinstance(p, str) and (p.startswith("function-") or p in ("int", "list[union[int,str]]", "literal['auto']", "str"))))
         value = err.get("input")
-        shown = "" if err["type"] == "missing" else f" (got {value!r})" if not isinstance(value, (dict, list)) else ""
-        msg = err["msg"].removeprefix("Value error, ") + shown
+        got = "" if err["type"] == "missing" else f" (got {shown(value)})" if not isinstance(value, (dict, list)) else ""
+        msg = err["msg"].removeprefix("Value error, ") + got
         file = located.file
         for oloc, item in overrides.items():
             if tuple(loc[: len(oloc)]) == oloc:
@@ -189,10 +120,10 @@ def load_graph(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *,
     """Read, override, validate and structurally check a graph file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as e:
-        raise GraphError([Problem("", f"cannot read graph file: {e.strerror}", "check the path", str(path))]) from None
-    return load_graph_text(text, str(path), overrides, check=check)
+        raise GraphError([Problem("", f"cannot read graph file: {e.strerror or e}", "check the path", str(path))]) from None
+    return load_graph_text(decode(data, str(path)), str(path), overrides, check=check)
 
 
 def load_graph_text(text: str, file: str | None = None, overrides=(), *, check: bool = True) -> GraphSpec:

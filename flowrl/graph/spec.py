@@ -63,6 +63,10 @@ class NodeSpec(StrictModel):
     """Compute dtype of the node; nodes that exchange tensors must agree."""
     colocate_with: list[str] = Field(default_factory=list)
     """Nodes this one may share devices with (declares intended colocation)."""
+    model_size: Union[int, float, str, None] = None
+    """Parameters of the node's model for `flowrl check`'s memory model, when its config cannot say
+    (e.g. the model folder is on the cluster, not here): `72B`, `7.6B`, `500M` or a number. Read as
+    a parameter count; nothing at run time uses it."""
     on_failure: FailurePolicy = Field(default_factory=FailurePolicy)
     config: dict[str, Any] = Field(default_factory=dict)
     """The node's own config, validated against the node class's `Config` model."""
@@ -83,6 +87,17 @@ class NodeSpec(StrictModel):
             if len(set(map(str, v))) != len(v):
                 raise ValueError(f"device list {v} names a device twice")
         return v
+
+    @field_validator("model_size", mode="before")
+    @classmethod
+    def _size_valid(cls, v):
+        if v is None:
+            return v
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:[eE][0-9]+)?)\s*([kKmMbBtT]?)\s*", str(v)) if not isinstance(v, bool) else None
+        n = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[m.group(2).lower()] if m else 0
+        if not (1 <= n < 1e16):
+            raise ValueError(f"model_size {str(v)[:40]!r} must be a parameter count like 72B, 7.6B, 500M or 72e9")
+        return int(n)
 
     @field_validator("mesh")
     @classmethod

@@ -69,19 +69,27 @@ def render(plan: Plan, graph: str, console) -> None:
     console.print(f"\n{len(plan.entries)} processes; {n_err} error(s), {n_warn} warning(s), {n_info} note(s): {verdict}")
 
 
-def check_main(args) -> int:
-    """Entry point of `flowrl check` (called by flowrl/cli.py). Returns the exit code."""
+def check_graph(graph: str, overrides=(), inventory: str | None = None) -> Plan:
+    """Load the graph and the inventory and plan: what `flowrl check` does before printing.
+
+    Raises GraphError (an InventoryError is one) for input that cannot be used; any other
+    exception is a flowrl bug.
+    """
     from flowrl.graph import load_graph
     from flowrl.placement.inventory import get_inventory
     from flowrl.placement.planner import make_plan
 
+    spec = load_graph(graph, list(overrides or []))
+    return make_plan(spec, get_inventory(inventory))
+
+
+def check_main(args) -> int:
+    """Entry point of `flowrl check` (called by flowrl/cli.py). Returns the exit code."""
     try:
-        spec = load_graph(args.graph, list(getattr(args, "overrides", None) or []))
-        inventory = get_inventory(getattr(args, "inventory", None))
+        plan = check_graph(args.graph, getattr(args, "overrides", None), getattr(args, "inventory", None))
     except GraphError as e:
         print(str(e), file=sys.stderr)
         return 2
-    plan = make_plan(spec, inventory)
     if getattr(args, "json", False):
         print(json.dumps(plan.to_json(), indent=2))
     else:

@@ -21,16 +21,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
 from flowrl.graph.errors import Problem
-from flowrl.graph.loader import Located, parse_yaml
-from flowrl.graph.spec import StrictModel
+from flowrl.graph.reading import Located, decode, parse_yaml
+from flowrl.graph.spec import StrictModel as _Strict
 from flowrl.placement.cpu import cpu_host
 from flowrl.placement.devices import GIB, Device, GpuProcess, Host, Inventory
 from flowrl.placement.errors import InventoryError, problems_from
 from flowrl.placement.findings import Finding
-from flowrl.placement.visible import resolve_visible
+from flowrl.placement.visible import device_order_problem, resolve_visible
+
+
+MAX_GPUS_PER_HOST = 512
+MAX_HOSTS = 256
+MAX_CPUS = 4096
+MAX_MEMORY_GB = 1 << 20
+
+
+class StrictModel(_Strict):
+    """Unknown keys are errors; so are `.inf` and `.nan`, which no inventory value can be."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 def _capability(v):
@@ -46,7 +58,7 @@ class ProcessDecl(StrictModel):
     """A foreign process using a GPU (what `nvidia-smi --query-compute-apps` lists)."""
 
     pid: int = Field(ge=0)
-    memory_gb: float | None = Field(None, ge=0)
+    memory_gb: float | None = Field(None, ge=0, le=MAX_MEMORY_GB)
     """GiB it uses; unknown if left out."""
     name: str = ""
 
@@ -55,7 +67,7 @@ class GpuDefaultsDecl(StrictModel):
     """Values every GPU of the host has unless it says otherwise."""
 
     name: str = ""
-    memory_gb: float | None = Field(None, gt=0)
+    memory_gb: float | None = Field(None, gt=0, le=MAX_MEMORY_GB)
     """Total memory in GiB, as nvidia-smi reports it (80 for an A100 80GB)."""
     compute_capability: str | float | None = None
     pcie_root: str | int | None = None
@@ -65,7 +77,7 @@ class GpuDefaultsDecl(StrictModel):
 class GpuDecl(GpuDefaultsDecl):
     """One GPU. `id` is its physical id: the nvidia-smi index (PCI bus order)."""
 
-    id: int = Field(ge=0)
+    id: int = Field(ge=0, lt=1 << 16)
     uuid: str | None = None
     nvlink: list[int] = Field(default_factory=list)
     """Physical ids of GPUs on this host it has NVLink to (links count both ways)."""
@@ -75,21 +87,24 @@ class GpuDecl(GpuDefaultsDecl):
 class HostDecl(StrictModel):
     """One machine."""
 
-    name: str
-    address: str | None = None
+    name: str = Field(min_length=1, max_length=253)
+    """Host name (at most 253 characters, as in DNS)."""
+    address: str | None = Field(None, max_length=253)
     cuda_visible_devices: str | int | None = None
-    cpus: int | None = Field(None, ge=1)
+    cuda_device_order: str | None = None
+    """CUDA_DEVICE_ORDER in the controller's environment there (`PCI_BUS_ID`, `FASTEST_FIRST`, unset)."""
+    cpus: int | None = Field(None, ge=1, le=MAX_CPUS)
     nvswitch: bool = False
     """All GPUs of the host reach each other over NVLink (NVSwitch systems: DGX/HGX)."""
     gpu_defaults: GpuDefaultsDecl = Field(default_factory=GpuDefaultsDecl)
-    gpus: list[GpuDecl] = Field(default_factory=list)
+    gpus: list[GpuDecl] = Field(default_factory=list, max_length=MAX_GPUS_PER_HOST)
 
 
 class InventoryDecl(StrictModel):
     """A whole inventory file."""
 
     name: str = ""
-    hosts: list[HostDecl] = Field(min_length=1)
+    hosts: list[HostDecl] = Field(min_length=1, max_length=MAX_HOSTS)
 
     @field_validator("hosts")
     @classmethod
@@ -143,6 +158,9 @@ def _gpu_host(h: HostDecl, i: int, located: Located, problems: list[Problem], no
     visible, issues = resolve_visible(raw, sorted(devices), {k: v.uuid or "" for k, v in devices.items()})
     notes += [Finding("cuda-visible-invalid", None, f"host {h.name}: {m}. Fix: list only GPU ids or UUIDs of "
                       "this host, each once", host=h.name) for m in issues]
+    order = device_order_problem(raw, {devices[p].name for p in visible if p in devices}, h.cuda_device_order)
+    if order:
+        notes.append(Finding("device-order", None, f"host {h.name}: {order}", host=h.name))
     return Host(name=h.name, address=h.address or h.name, devices=devices, visible=visible, visible_env=raw)
 
 
@@ -154,11 +172,11 @@ class DeclaredInventory(Inventory):
     def load(cls, path: str | Path) -> "DeclaredInventory":
         path = Path(path)
         try:
-            text = path.read_text()
+            data = path.read_bytes()
         except OSError as e:
-            raise InventoryError([Problem("", f"cannot read inventory file: {e.strerror}",
+            raise InventoryError([Problem("", f"cannot read inventory file: {e.strerror or e}",
                                           "check the path; examples are in examples/inventories/", str(path))]) from None
-        return cls.from_text(text, str(path))
+        return cls.from_text(decode(data, str(path)), str(path))
 
     @classmethod
     def from_text(cls, text: str, file: str | None = None) -> "DeclaredInventory":

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 GIB = 1 << 30
+BUSY_MIN_BYTES = 256 << 20
+"""A foreign process using less than this (an MPS daemon: ~30 MiB, a monitoring agent) does not make
+a GPU busy. One whose use the driver does not report does."""
 DeviceType = Literal["cuda", "cpu"]
 
 
@@ -57,7 +60,13 @@ class Device:
 
     @property
     def busy(self) -> bool:
-        return bool(self.processes)
+        """Used by a foreign job: a process of unknown use, or of at least BUSY_MIN_BYTES."""
+        return any(p.used_bytes is None or p.used_bytes >= BUSY_MIN_BYTES for p in self.processes)
+
+    @property
+    def foreign_bytes(self) -> int:
+        """Memory foreign processes hold (those of unknown use count as 0 here)."""
+        return sum(p.used_bytes or 0 for p in self.processes)
 
     @property
     def memory_gib(self) -> float | None:

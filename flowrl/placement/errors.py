@@ -11,8 +11,8 @@ import typing
 
 from pydantic import BaseModel, ValidationError
 
-from flowrl.graph.errors import GraphError, Problem
-from flowrl.graph.loader import Located
+from flowrl.graph.errors import GraphError, Problem, problems_text, shown
+from flowrl.graph.reading import Located
 
 
 class InventoryError(GraphError):
@@ -22,7 +22,7 @@ class InventoryError(GraphError):
         super().__init__(problems)
         n = len(self.problems)
         head = f"inventory has {n} problem{'s' if n != 1 else ''}:"
-        self.args = ("\n".join([head, *("  " + str(p) for p in self.problems)]),)
+        self.args = (problems_text(head, self.problems),)
 
 
 def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
@@ -54,7 +54,7 @@ def problems_from(e: ValidationError, located: Located, model: type[BaseModel]) 
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and (p.startswith("function-") or "[" in p
                                                                             or p in ("int", "str", "float", "bool"))))
         value = err.get("input")
-        shown = "" if err["type"] == "missing" or isinstance(value, (dict, list)) else f" (got {value!r})"
+        got = "" if err["type"] == "missing" or isinstance(value, (dict, list)) else f" (got {shown(value)})"
         owner = _model_at(model, loc[:-1])
         allowed = list(owner.model_fields) if owner else []
         if err["type"] == "extra_forbidden":
@@ -70,6 +70,6 @@ def problems_from(e: ValidationError, located: Located, model: type[BaseModel]) 
             fix = bound or "see the inventory file format in docs/placement.md"
         if any(p.path == ".".join(map(str, loc)) for p in out):
             continue  # a union reports each branch; the first says enough
-        out.append(Problem(".".join(map(str, loc)), err["msg"].removeprefix("Value error, ") + shown, fix,
+        out.append(Problem(".".join(map(str, loc)), err["msg"].removeprefix("Value error, ") + got, fix,
                            located.file, located.line_of(loc)))
     return out

@@ -15,6 +15,7 @@ from typing import Literal
 
 Severity = Literal["error", "warning", "info"]
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+MESSAGE_CHARS = 1500
 
 # code -> (severity, family, one line for docs/placement.md). The family is the seed mistake the
 # check guards against; every family has a test and a wrong example in examples/wrong/.
@@ -30,13 +31,17 @@ CODES: dict[str, tuple[Severity, str, str]] = {
     "replica-split": ("error", "mesh", "an explicit device list does not split evenly over the replicas"),
     "mesh-mismatch": ("error", "mesh", "the mesh shape's product differs from the devices per replica"),
     "mixed-memory": ("warning", "memory", "one group holds GPUs of different memory sizes"),
-    "device-busy": ("error", "busy", "a planned GPU is already used by a foreign process"),
+    "device-busy": ("warning", "busy", "a planned GPU is used by a foreign job (error when the memory left is less than the plan needs)"),
     "nvlink-missed": ("warning", "topology", "a group has fewer NVLink links than an available group of that size"),
     "pcie-split": ("warning", "topology", "a group without NVLink spans PCIe root complexes although one root could hold it"),
-    "dtype-mismatch": ("error", "dtype", "two nodes joined by an edge declare different dtypes"),
+    "dtype-mismatch": ("warning", "dtype", "an edge carries compute-dtype tensors into a node computing in another dtype"),
     "bf16-unsupported": ("error", "dtype", "bfloat16 on a GPU below compute capability 8.0"),
     "rank-layout": ("error", "hosts", "a multi-host group has an uneven or interleaved torchrun rank layout"),
-    "tp-across-hosts": ("warning", "hosts", "the innermost (tensor-parallel) mesh dimension crosses hosts"),
+    "tp-across-hosts": ("warning", "hosts", "the tensor-parallel (last) dimension of a multi-dimensional mesh crosses hosts"),
+    "no-weight-subscriber": ("warning", "weights", "a node that publishes weights (a trainer) has no `weights:` edge to a subscriber"),
+    "stateful-replicas": ("error", "replicas", "replicas > 1 of a stateful node that does not declare how its replicas merge"),
+    "memory-exceeded": ("error", "memory", "the memory model puts more on a GPU than it has (weights, gradients, Adam, activations)"),
+    "memory-headroom": ("warning", "memory", "the memory model puts more than 90% of a GPU's memory on it"),
 }
 
 
@@ -55,12 +60,40 @@ class Finding:
 
     def __post_init__(self):
         assert self.code in CODES, f"unregistered finding code {self.code!r}"
+        if len(self.message) > MESSAGE_CHARS:  # names from a file can be long; keep the head and the fix
+            cut = len(self.message) - MESSAGE_CHARS + 60
+            keep = MESSAGE_CHARS - 500
+            object.__setattr__(self, "message", f"{self.message[:keep]} ...[{cut:,} characters cut]... "
+                                                f"{self.message[-440:]}")
         if self.severity is None:
             object.__setattr__(self, "severity", CODES[self.code][0])
 
     def to_json(self) -> dict:
         return {"severity": self.severity, "code": self.code, "node": self.node,
                 "devices": list(self.devices), "host": self.host, "message": self.message}
+
+
+def dedupe(findings: list[Finding]) -> list[Finding]:
+    """One finding per (code, node, host): repeats (per replica, per device) fold into the first,
+    which then names every device concerned and how many times it was found."""
+    out: dict[tuple, Finding] = {}
+    count: dict[tuple, int] = {}
+    for f in findings:
+        key = (f.code, f.node, f.host, f.severity) if f.node else (id(f),)
+        if key not in out:
+            out[key], count[key] = f, 1
+            continue
+        first = out[key]
+        count[key] += 1
+        devices = tuple(sorted(set(first.devices) | set(f.devices)))
+        out[key] = Finding(first.code, first.node, first.message, devices, first.host, first.severity)
+    result = []
+    for key, f in out.items():
+        if count[key] > 1:
+            f = Finding(f.code, f.node, f"{f.message} (found {count[key]} times for this node; devices "
+                        f"{ids_text(f.devices)} in all)", f.devices, f.host, f.severity)
+        result.append(f)
+    return result
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from flowrl.placement.devices import Device, GpuProcess, Host, Inventory
 from flowrl.placement.findings import Finding
-from flowrl.placement.visible import resolve_visible
+from flowrl.placement.visible import device_order_problem, resolve_visible
 
 
 def _text(v) -> str:
@@ -167,14 +167,8 @@ class NvmlInventory(Inventory):
         visible, problems = resolve_visible(raw, list(devices), {i: d.uuid or "" for i, d in devices.items()})
         notes = [Finding("cuda-visible-invalid", None, p + ". Fix: list only ids or UUIDs that "
                          "nvidia-smi shows, each once", host=host) for p in problems]
-        names = {devices[p].name for p in visible}
-        if raw and any(t.strip().isdigit() for t in raw.split(",")) and len(names) > 1 \
-                and env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
-            notes.append(Finding(
-                "device-order", None,
-                f"CUDA_VISIBLE_DEVICES={raw} uses indices and this host mixes GPU models ({', '.join(sorted(names))}), "
-                "but CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers GPUs fastest-first, so the "
-                "indices may name other GPUs than nvidia-smi shows. Fix: export CUDA_DEVICE_ORDER=PCI_BUS_ID "
-                "(flowrl sets it for its node processes) or use GPU UUIDs", host=host))
+        order = device_order_problem(raw, {devices[p].name for p in visible}, env.get("CUDA_DEVICE_ORDER"))
+        if order:
+            notes.append(Finding("device-order", None, order, host=host))
         hosts = [Host(name=host, address="127.0.0.1", devices=devices, visible=visible, visible_env=raw)]
         return cls(hosts=hosts, device_type="cuda", source="NVML", notes=notes)

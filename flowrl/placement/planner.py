@@ -8,7 +8,9 @@
 Order matters when devices are scarce: explicit lists are taken as written first, then counts and
 `auto` by role, biggest first (actor, critic, rollout, reference, reward, then the rest; within a
 role, the node asking for most devices), so the training groups get the best-connected devices.
-A node that declares `colocate_with` is placed on its partners' devices when they are placed.
+A node that declares `colocate_with` is placed on its partners' devices when they are placed (the
+relation is transitive). A weight subscriber is placed near its trainer (and a trainer near its
+subscribers): same host, NVLink to their devices, so weight sync stays off the network and PCIe.
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ from __future__ import annotations
 from math import prod
 
 from flowrl.graph.spec import GraphSpec
-from flowrl.placement import rules_hardware, rules_layout, rules_sharing
+from flowrl.placement import rules_graph, rules_hardware, rules_layout, rules_memory, rules_sharing
 from flowrl.placement.devices import Device, Inventory
-from flowrl.placement.findings import Finding
+from flowrl.placement.findings import Finding, dedupe
 from flowrl.placement.groups import Key, pick_cores, pick_gpus
 from flowrl.placement.plan import Plan, PlanEntry
-from flowrl.placement.requests import Request, colocated, read_request
+from flowrl.placement.requests import Request, colocation_groups, read_request
 
 ROLE_ORDER = {"actor": 0, "critic": 1, "rollout": 2, "reference": 3, "reward": 4}
 
@@ -29,6 +31,11 @@ ROLE_ORDER = {"actor": 0, "critic": 1, "rollout": 2, "reference": 3, "reward": 4
 def _place(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], findings: list[Finding]) -> None:
     load: dict[Key, int] = {}
     owner: dict[Key, set[str]] = {}
+    groups = colocation_groups(spec)
+    sync: dict[str, set[str]] = {}
+    for w in spec.weights:
+        sync.setdefault(w.src, set()).add(w.dst)
+        sync.setdefault(w.dst, set()).add(w.src)
 
     def take(req: Request, group: list[Device]) -> None:
         req.placed.append(group)
@@ -49,8 +56,10 @@ def _place(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], findings: 
                 group = pick_cores(inv, req.size, req.hosts, load, cursor)
                 shared = False
             else:
-                partners = {k for k, names in owner.items() if any(colocated(spec, req.name, n) for n in names)}
-                group, shared = pick_gpus(inv, req.size, req.hosts, load, partners)
+                partners = {k for k, names in owner.items()
+                            if any(n != req.name and groups.get(n) == groups[req.name] for n in names)}
+                near = frozenset(k for k, names in owner.items() if names & sync.get(req.name, set()))
+                group, shared = pick_gpus(inv, req.size, req.hosts, load, partners, near)
             assert group is not None and len(group) == req.size, "read_request checked the capacity"
             if shared and not req.short:
                 req.short = True
@@ -114,9 +123,12 @@ def make_plan(spec: GraphSpec, inventory: Inventory, classes: dict[str, type] | 
         req = read_request(name, node, getattr(classes.get(name), "role", None), inventory, findings)
         if req is not None:
             reqs[name] = req
+    findings += rules_graph.check(spec, classes)
     _place(spec, inventory, reqs, findings)
-    findings += rules_sharing.check(spec, inventory, reqs)
+    needs = rules_memory.needs(spec, inventory, reqs, classes)
+    findings += rules_sharing.check(spec, inventory, reqs, rules_memory.per_device(reqs, needs))
     findings += rules_hardware.check(spec, inventory, reqs)
     findings += rules_layout.check(spec, inventory, reqs)
+    findings += rules_memory.check(spec, inventory, reqs, needs)
     entries = [e for name in spec.nodes if name in reqs for e in _entries(inventory, reqs[name])]
-    return Plan(entries, findings, inventory.device_type, inventory.describe())
+    return Plan(entries, dedupe(findings), inventory.device_type, inventory.describe())

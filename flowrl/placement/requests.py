@@ -18,6 +18,12 @@ from flowrl.placement.devices import Device, Inventory
 from flowrl.placement.findings import Finding, ids_text
 
 
+PROCESSES_PER_CORE = 16
+"""On CPU, processes time-share cores; more than this many per core is a mistake, not a plan."""
+MAX_UNPINNED = 1024
+"""Most replicas of a role-less CPU helper on a GPU host."""
+
+
 @dataclass
 class Request:
     """A node's placement request, checked. `explicit` holds resolved devices per replica."""
@@ -36,9 +42,28 @@ class Request:
     """It had to share devices because too few were free (already reported)."""
 
 
+def colocation_groups(spec: GraphSpec) -> dict[str, str]:
+    """Node -> a representative of its colocation group. `colocate_with` is transitive: a hybrid
+    engine declared as A~B and B~C puts A, B and C in one group."""
+    parent = {n: n for n in spec.nodes}
+
+    def find(n: str) -> str:
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for name, node in spec.nodes.items():
+        for other in node.colocate_with:
+            if other in parent:
+                parent[find(name)] = find(other)
+    return {n: find(n) for n in spec.nodes}
+
+
 def colocated(spec: GraphSpec, a: str, b: str) -> bool:
-    """Sharing devices was declared (either side's `colocate_with` names the other)."""
-    return b in spec.nodes[a].colocate_with or a in spec.nodes[b].colocate_with
+    """Sharing devices was declared, directly or through other nodes (`colocate_with` is transitive)."""
+    groups = colocation_groups(spec)
+    return a in groups and b in groups and groups[a] == groups[b]
 
 
 def _resolve(name: str, node: NodeSpec, inv: Inventory, findings: list[Finding]) -> list[Device] | None:
@@ -110,6 +135,10 @@ def read_request(name: str, node: NodeSpec, role: str | None, inv: Inventory, fi
         req.size = node.devices
     elif inv.device_type == "cuda" and role is None:
         req.size, req.mesh = 0, [1]  # role-less helpers (prompts, advantages) run on the host CPU
+        if node.replicas > MAX_UNPINNED:
+            findings.append(Finding("not-enough-devices", name, f"node `{name}` asks for {node.replicas} replicas, each a "
+                                    f"CPU process on the host; flowrl starts at most {MAX_UNPINNED}. Fix: lower `replicas`"))
+            return None
         return req
     else:
         req.size = prod(node.mesh) if node.mesh else 1
@@ -120,11 +149,15 @@ def read_request(name: str, node: NodeSpec, role: str | None, inv: Inventory, fi
     req.mesh = req.mesh or [req.size]
     if req.explicit is None:
         where = f"host {hosts[0]}" if node.host else "the inventory"
-        if inv.device_type == "cpu":  # replicas may time-share cores; one replica's cores must be distinct
+        if inv.device_type == "cpu":  # processes time-share cores; one replica's ranks get distinct cores where possible
             avail = max(len(inv.host(h).visible) for h in hosts)
-            if req.size > avail:
-                findings.append(Finding("not-enough-devices", name, f"node `{name}` needs {req.size} cores per replica, but "
-                                        f"{where} has {avail} usable. Fix: lower `devices` (and `mesh`) to at most {avail}"))
+            need = req.size * node.replicas
+            if need > PROCESSES_PER_CORE * avail:
+                asked = f"{node.replicas} x {req.size} = {need}" if node.replicas > 1 else str(need)
+                findings.append(Finding("not-enough-devices", name, f"node `{name}` needs {asked} processes, but "
+                                        f"{where} has {avail} usable core(s) and flowrl runs at most {PROCESSES_PER_CORE} "
+                                        f"processes per core. Fix: lower `devices` or `replicas` (to at most "
+                                        f"{PROCESSES_PER_CORE * avail} processes), or run on a bigger machine"))
                 return None
             return req
         avail = sum(len(inv.host(h).visible) for h in hosts)

@@ -21,6 +21,18 @@ from flowrl.placement.requests import Request
 
 def _most_links(devs: list[Device], size: int) -> list[Device]:
     """A group of `size` from `devs` with the most NVLink links (greedy above the search limit)."""
+    key = (tuple(devs), size)
+    if key not in _MOST_LINKS:
+        if len(_MOST_LINKS) > 256:
+            _MOST_LINKS.clear()
+        _MOST_LINKS[key] = _search_links(devs, size)
+    return _MOST_LINKS[key]
+
+
+_MOST_LINKS: dict[tuple, list[Device]] = {}  # one search per (device set, size), not one per replica
+
+
+def _search_links(devs: list[Device], size: int) -> list[Device]:
     if comb(len(devs), size) <= EXHAUSTIVE_LIMIT:
         return list(max(combinations(devs, size), key=lambda g: (nvlink_links(list(g)), [-d.id for d in g])))
     return best_on_host(devs, size, {})
@@ -51,6 +63,8 @@ def _topology(req: Request, r: int, part: list[Device], inv: Inventory, owners, 
     mine = set(ids)
     visible = inv.host(host).visible_devices()
     spare = [d for d in visible if d.id in mine or not owners.get((host, d.id), set()) - {req.name}]
+    if links == k * (k - 1) // 2:
+        return []  # fully NVLink-connected: nothing can beat it, and PCIe roots do not matter
     if any(d.nvlink_peers for d in visible):
         best = _most_links(visible, k)
         if nvlink_links(best) > links:

@@ -1,31 +1,21 @@
-"""Layout across nodes and hosts: dtypes on edges, torchrun rank layout of multi-host groups.
+"""Layout across hosts: torchrun rank layout of multi-host groups, tensor parallelism kept in a host.
 
-Two mistakes that otherwise surface late and far from their cause (seeds 6 and 7):
-- nodes joined by an edge computing in different dtypes fail mid-run with `expected scalar type
-  Half but found Float`; a graph says so at check time;
 - a group spread over hosts must look like torchrun's layout: the same number of processes on
   every host (`--nproc_per_node`) and ranks host by host (RANK = node_rank * nproc + LOCAL_RANK).
-  Otherwise ranks disagree about who is who and hang at the first barrier.
+  Otherwise ranks disagree about who is who and hang at the first barrier (seed 7);
+- a mesh `[..., t]` with t > 1 declares tensor parallelism over its last dimension; a tensor group
+  that crosses hosts runs every layer's all-reduce at network speed. A flat group (`mesh: [N]`, or
+  none) is data parallel / FSDP, which spans hosts by design (verl's default): no finding.
 """
 
 from __future__ import annotations
+
+from math import gcd
 
 from flowrl.graph.spec import GraphSpec
 from flowrl.placement.devices import Inventory
 from flowrl.placement.findings import Finding
 from flowrl.placement.requests import Request
-
-
-def _dtypes(spec: GraphSpec) -> list[Finding]:
-    out = []
-    for edge in spec.edges:
-        a, b = spec.nodes[edge.src].dtype, spec.nodes[edge.dst].dtype
-        if a != b:
-            out.append(Finding("dtype-mismatch", edge.dst,
-                               f"edge {edge}: `{edge.src}` computes in {a} but `{edge.dst}` in {b}; the tensors it carries "
-                               f"would fail mid-run (`expected scalar type ... but found ...`). Fix: give both nodes the "
-                               f"same `dtype:` (e.g. `dtype: {a}` on `{edge.dst}`)"))
-    return out
 
 
 def _hosts(req: Request, r: int, group, mesh: list[int]) -> list[Finding]:
@@ -49,16 +39,20 @@ def _hosts(req: Request, r: int, group, mesh: list[int]) -> list[Finding]:
                         "ranks must run host by host (RANK = node_rank * nproc_per_node + LOCAL_RANK) or ranks hang "
                         f"at the first barrier. Fix: list devices host by host: {fixed}", ids)]
     per_host = counts[hosts[0]]
-    if per_host % mesh[-1]:
+    tp = mesh[-1]
+    if len(mesh) > 1 and tp > 1 and per_host % tp:
+        keep = gcd(tp, per_host)  # the largest tensor size <= the one asked for that stays in a host
+        fixed = [*mesh[:-2], mesh[-2] * (tp // keep), keep]
         return [Finding("tp-across-hosts", req.name,
-                        f"node `{req.name}` replica {r} has {per_host} processes per host but its innermost mesh "
-                        f"dimension is {mesh[-1]} (mesh {mesh}); tensor-parallel groups would cross hosts and run at "
-                        f"network speed. Fix: make the last mesh dimension divide {per_host}", ids)]
+                        f"node `{req.name}` replica {r} has {per_host} processes per host but its tensor-parallel "
+                        f"(last) mesh dimension is {tp} (mesh {mesh}); tensor groups would cross hosts and run every "
+                        f"layer's all-reduce at network speed. Fix: use mesh {fixed}, so each tensor group of {keep} "
+                        "stays inside a host", ids)]
     return []
 
 
 def check(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request]) -> list[Finding]:
-    out = _dtypes(spec)
+    out: list[Finding] = []
     for req in reqs.values():
         for r, group in enumerate(req.placed):
             found = _hosts(req, r, group, req.mesh)

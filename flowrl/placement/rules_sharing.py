@@ -4,7 +4,9 @@ The rules from the field (seeds 3 and 4):
 - actor and critic never share a GPU (both train at once, each needs the card's memory);
 - reference and reward may share with each other (forward passes only), not with actor or critic;
 - any other undeclared sharing of a GPU is worth a warning; `colocate_with` declares it intended;
-- a GPU already used by a foreign process is an OOM waiting to happen, even at 40% apparent use.
+- a GPU already used by a foreign job slows both down (a warning), and is an OOM waiting to happen
+  when what is left is less than the plan puts there (an error; the memory model's estimate, or
+  half the card without one). A process under 256 MiB (an MPS daemon) does not make a GPU busy.
 On a CPU-only machine cores are time-shared by design: sharing is only a note.
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 from itertools import combinations
 
 from flowrl.graph.spec import GraphSpec
-from flowrl.placement.devices import Inventory
+from flowrl.placement.devices import GIB, Inventory
 from flowrl.placement.findings import Finding, ids_text
 from flowrl.placement.requests import Request, colocated
 
@@ -51,16 +53,12 @@ def _owners(reqs: dict[str, Request]) -> dict[tuple[str, int], list[str]]:
     return out
 
 
-def check(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request]) -> list[Finding]:
+def check(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], planned: dict | None = None) -> list[Finding]:
+    """`planned`: (host, id) -> {node: bytes} from the memory model (decides when busy is an error)."""
     out: list[Finding] = []
     owners = _owners(reqs)
     if inv.device_type == "cpu":
-        for (host, core), names in sorted(owners.items()):
-            if len(names) > 1:
-                out.append(Finding("cpu-shared", None, f"core {core}{f' on {host}' if inv.multi_host else ''} is time-shared "
-                                   f"by {len(names)} node processes ({', '.join(names)}); fine for a CPU run, "
-                                   "slower than one core each", (core,), host))
-        return out
+        return _cpu_shared(reqs, inv)
     free = {h.name: [p for p in h.visible if (h.name, p) not in owners] for h in inv.hosts}
     pairs: dict[tuple[str, str, str], list[int]] = {}
     for (host, dev), names in owners.items():
@@ -89,8 +87,49 @@ def check(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request]) -> list[Fin
         host = inv.host(busy[0].host)
         idle = [d.id for d in host.visible_devices() if not d.busy]
         procs = "; ".join(f"GPU {d.id}: {', '.join(p.describe() for p in d.processes)}" for d in busy)
+        short = _short_of_memory(busy, planned or {})
+        if short:
+            d, free, need = short
+            verdict = (f"GPU {d.id} has {free / GIB:.1f} GiB left of {d.memory_gib:.0f} GiB"
+                       + (f" but the plan puts {need / GIB:.1f} GiB there" if need else ", less than half the card")
+                       + "; it would run out of memory")
+        else:
+            verdict = "there is memory left for the plan, but both jobs will slow each other down"
         out.append(Finding("device-busy", req.name,
-                           f"node `{req.name}` is planned on GPU(s) already used by another job ({procs}); it would run "
-                           f"out of memory or slow both jobs down. Fix: pick idle GPUs (idle: {ids_text(idle)}), or stop "
-                           "that job first", tuple(d.id for d in busy), host.name))
+                           f"node `{req.name}` is planned on GPU(s) already used by another job ({procs}); {verdict}. "
+                           f"Fix: pick idle GPUs (idle: {ids_text(idle)}), or stop that job first",
+                           tuple(d.id for d in busy), host.name, severity="error" if short else "warning"))
+    return out
+
+
+def _short_of_memory(busy, planned: dict) -> tuple | None:
+    """The first busy GPU whose memory left is below what the plan puts there (the memory model's
+    estimate; half the card when there is none): (device, free bytes, planned bytes)."""
+    for d in busy:
+        if not d.memory_bytes:
+            continue
+        free = d.memory_bytes - d.foreign_bytes
+        need = sum(planned.get((d.host, d.id), {}).values())
+        if (need and need > free) or (not need and free < d.memory_bytes / 2):
+            return d, free, need
+    return None
+
+
+def _cpu_shared(reqs: dict[str, Request], inv: Inventory) -> list[Finding]:
+    """One note for all time-shared cores of a host (never one per core)."""
+    procs: dict[tuple[str, int], list[str]] = {}
+    for req in reqs.values():
+        for group in req.placed:
+            for d in group:
+                procs.setdefault((d.host, d.id), []).append(req.name)
+    out = []
+    for host in inv.hosts:
+        shared = {core: names for (h, core), names in sorted(procs.items()) if h == host.name and len(names) > 1}
+        if not shared:
+            continue
+        parts = "; ".join(f"core {c}: {len(n)} ({', '.join(dict.fromkeys(n))})" for c, n in list(shared.items())[:16])
+        more = f"; and {len(shared) - 16} more cores" if len(shared) > 16 else ""
+        where = f" on {host.name}" if inv.multi_host else ""
+        out.append(Finding("cpu-shared", None, f"{len(shared)} core(s){where} are time-shared by several node processes "
+                           f"({parts}{more}); fine for a CPU run, slower than one core each", tuple(shared), host.name))
     return out

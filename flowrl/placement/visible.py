@@ -70,3 +70,17 @@ def resolve_visible(env: str | None, physical_ids: list[int], uuids: dict[int, s
                              f"{', '.join(repr(t) for t in ignored)}, so only {len(visible)} GPU(s) are visible"]
         visible.append(phys)
     return visible, []
+
+
+def device_order_problem(env: str | None, names: set[str], order: str | None) -> str | None:
+    """Why integer CUDA_VISIBLE_DEVICES may name other GPUs than nvidia-smi shows, or None.
+
+    CUDA numbers GPUs fastest-first unless CUDA_DEVICE_ORDER=PCI_BUS_ID; with one GPU model on the
+    host both orders agree, with mixed models integer ids can point at the wrong cards.
+    """
+    if not env or not any(t.strip().isdigit() for t in env.split(",")) or len(names) < 2 or order == "PCI_BUS_ID":
+        return None
+    return (f"CUDA_VISIBLE_DEVICES={env} uses indices and this host mixes GPU models ({', '.join(sorted(names))}), "
+            "but CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers GPUs fastest-first, so the "
+            "indices may name other GPUs than nvidia-smi shows. Fix: export CUDA_DEVICE_ORDER=PCI_BUS_ID "
+            "(flowrl sets it for its node processes) or use GPU UUIDs")

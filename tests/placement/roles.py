@@ -43,3 +43,38 @@ class Sink(flowrl.Node):
     role = "actor"
     inputs = ("in",)
     outputs = ()
+
+
+class HiddenSource(flowrl.Node):
+    """Sends tensors in its compute dtype (hidden states) on `out`."""
+
+    role = "rollout"
+    inputs = ()
+    outputs = ("out",)
+    compute_dtype_outputs = ("out",)
+
+
+class Trainer(_Alone):
+    """A stateful trainer that publishes weights."""
+
+    role = "actor"
+    stateful = True
+    publishes_weights = True
+
+
+class MergingTrainer(Trainer):
+    merge_replicas = "average"
+
+
+class Subscriber(_Alone):
+    role = "rollout"
+    subscribes_weights = True
+
+
+class Engine(_Alone):
+    """A rollout engine that reserves a share of the card (vLLM's gpu_memory_utilization)."""
+
+    role = "rollout"
+
+    class Config(flowrl.NodeConfig):
+        gpu_memory_utilization: float = 0.9

@@ -1,0 +1,76 @@
+"""Rules about the graph itself, read with the node classes: dtypes on edges, weights nobody
+takes, replicas of stateful nodes.
+
+- `dtype-mismatch`: only tensors that cross an edge matter. The built-in nodes pass token ids
+  (int64), masks (bool) and scores, log-probabilities and values in float32 whatever their compute
+  dtype, so bf16 on A100s next to fp16 on V100s is fine. A node class whose output ports carry
+  tensors in its compute dtype (hidden states, logits) says so with
+  `compute_dtype_outputs = ("out",)`; an edge from such a port into a node computing in another
+  dtype is worth a warning: an op mixing the two fails unless the consumer casts.
+- `no-weight-subscriber`: a node class with `publishes_weights` and no `weights:` edge from it
+  trains a policy that nobody samples with.
+- `stateful-replicas`: replicas of a stateful node (`stateful = True`) each train their own copy on
+  a share of the tickets: unrelated models. Data parallelism is `devices: N` (one model, each batch
+  split over the ranks). A class that declares how its replicas merge (`merge_replicas`, any value
+  but None) may have them.
+"""
+
+from __future__ import annotations
+
+from flowrl.graph.spec import GraphSpec
+from flowrl.placement.findings import Finding
+
+
+def _dtypes(spec: GraphSpec, classes: dict[str, type]) -> list[Finding]:
+    out = []
+    for edge in spec.edges:
+        if edge.src not in spec.nodes or edge.dst not in spec.nodes:
+            continue
+        cls = classes.get(edge.src)
+        ports = tuple(getattr(cls, "compute_dtype_outputs", ()) or ())
+        outputs = tuple(getattr(cls, "outputs", ()) or ())
+        port = edge.src_port or (outputs[0] if len(outputs) == 1 else None)
+        if port not in ports:
+            continue  # int64 / bool / float32 tensors: any compute dtype on either side is fine
+        a, b = spec.nodes[edge.src].dtype, spec.nodes[edge.dst].dtype
+        if a != b:
+            out.append(Finding("dtype-mismatch", edge.dst,
+                               f"edge {edge}: `{edge.src}` sends its `{port}` tensors in its compute dtype {a}, but "
+                               f"`{edge.dst}` computes in {b}; an op that mixes them fails (`expected scalar type ...`) "
+                               f"unless `{edge.dst}` casts its inputs. Fix: give both nodes the same `dtype:` (e.g. "
+                               f"`dtype: {a}` on `{edge.dst}`), or cast the inputs in `{edge.dst}`"))
+    return out
+
+
+def _subscribers(spec: GraphSpec, classes: dict[str, type]) -> list[Finding]:
+    out = []
+    sources = {w.src for w in spec.weights}
+    for name, cls in classes.items():
+        if getattr(cls, "publishes_weights", False) and name not in sources:
+            takers = [n for n, c in classes.items() if getattr(c, "subscribes_weights", False)]
+            fix = (f"add `weights: [{name} -> {takers[0]}]`" if takers else
+                   "add a node that takes weights (e.g. `kind: rollout`) and a `weights:` edge to it")
+            out.append(Finding("no-weight-subscriber", name,
+                               f"node `{name}` trains and publishes weights, but no `weights:` edge takes them: the "
+                               f"samples it trains on never come from the policy it learns. Fix: {fix}"))
+    return out
+
+
+def _replicas(spec: GraphSpec, classes: dict[str, type]) -> list[Finding]:
+    out = []
+    for name, node in spec.nodes.items():
+        cls = classes.get(name)
+        if node.replicas > 1 and getattr(cls, "stateful", False) and getattr(cls, "merge_replicas", None) is None:
+            n = node.replicas
+            per = node.devices if isinstance(node.devices, int) else 1
+            out.append(Finding("stateful-replicas", name,
+                               f"node `{name}` is stateful and has replicas: {n}; each replica would keep its own "
+                               f"state (train its own model) on 1/{n} of the tickets: {n} unrelated models. Fix: use "
+                               f"devices: {n * per} for data-parallel training (one model, each batch split over the "
+                               "ranks) and `replicas: 1`, or declare how the replicas merge (`merge_replicas` on "
+                               f"{getattr(cls, '__name__', 'the class')})"))
+    return out
+
+
+def check(spec: GraphSpec, classes: dict[str, type]) -> list[Finding]:
+    return _dtypes(spec, classes) + _subscribers(spec, classes) + _replicas(spec, classes)
