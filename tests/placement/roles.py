@@ -45,7 +45,7 @@ class Sink(flowrl.Node):
     outputs = ()
 
 
-class HiddenSource(flowrl.Node):
+class HiddenSource(flowrl.Source):
     """Sends tensors in its compute dtype (hidden states) on `out`."""
 
     role = "rollout"
