@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowrl.graph import GraphSpec, load_graph
-from flowrl.runtime.scheduler import read_jsonl
 
 
 @dataclass

@@ -17,7 +17,16 @@ flow, the same codec as every edge.
 
 from __future__ import annotations
 
+import time
+
+from typing import TYPE_CHECKING
+
 from flowrl.node import Drop
+
+if TYPE_CHECKING:
+    from flowrl.runtime.inputs import Item
+
+SHARD = "__rank_shard__"  # the pseudo input port on which a follower rank gets its shards
 
 
 def split_groups(batch, parts: int) -> list:
@@ -51,3 +60,87 @@ def merge_outputs(outputs: list):
 
 def shard_address(sockdir: str, node: str, replica: int, rank: int) -> str:
     return f"ipc://{sockdir}/{node}.{replica}.rank{rank}"
+
+
+class RankMember:
+    """The worker's data-parallel half (mixed into `Worker`): the leader's fan-out and gather, a
+    follower's shard loop."""
+
+    async def run_ranks(self, item: Item, method: str):
+        """Leader: shard r to rank r, shard 0 here, gather the results in rank order."""
+        from flowrl.runtime.contract import outputs_of
+        from flowrl.runtime.ranks import merge_outputs, split_groups
+
+        shards = split_groups(item.batch, self.spec.world_size)
+        for r, tx in self.rank_tx.items():
+            await tx.send(self.stamp(shards[r], item).replace(meta={**shards[r].meta, "_port": item.port}))
+        self.recorder.count("rank_samples", shards[0].num_samples, rank="0", per_node=True)
+        mine = await self.node.process(shards[0], item.port)
+        outputs = [None if self.is_sink else outputs_of(mine, node=self.spec.node, method=method,
+                                                        ports=self.cls.outputs)[self.cls.outputs[0]]]
+        for r in range(1, self.spec.world_size):
+            outputs.append(await self.gather(item, r))
+        if self.is_sink:
+            return None
+        merged = merge_outputs(outputs)
+        return {self.cls.outputs[0]: merged}
+
+    async def gather(self, item: Item, rank: int):
+        """The result of `rank` for `item` (results of older work are dropped)."""
+        while True:
+            out = await self.rank_rx.recv()
+            await self.rank_rx.ack(out)
+            if out.batch_id == item.batch_id and out.attempt == item.attempt and out.meta.get("_rank") == rank:
+                if out.drop is not None:
+                    return Drop(out.drop)
+                return out.replace(meta={k: v for k, v in out.meta.items() if k != "_rank"})
+
+    async def tell_followers(self, item: Item) -> None:
+        from flowrl.transport import Batch
+
+        marker = Batch(batch_id=item.batch_id, attempt=item.attempt, index=item.index, epoch=item.epoch,
+                       drop=item.drop or "dropped")
+        for tx in self.rank_tx.values():
+            await tx.send(marker)
+
+    async def on_shard(self, shard, rx) -> None:
+        """Follower: run the leader's shard (or follow its drop), send the result back."""
+        from flowrl.runtime.contract import outputs_of
+        from flowrl.transport import Batch
+
+        await rx.ack(shard)
+        if shard.epoch != self.fence.epoch:
+            return  # work of another recovery epoch: the leader does not wait for it
+        result = None
+        if shard.drop is None:
+            port = shard.meta.get("_port") or self.cls.inputs[0]
+            batch = shard.replace(meta={k: v for k, v in shard.meta.items() if k != "_port"})
+            self.recorder.count("rank_samples", batch.num_samples, rank=str(self.spec.rank), per_node=True)
+            self.busy = (shard.batch_id, time.monotonic())
+            try:
+                await self.faults.on_batch(self.step)
+                self.step += 1
+                out = await self.node.process(batch, port)
+            except BaseException:
+                self.failed_on = shard.batch_id
+                raise
+            finally:
+                self.busy = None
+            if not self.is_sink:
+                result = outputs_of(out, node=self.spec.node, method="process", ports=self.cls.outputs)[self.cls.outputs[0]]
+            route = dict(batch_id=shard.batch_id, attempt=shard.attempt, index=shard.index, epoch=shard.epoch)
+            if isinstance(result, Drop):
+                reply = Batch(meta={"_rank": self.spec.rank}, drop=result.reason, **route)
+            elif result is None:
+                reply = Batch(meta={"_rank": self.spec.rank}, **route)
+            else:
+                reply = result.replace(meta={**result.meta, "_rank": self.spec.rank}, **route)
+            await self.rank_tx[0].send(reply)
+        if self.cls.publishes_weights:  # the leader's version, kept here too
+            self.version += 1
+            self.nctx.policy_version = self.version
+        if self.ordered is not None:  # follow the leader's watermark: checkpoints at the same ticket
+            self.ordered.watermark = shard.index + 1
+            if self.is_checkpoint_step(self.ordered.watermark):
+                await self.save_checkpoint(self.ordered.watermark)
+

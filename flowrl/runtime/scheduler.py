@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from flowrl.errors import FlowrlError
 from flowrl.runtime.indexset import IndexSet
-from flowrl.runtime.ledger import Ledger, read_jsonl  # noqa: F401  (read_jsonl re-exported)
+from flowrl.runtime.ledger import Ledger
 from flowrl.node import Ticket
 
 

@@ -19,7 +19,6 @@ import gc
 import logging
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -31,10 +30,11 @@ from flowrl.runtime import messages as m
 from flowrl.runtime.faults import FaultInjector
 from flowrl.runtime.inputs import Fence, Item, JoinBuffer, Ordered, OutputCache, SinkSeen, VersionGate
 from flowrl.node import Drop, Ticket
+from flowrl.runtime.heartbeat import Heartbeat
 from flowrl.runtime.procspec import ProcSpec
+from flowrl.runtime.ranks import SHARD, RankMember
 
 log = logging.getLogger("flowrl.worker")
-SHARD = "__rank_shard__"  # the pseudo input port of a follower rank
 
 
 def bind_devices(spec: ProcSpec) -> None:
@@ -44,7 +44,7 @@ def bind_devices(spec: ProcSpec) -> None:
         os.sched_setaffinity(0, spec.cpu_cores)
 
 
-class Worker:
+class Worker(RankMember):
     def __init__(self, spec: ProcSpec):
         self.spec = spec
         self.ctx = zmq.asyncio.Context()
@@ -503,88 +503,8 @@ class Worker:
         await self.ack(item)
         await self.send_ctl(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why=why))
 
-    # data parallelism (ranks.py) -------------------------------------------------------------
-    async def run_ranks(self, item: Item, method: str):
-        """Leader: shard r to rank r, shard 0 here, gather the results in rank order."""
-        from flowrl.runtime.contract import outputs_of
-        from flowrl.runtime.ranks import merge_outputs, split_groups
-
-        shards = split_groups(item.batch, self.spec.world_size)
-        for r, tx in self.rank_tx.items():
-            await tx.send(self.stamp(shards[r], item).replace(meta={**shards[r].meta, "_port": item.port}))
-        self.recorder.count("rank_samples", shards[0].num_samples, rank="0", per_node=True)
-        mine = await self.node.process(shards[0], item.port)
-        outputs = [None if self.is_sink else outputs_of(mine, node=self.spec.node, method=method,
-                                                        ports=self.cls.outputs)[self.cls.outputs[0]]]
-        for r in range(1, self.spec.world_size):
-            outputs.append(await self.gather(item, r))
-        if self.is_sink:
-            return None
-        merged = merge_outputs(outputs)
-        return {self.cls.outputs[0]: merged}
-
-    async def gather(self, item: Item, rank: int):
-        """The result of `rank` for `item` (results of older work are dropped)."""
-        while True:
-            out = await self.rank_rx.recv()
-            await self.rank_rx.ack(out)
-            if out.batch_id == item.batch_id and out.attempt == item.attempt and out.meta.get("_rank") == rank:
-                if out.drop is not None:
-                    return Drop(out.drop)
-                return out.replace(meta={k: v for k, v in out.meta.items() if k != "_rank"})
-
-    async def tell_followers(self, item: Item) -> None:
-        from flowrl.transport import Batch
-
-        marker = Batch(batch_id=item.batch_id, attempt=item.attempt, index=item.index, epoch=item.epoch,
-                       drop=item.drop or "dropped")
-        for tx in self.rank_tx.values():
-            await tx.send(marker)
-
-    async def on_shard(self, shard, rx) -> None:
-        """Follower: run the leader's shard (or follow its drop), send the result back."""
-        from flowrl.runtime.contract import outputs_of
-        from flowrl.transport import Batch
-
-        await rx.ack(shard)
-        if shard.epoch != self.fence.epoch:
-            return  # work of another recovery epoch: the leader does not wait for it
-        result = None
-        if shard.drop is None:
-            port = shard.meta.get("_port") or self.cls.inputs[0]
-            batch = shard.replace(meta={k: v for k, v in shard.meta.items() if k != "_port"})
-            self.recorder.count("rank_samples", batch.num_samples, rank=str(self.spec.rank), per_node=True)
-            self.busy = (shard.batch_id, time.monotonic())
-            try:
-                await self.faults.on_batch(self.step)
-                self.step += 1
-                out = await self.node.process(batch, port)
-            except BaseException:
-                self.failed_on = shard.batch_id
-                raise
-            finally:
-                self.busy = None
-            if not self.is_sink:
-                result = outputs_of(out, node=self.spec.node, method="process", ports=self.cls.outputs)[self.cls.outputs[0]]
-            route = dict(batch_id=shard.batch_id, attempt=shard.attempt, index=shard.index, epoch=shard.epoch)
-            if isinstance(result, Drop):
-                reply = Batch(meta={"_rank": self.spec.rank}, drop=result.reason, **route)
-            elif result is None:
-                reply = Batch(meta={"_rank": self.spec.rank}, **route)
-            else:
-                reply = result.replace(meta={**result.meta, "_rank": self.spec.rank}, **route)
-            await self.rank_tx[0].send(reply)
-        if self.cls.publishes_weights:  # the leader's version, kept here too
-            self.version += 1
-            self.nctx.policy_version = self.version
-        if self.ordered is not None:  # follow the leader's watermark: checkpoints at the same ticket
-            self.ordered.watermark = shard.index + 1
-            if self.is_checkpoint_step(self.ordered.watermark):
-                await self.save_checkpoint(self.ordered.watermark)
-
     # weights --------------------------------------------------------------------------------
     async def weight_sync(self, order: m.Sync) -> None:
-        from flowrl.weights import WeightSyncError  # noqa: F401
 
         self.busy = (f"weight sync v{order.version}", time.monotonic())
         try:
@@ -696,37 +616,6 @@ def edge_labels(graph, node: str) -> tuple[dict[str, str], dict[str, str]]:
             inputs[port] = label[str(e)] if port not in inputs else f"{node}.{port}"
     outputs = {str(e): label[str(e)] for e in graph.edges if e.src == node}
     return inputs, outputs
-
-
-class Heartbeat(threading.Thread):
-    """Says 'alive' from its own thread and socket, so a long torch call (which releases the GIL)
-    does not look like a hang, while a stopped process (SIGSTOP) or a dead controller does. It
-    also says how long the node has been inside its current call, so a call that never returns
-    (a wedged collective, a bug) is found by `process_timeout_s` although the process is alive."""
-
-    def __init__(self, spec: ProcSpec):
-        super().__init__(daemon=True, name="flowrl-heartbeat")
-        self.spec = spec
-        self.parent = os.getppid()
-        self.worker: Worker | None = None
-
-    def run(self) -> None:
-        ctx = zmq.Context.instance()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, f"{self.spec.proc_id}#{self.spec.incarnation}#hb".encode())
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 16)
-        sock.connect(self.spec.control)
-        while True:
-            if os.getppid() != self.parent:  # our launcher is gone: nobody will stop us
-                os._exit(70)
-            busy = self.worker.busy if self.worker is not None else None
-            msg = m.Heartbeat(busy=[busy[0][:256], round(time.monotonic() - busy[1], 3)] if busy else None)
-            try:
-                sock.send(m.encode(msg, self.spec.secret), zmq.NOBLOCK)
-            except zmq.Again:
-                pass
-            time.sleep(self.spec.heartbeat_s)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,6 @@ group down and the group comes back together — with the ledger and the states 
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
