@@ -3,8 +3,10 @@
     python examples/math/make_problems.py            # -> examples/math/train.jsonl, test.jsonl
 
 One line per problem, `{"question": "...", "answer": "7"}`: one-step additions and subtractions
-of single digits with single-digit answers, worded a few ways ("Ann has 3 cups and gets 4
-more."), short enough for the built-in character-level model. Seeded: the files are the same on
+of single digits with single-digit answers ("Ann has 3 cups and gets 4 more. How many cups?"),
+short enough for the built-in character-level model, and worded alike (names of three letters,
+things of four), so the numbers stand at the same places: that is what lets a model trained from
+scratch by RL alone learn the arithmetic on a CPU within minutes. Seeded: the files are the same on
 every machine. The test set holds problems that are not in the training set.
 """
 
@@ -16,9 +18,9 @@ import random
 from pathlib import Path
 
 NAMES = ("Ann", "Bob", "Sam", "Eve", "Tom", "Mia")
-ITEMS = ("apples", "pens", "cats", "cups", "eggs")
-ADD = ("{n} has {a} {i} and gets {b} more. How many {i}?", "{n} had {a} {i}, then found {b}. How many {i}?")
-SUB = ("{n} has {a} {i} and gives away {b}. How many {i}?", "{n} had {a} {i}, then lost {b}. How many {i}?")
+ITEMS = ("pens", "cats", "cups", "eggs", "hats", "owls", "keys")
+ADD = ("{n} has {a} {i} and gets {b} more. How many {i}?",)
+SUB = ("{n} has {a} {i} and gives away {b}. How many {i}?",)
 
 
 def all_problems() -> list[dict]:
