@@ -6,8 +6,7 @@ from flowrl.testing.harness import run_graph
 from tests.integration.test_rl_runs import by_step
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 def test_grpo_math_reward_rises_and_the_exported_policy_loads_in_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
     import torch
@@ -18,12 +17,12 @@ def test_grpo_math_reward_rises_and_the_exported_policy_loads_in_transformers(tm
     from flowrl.models import build_model
 
     run_dir = tmp_path / "run"
-    result = run_graph("graphs/grpo-math.yaml", run_dir, overrides=["schedule.steps=60"], timeout_s=130)
+    result = run_graph("graphs/grpo-math.yaml", run_dir, overrides=["schedule.steps=30"], timeout_s=200)
     assert result.exit_code == 0, result.stderr[-3000:]
     rows = by_step(result.metrics)
-    first = sum(r["reward_mean"] for r in rows[:10]) / 10
-    last = sum(r["reward_mean"] for r in rows[-10:]) / 10
-    assert last > first + 0.1, [round(r["reward_mean"], 3) for r in rows]
+    first = sum(r["reward_mean"] for r in rows[:5]) / 5
+    last = sum(r["reward_mean"] for r in rows[-5:]) / 5
+    assert last > first + 0.08, [round(r["reward_mean"], 3) for r in rows]  # measured: 0.04 -> 0.2
     assert "reward_math_mean" in rows[-1] and "reward_format_mean" in rows[-1]
 
     assert main(["export", str(run_dir), "--hf", str(tmp_path / "hf")]) == 0

@@ -29,10 +29,8 @@ def test_a_correct_program_reads_stdin_and_prints():
 
 
 def test_an_infinite_loop_is_stopped_by_the_cpu_limit():
-    t0 = time.monotonic()
-    r = run_sandboxed("while True: pass", limits=Limits(cpu_s=1, wall_s=10))
-    assert r.status == "cpu"
-    assert time.monotonic() - t0 < 5
+    r = run_sandboxed("while True: pass", limits=Limits(cpu_s=1, wall_s=30))
+    assert r.status == "cpu" and r.seconds < 30  # the CPU limit, not the wall clock, ended it
 
 
 def test_a_sleeping_program_is_killed_at_the_wall_clock_limit():
@@ -61,7 +59,7 @@ def test_a_fork_bomb_past_the_guard_is_held_by_the_process_limit_and_leaves_noth
     code = f"# {marker}\nimport os\nn = 0\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        n += 1\n"
     t0 = time.monotonic()
     r = run_sandboxed(code, limits=Limits(guard=False, wall_s=2, cpu_s=1, max_procs=8))
-    assert r.status in ("timeout", "cpu") and time.monotonic() - t0 < 6
+    assert r.status in ("timeout", "cpu") and time.monotonic() - t0 < 10
     alive = [p for p in psutil.process_iter(["uids", "status"]) if p.info["uids"] and p.info["uids"].real == NOBODY
              and p.info["status"] != psutil.STATUS_ZOMBIE]  # killed ones may wait a moment to be reaped
     assert not alive, "forked processes outlived the sandbox"
