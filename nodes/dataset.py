@@ -99,7 +99,13 @@ class Dataset(flowrl.Source):
     async def generate(self, ticket):
         import torch
 
-        from flowrl.data import ENCODING, encode_answers, left_pad, rows_for, ticket_start
+        from flowrl.data import (
+            ENCODING,
+            encode_answers,
+            left_pad,
+            rows_for,
+            ticket_start,
+        )
 
         c = self.config
         ids, epochs = rows_for(self.seed, ticket_start(ticket), ticket.size, len(self.rows), c.shuffle)

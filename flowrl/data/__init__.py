@@ -14,7 +14,12 @@ from flowrl.data.answers import ENCODING, answer_text, decode_answers, encode_an
 from flowrl.data.order import epoch_order, rows_for, rows_for_ticket, ticket_start
 from flowrl.data.prompts import PromptBuilder, left_pad
 from flowrl.data.readers import read_rows
-from flowrl.data.tokenizer import TEXT_VOCAB_SIZE, CharTokenizer, TextTokenizer, tokenizer_for
+from flowrl.data.tokenizer import (
+    TEXT_VOCAB_SIZE,
+    CharTokenizer,
+    TextTokenizer,
+    tokenizer_for,
+)
 
 __all__ = [
     "ENCODING", "TEXT_VOCAB_SIZE", "CharTokenizer", "PromptBuilder", "TextTokenizer", "answer_text",

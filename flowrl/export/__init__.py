@@ -17,7 +17,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flowrl.export.checkpoints import CheckpointError, checkpoint_path, load_checkpoint_state
+from flowrl.export.checkpoints import (
+    CheckpointError,
+    checkpoint_path,
+    load_checkpoint_state,
+)
 
 __all__ = ["CheckpointError", "checkpoint_path", "export_hf", "load_checkpoint_state", "model_spec_of"]
 
@@ -51,8 +55,7 @@ def export_hf(run_dir: str | Path, out: str | Path, *, node: str = "actor", step
 
         model = GPT2LMHeadModel(gpt2_config(spec))
         missing, unexpected = model.load_state_dict(tiny_to_gpt2(weights, spec), strict=False)
-        missing = [k for k in missing if not k.endswith("attn.bias") and k != "lm_head.weight" or
-                   (k == "lm_head.weight" and not spec.tie_embeddings)]
+        missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]  # causal-mask buffers
         if missing or unexpected:
             raise RuntimeError(f"export mapping is incomplete: missing {missing}, unexpected {unexpected}")
         model.save_pretrained(str(out), safe_serialization=True)

@@ -31,7 +31,14 @@ def char_vocab(vocab_size: int) -> tuple[dict[str, int], dict[str, str]]:
 
 
 def save_char_tokenizer(out: str | Path, vocab_size: int) -> None:
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+    )
     from transformers import PreTrainedTokenizerFast
 
     vocab, names = char_vocab(vocab_size)

@@ -9,11 +9,25 @@ pieces are plain functions of strings: math (extract_answer, is_equivalent), sha
 math-verify is used when installed (pip install 'flowrl[rewards]').
 """
 
-from flowrl.rewards.math import extract_answer, is_equivalent, math_scores, reference_answer
+from flowrl.rewards.math import (
+                                  extract_answer,
+                                  is_equivalent,
+                                  math_scores,
+                                  reference_answer,
+)
 from flowrl.rewards.sandbox import Limits, SandboxResult, isolation_mode, run_sandboxed
 from flowrl.rewards.shaping import format_scores, overlong_penalty
-from flowrl.rewards.terms import (CodeTerm, FormatTerm, Inputs, LengthTerm, MathTerm, TermSpec, parse_terms,
-                                  score_terms, term_names)
+from flowrl.rewards.terms import (
+                                  CodeTerm,
+                                  FormatTerm,
+                                  Inputs,
+                                  LengthTerm,
+                                  MathTerm,
+                                  TermSpec,
+                                  parse_terms,
+                                  score_terms,
+                                  term_names,
+)
 
 __all__ = [
     "CodeTerm", "FormatTerm", "Inputs", "LengthTerm", "Limits", "MathTerm", "SandboxResult", "TermSpec",

@@ -64,7 +64,7 @@ def main():
             _child(work, limits)
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        except BaseException:  # noqa: BLE001 - the user's error goes to its stderr, like python does
+        except BaseException:
             import traceback
 
             traceback.print_exc()

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from flowrl.rewards.sandbox import Limits, run_sandboxed
 
-_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.S)
+_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
 def extract_code(response: str) -> str:
@@ -41,7 +41,7 @@ def parse_tests(reference: str) -> list[tuple[str, str]]:
 
 
 def same_output(got: str, want: str) -> bool:
-    norm = lambda s: [line.rstrip() for line in s.strip().splitlines()]  # noqa: E731
+    norm = lambda s: [line.rstrip() for line in s.strip().splitlines()]
     return norm(got) == norm(want)
 
 

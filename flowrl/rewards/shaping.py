@@ -13,7 +13,7 @@ import re
 
 def format_scores(responses: list[str], pattern: str, mode: str = "fullmatch") -> list[float]:
     """1.0 where ``pattern`` matches the (stripped) response: `fullmatch`, `match` (at the start) or `search`."""
-    rx = re.compile(pattern, re.S)
+    rx = re.compile(pattern, re.DOTALL)
     fn = {"fullmatch": rx.fullmatch, "match": rx.match, "search": rx.search}[mode]
     return [float(fn(r.strip()) is not None) for r in responses]
 

@@ -70,7 +70,7 @@ class CodeTerm(_Term):
     """Refuse to run code when no network / pid namespace can be made (only the audit hook)."""
 
 
-TermSpec = Annotated[Union[MathTerm, FormatTerm, LengthTerm, CodeTerm], Field(discriminator="type")]
+TermSpec = Annotated[MathTerm | FormatTerm | LengthTerm | CodeTerm, Field(discriminator="type")]
 _TERMS: TypeAdapter[Any] = TypeAdapter(list[TermSpec])
 
 

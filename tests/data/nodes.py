@@ -17,7 +17,7 @@ class SeenRows(flowrl.Sink):
         self.seen: list[int] = []
 
     async def process(self, batch, port):
-        time.sleep(self.config.seconds)
+        time.sleep(self.config.seconds)  # blocking on purpose: a trainer computing
         self.seen.extend(int(r) for r in batch.tensors["rows"].tolist())
         self.ctx.recorder.count("samples", batch.num_samples)
 

@@ -8,7 +8,13 @@ import torch
 import flowrl
 from flowrl.data import CharTokenizer, encode_answers
 from flowrl.nodes.rewards import Rewards
-from flowrl.rewards import Inputs, format_scores, overlong_penalty, parse_terms, score_terms
+from flowrl.rewards import (
+    Inputs,
+    format_scores,
+    overlong_penalty,
+    parse_terms,
+    score_terms,
+)
 from flowrl.rewards.code import code_scores
 from flowrl.rewards.passk import pass_at_k
 from flowrl.rewards.sandbox import Limits
