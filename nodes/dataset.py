@@ -22,7 +22,7 @@ Which rows a ticket gets is a pure function of (seed, ticket index, batch size, 
 sees every row exactly once per epoch.
 """
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -35,8 +35,11 @@ class DataConfig(ModelConfig):
 
     path: str
     """Local `.jsonl` (`.jsonl.gz`), `.parquet`, or a folder written by `datasets.save_to_disk`."""
-    format: Literal["auto", "jsonl", "parquet", "hf"] = "auto"
-    """File format; `auto` goes by the suffix (a folder is a saved HF dataset)."""
+    format: Literal["auto", "jsonl", "parquet", "hf", "reasoning_gym"] = "auto"
+    """File format; `auto` goes by the suffix (a folder is a saved HF dataset). `reasoning_gym`:
+    `path` is a reasoning-gym task name, generated offline (see `options`)."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """`reasoning_gym` only: arguments of `reasoning_gym.create_dataset` (size, seed, ...)."""
     split: str | None = None
     """Split of a saved `DatasetDict` (needed when it has several)."""
     template: str = "{question}"
@@ -57,7 +60,7 @@ def load_data(c: DataConfig):
     """Rows, tokenizer and prompt builder of a config; errors name the file and the fix."""
     from flowrl.data import PromptBuilder, read_rows, tokenizer_for
 
-    rows = read_rows(c.path, c.format, c.split)
+    rows = read_rows(c.path, c.format, c.split, c.options)
     if not rows:
         raise ValueError(f"dataset {c.path} has no rows")
     if c.answer_field not in rows[0]:

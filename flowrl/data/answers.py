@@ -28,7 +28,7 @@ def answer_text(value: Any) -> str:
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
-    return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def encode_answers(answers: list[str], width: int | None = None) -> np.ndarray:

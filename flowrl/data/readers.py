@@ -3,6 +3,7 @@
     >>> rows = read_rows("examples/math/train.jsonl")          # list of dicts
     >>> rows = read_rows("data/gsm8k.parquet")                 # needs pyarrow (flowrl[data])
     >>> rows = read_rows("data/gsm8k_saved", split="train")    # datasets.save_to_disk output
+    >>> rows = read_rows("basic_arithmetic", "reasoning_gym", options={"size": 500, "seed": 1})
 
 Everything is read once into memory (plain dicts): the prompt sets RL post-training uses are a few
 MB to a few hundred MB. Nothing is ever downloaded.
@@ -14,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-Format = Literal["auto", "jsonl", "parquet", "hf"]
+Format = Literal["auto", "jsonl", "parquet", "hf", "reasoning_gym"]
 
 
 def detect_format(path: Path) -> str:
@@ -33,8 +34,16 @@ def detect_format(path: Path) -> str:
                      ".parquet, or set `format: jsonl | parquet | hf`")
 
 
-def read_rows(path: str | Path, format: Format = "auto", split: str | None = None) -> list[dict[str, Any]]:
-    """All rows of a local dataset as dicts. Errors name the file, the line and the fix."""
+def read_rows(path: str | Path, format: Format = "auto", split: str | None = None,
+              options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """All rows of a local dataset as dicts. Errors name the file, the line and the fix.
+
+    ``format: reasoning_gym`` generates the rows instead: ``path`` is a reasoning-gym task name and
+    ``options`` go to ``reasoning_gym.create_dataset`` (size, seed, the task's own knobs). Each row
+    is ``{question, answer, entry}``; ``entry`` (the whole item, metadata included) is what the
+    `reasoning_gym` reward term scores against, so use ``answer_field: entry``."""
+    if format == "reasoning_gym":
+        return _reasoning_gym(str(path), options or {})
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"dataset {path} does not exist (paths are relative to the folder you run "
@@ -89,3 +98,15 @@ def _read_hf(path: Path, split: str | None) -> list[dict[str, Any]]:
             raise ValueError(f"{path} has no split {split!r}; it has {sorted(ds)}")
         ds = ds[split]
     return ds.to_list()
+
+
+def _reasoning_gym(name: str, options: dict[str, Any]) -> list[dict[str, Any]]:
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise ImportError("format: reasoning_gym needs the reasoning-gym package: pip install reasoning-gym") from None
+    try:
+        data = reasoning_gym.create_dataset(name, **options)
+    except Exception as e:  # noqa: BLE001 - an unknown task name or option: say which
+        raise ValueError(f"reasoning-gym cannot make dataset {name!r} with options {options}: {e}") from None
+    return [{"question": e["question"], "answer": e["answer"], "entry": e} for e in data]

@@ -23,6 +23,7 @@ from flowrl.rewards.terms import (
                                   Inputs,
                                   LengthTerm,
                                   MathTerm,
+    ReasoningGymTerm,
                                   TermSpec,
                                   parse_terms,
                                   score_terms,
@@ -30,7 +31,7 @@ from flowrl.rewards.terms import (
 )
 
 __all__ = [
-    "CodeTerm", "FormatTerm", "Inputs", "LengthTerm", "Limits", "MathTerm", "SandboxResult", "TermSpec",
+    "CodeTerm", "FormatTerm", "Inputs", "LengthTerm", "Limits", "MathTerm", "ReasoningGymTerm", "SandboxResult", "TermSpec",
     "extract_answer", "format_scores", "is_equivalent", "isolation_mode", "math_scores", "overlong_penalty",
     "parse_terms", "reference_answer", "run_sandboxed", "score_terms", "term_names",
 ]

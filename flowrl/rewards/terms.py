@@ -5,6 +5,7 @@
       - {type: format, weight: 0.2, pattern: '\\s*-?\\d+\\s*'}         # answer only, nothing else
       - {type: length, weight: 1.0, buffer: 4}                      # DAPO soft overlong penalty
       - {type: code, weight: 1.0, cpu_s: 2, memory_mb: 512}         # run the tests in the sandbox
+      - {type: reasoning_gym}                                       # the item's own checker
 
     >>> specs = parse_terms([{"type": "math"}, {"type": "format", "pattern": r"\\d+", "weight": 0.5}])
     >>> score_terms(specs, Inputs(responses=["12"], references=["12"], lengths=[3], max_tokens=8))
@@ -70,7 +71,14 @@ class CodeTerm(_Term):
     """Refuse to run code when no network / pid namespace can be made (only the audit hook)."""
 
 
-TermSpec = Annotated[MathTerm | FormatTerm | LengthTerm | CodeTerm, Field(discriminator="type")]
+class ReasoningGymTerm(_Term):
+    """reasoning-gym's own checker of the item (dataset `format: reasoning_gym`, `answer_field: entry`);
+    the answer is the text inside the last `<answer>...</answer>`, else the whole response."""
+
+    type: Literal["reasoning_gym"] = "reasoning_gym"
+
+
+TermSpec = Annotated[MathTerm | FormatTerm | LengthTerm | CodeTerm | ReasoningGymTerm, Field(discriminator="type")]
 _TERMS: TypeAdapter[Any] = TypeAdapter(list[TermSpec])
 
 
@@ -112,6 +120,10 @@ def score_term(spec, x: Inputs) -> list[float]:
         from flowrl.rewards.shaping import overlong_penalty
 
         return overlong_penalty(x.lengths, spec.max_tokens or x.max_tokens, min(spec.buffer, spec.max_tokens or x.max_tokens))
+    if spec.type == "reasoning_gym":
+        from flowrl.rewards.gym import reasoning_gym_scores
+
+        return reasoning_gym_scores(x.responses, x.references)
     from flowrl.rewards.code import code_scores
     from flowrl.rewards.sandbox import Limits
 
