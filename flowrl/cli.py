@@ -1,4 +1,4 @@
-"""The `flowrl` command: run | check | report | status.
+"""The `flowrl` command: run | check | report | status | export.
 
     flowrl check graphs/ppo.yaml
     flowrl run graphs/ppo.yaml schedule.steps=20
@@ -62,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
     sc = sub.add_parser("scale", help="add or remove replicas of a stateless node while the run goes on")
     sc.add_argument("run_dir", metavar="RUN_DIR")
     sc.add_argument("changes", nargs="+", metavar="NODE=N", help="replicas wanted, e.g. rollout=3")
+
+    ex = sub.add_parser("export", help="write a run's trained policy as a Hugging Face model folder")
+    ex.add_argument("run_dir", metavar="RUN_DIR")
+    ex.add_argument("--hf", required=True, metavar="OUT", help="output folder (config.json, model.safetensors, tokenizer)")
+    ex.add_argument("--step", type=int, help="checkpoint step (default: the last committed one)")
+    ex.add_argument("--node", default="actor", help="node whose policy to export (default: actor)")
     return p
 
 
@@ -130,6 +136,16 @@ def _dispatch(args) -> int:
         return show_status(args.run_dir, follow=args.follow)
     if args.command == "scale":
         return _scale(args)
+    if args.command == "export":
+        from flowrl.export import CheckpointError, export_hf
+
+        try:
+            out = export_hf(args.run_dir, args.hf, node=args.node, step=args.step)
+        except (CheckpointError, ValueError) as e:
+            print(f"flowrl export: {e}", file=sys.stderr)
+            return 1
+        print(f"flowrl export: {args.node} of {args.run_dir} -> {out}", flush=True)
+        return 0
     return 2
 
 

@@ -21,6 +21,10 @@ BUILTIN_KINDS: dict[str, str] = {
     "critic": "flowrl.nodes.critic:Critic",
     "actor": "flowrl.nodes.actor:Actor",
     "group_advantages": "flowrl.nodes.advantages:GroupAdvantages",
+    "dataset": "flowrl.nodes.dataset:Dataset",
+    "rewards": "flowrl.nodes.rewards:Rewards",
+    "dapo_filter": "flowrl.nodes.dapo:DapoFilter",
+    "evaluator": "flowrl.nodes.evaluator:Evaluator",
 }
 
 

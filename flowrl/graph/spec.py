@@ -213,6 +213,18 @@ class LauncherSpec(StrictModel):
     """Ray cluster address (`ray` only)."""
 
 
+class MetricsSpec(StrictModel):
+    """Metric sinks beside RUN_DIR/metrics.jsonl (and Prometheus, `flowrl run --metrics-port`)."""
+
+    tensorboard: bool = False
+    """Write every row as TensorBoard scalars to RUN_DIR/tensorboard/ (pip install 'flowrl[logging]')."""
+    wandb: bool = False
+    """Log every row to Weights & Biases, into RUN_DIR/wandb/ (pip install 'flowrl[logging]')."""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """`offline` never touches the network (upload later with `wandb sync RUN_DIR/wandb/offline-run-*`)."""
+    wandb_project: str = "flowrl"
+
+
 class GraphSpec(StrictModel):
     """A whole graph file."""
 
@@ -229,6 +241,8 @@ class GraphSpec(StrictModel):
     launcher: LauncherSpec = Field(default_factory=LauncherSpec)
     faults: list[str] = Field(default_factory=list)
     """Fault-injection specs (same language as `flowrl run --fault`)."""
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+    """Extra metric sinks: `metrics: {tensorboard: true, wandb: true}` (or `metrics.tensorboard=true`)."""
 
     @field_validator("nodes")
     @classmethod

@@ -38,6 +38,7 @@ from flowrl.metrics import rows
 from flowrl.metrics.kinds import Gauge, Histogram, Reduction, Sum, default_buckets
 from flowrl.metrics.live_state import build_live_state
 from flowrl.metrics.recorder import SPAN_METRIC, Recorder, _labels, check_name
+from flowrl.metrics.sinks import sinks_for_run
 from flowrl.metrics.trace import CONTROLLER_PID, TraceWriter
 from flowrl.metrics.wire import Snapshot, SnapshotError, parse_snapshot
 
@@ -82,7 +83,7 @@ class MetricsHub:
 
     def __init__(self, run_dir: str | os.PathLike, *, devices: int = 1,
                  clock: Callable[[], float] = time.time, max_trace_events: int = 1_000_000,
-                 ratio_window_s: float = 5.0):
+                 ratio_window_s: float = 5.0, sinks: list | None = None):
         if devices < 1:
             raise ValueError(f"devices={devices}: throughput is tokens / (step time x devices), "
                              f"so pass the number of devices the run uses (>= 1)")
@@ -111,6 +112,8 @@ class MetricsHub:
         self._move_old_trace()
         self.trace = TraceWriter(self.run_dir / "trace.json", int(self.t0 * 1e6), max_trace_events)
         self.recorder = Recorder("controller", 0, clock=clock)  # the controller's own spans
+        # TensorBoard / W&B (metrics.sinks); by default those the run's graph.yaml asks for
+        self.sinks = list(sinks) if sinks is not None else sinks_for_run(self.run_dir)
 
     # --- resume: keep earlier rows and trace ---------------------------------------------------
     def _resume_offset(self) -> float:
@@ -322,8 +325,17 @@ class MetricsHub:
                 self._rows.close()
                 rotate(self.run_dir / "metrics.jsonl")
                 self._rows = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+            self._to_sinks(row)
             self._close_window(now, row)
             return row
+
+    def _to_sinks(self, row: dict[str, Any]) -> None:
+        for sink in list(self.sinks):
+            try:
+                sink.write(row)
+            except Exception as e:  # noqa: BLE001 - a logging backend must not end the run
+                log.warning("metric sink %s failed (%s); it is switched off", type(sink).__name__, e)
+                self.sinks.remove(sink)
 
     def _close_window(self, now: float, row: dict[str, Any]) -> None:
         for s in self._series.values():
@@ -375,6 +387,11 @@ class MetricsHub:
             finally:
                 self.trace.close()
                 self._rows.close()
+                for sink in self.sinks:
+                    try:
+                        sink.close()
+                    except Exception as e:  # noqa: BLE001
+                        log.warning("metric sink %s did not close cleanly: %s", type(sink).__name__, e)
 
     def __enter__(self) -> MetricsHub:
         return self
