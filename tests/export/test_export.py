@@ -24,11 +24,15 @@ def fake_run(run_dir, spec: dict, steps=(3, 6), seed=0):
         with torch.no_grad():  # trained-looking weights, far from the near-uniform init
             for p in model.parameters():
                 p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(step)) * 0.5)
-        torch.save({"node": {"model": model.state_dict(), "steps": step}, "applied": [], "version": step, "step": step},
-                   run_dir / "checkpoints" / f"actor.0.0.step{step:06d}.pt")
+        name = f"step{step:08d}/actor.0.0.e0.pt"  # the runtime's layout (flowrl/runtime/checkpoints.py)
+        (run_dir / "checkpoints" / name).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"node": {"model": model.state_dict(), "steps": step}, "version": step, "step": step, "epoch": 0},
+                   run_dir / "checkpoints" / name)
+        (run_dir / "checkpoints" / f"step{step:08d}" / "commit.json").write_text(
+            json.dumps({"step": step, "files": {"actor/0/0": name}}))
         models[step] = model.eval()
     (run_dir / "checkpoints" / "latest.json").write_text(json.dumps(
-        {"step": steps[-1], "files": {"actor/0/0": f"actor.0.0.step{steps[-1]:06d}.pt"}}))
+        {"step": steps[-1], "files": {"actor/0/0": f"step{steps[-1]:08d}/actor.0.0.e0.pt"}}))
     return models
 
 
@@ -63,7 +67,7 @@ def test_missing_checkpoints_and_rotary_models_are_refused_with_the_reason(tmp_p
     with pytest.raises(CheckpointError, match="committed no checkpoint"):
         load_checkpoint_state(tmp_path, "actor")
     fake_run(tmp_path / "run", {"type": "tiny", "d_model": 16, "n_heads": 2})
-    with pytest.raises(CheckpointError, match=r"steps on disk: \[3, 6\]"):
+    with pytest.raises(CheckpointError, match=r"kept: step00000003, step00000006"):
         load_checkpoint_state(tmp_path / "run", "actor", step=4)
     assert main(["export", str(tmp_path / "run"), "--hf", str(tmp_path / "o"), "--node", "critic"]) == 1
     fake_run(tmp_path / "rope", {"type": "tiny", "d_model": 16, "n_heads": 2, "positions": "rope"})
