@@ -25,6 +25,12 @@ producer to connect (a supervisor may be restarting it).
 
 Heartbeats and credit run on the event loop: code that blocks the loop longer than `peer_timeout_s`
 makes this consumer look dead only on inproc channels (ipc/tcp liveness is ZeroMQ's, not the loop's).
+
+Hostile input (anything that can reach the socket): a link is known only after a hello that proves
+the channel's secret (when one is set); messages from unknown links are looked at only if they are
+small (PRE_HELLO_BYTES) and answered at a bounded rate; a known link's message is measured against
+its credit before its header is unpacked; a replayed sequence number, a `need` above the link's cap
+and a link that sits on granted credit (credit_idle_s) are refused or cut off. See docs/transport.md.
 """
 
 from __future__ import annotations
@@ -51,6 +57,11 @@ log = logging.getLogger("flowrl.transport")
 ACK_DELAY_S = 0.002  # acknowledgements wait at most this long to travel together
 FREED_BATCH = 2  # released shared-memory blocks go back to their producer at once from this many
 SHM_MAPPING_FAILURES = frozenset({"unmappable", "too_much_mapped", "closed"})
+PRE_HELLO_BYTES = 4096  # the most a link that is not known yet may send in one message (hellos are ~300 B)
+CONTROL_ALLOWANCE = 4096  # what a known link's message may carry beyond its credit (hellos, bundle header)
+REPLY_RATE = 200.0  # answers to unknown links per second, at most (a burst of REPLY_BURST)
+REPLY_BURST = 100
+REPLY_MEMORY = 4096  # unknown links whose last answer time is remembered (one answer per heartbeat each)
 
 
 class _Delivery:
@@ -63,13 +74,15 @@ class _Delivery:
 
 
 class _Peer:
-    __slots__ = ("rid", "fd", "state", "last_heard", "unacked", "acks", "dirty", "shm", "shm_tried")
+    __slots__ = ("rid", "fd", "state", "last_heard", "last_data", "unacked", "acks", "dirty", "shm", "shm_tried",
+                 "proof", "max_seq")
 
-    def __init__(self, rid: bytes, fd: int | None):
-        self.rid, self.fd, self.state = rid, fd, "open"
+    def __init__(self, rid: bytes, fd: int | None, proof: bytes | None):
+        self.rid, self.fd, self.state, self.proof = rid, fd, "open", proof
+        self.max_seq = 0  # sequence numbers on a link only grow: anything at or below is a replay
         self.shm: shm.ShmPeer | None = None  # the producer's shared memory, once its probe mapped
         self.shm_tried = False
-        self.last_heard = time.monotonic()
+        self.last_heard = self.last_data = time.monotonic()
         self.unacked: dict[int, int] = {}  # seq -> bytes, received and not yet acknowledged
         self.acks: list[int] = []          # acknowledged, not yet told to the producer
         self.dirty = True                  # a status is owed
@@ -84,7 +97,13 @@ class Receiver:
         self.address: str | None = None
         self._limits = self.config.limits()
         self._inc = secrets.token_hex(8)
-        self._pool = CreditPool(self.config.capacity_messages, self.config.capacity_bytes)
+        self._link_m, self._link_b = self.config.link_caps()
+        self._pool = CreditPool(self.config.capacity_messages, self.config.capacity_bytes, self._link_m, self._link_b)
+        self._secret = None if self.config.secret is None else self.config.secret.get_secret_value()
+        self._nonce_key = secrets.token_bytes(32)
+        self._credit_idle_s = self.config.credit_idle_s or 2 * self.config.peer_timeout_s
+        self._replied: dict[bytes, float] = {}  # unknown link -> when it was last answered
+        self._reply_tokens, self._reply_t = float(REPLY_BURST), time.monotonic()
         self._peers: dict[bytes, _Peer] = {}
         self._gone: set[bytes] = set()
         self._orphans: dict[tuple[bytes, int], int] = {}
@@ -105,7 +124,8 @@ class Receiver:
         self._mon: Any = None
         self._endpoint: Any = None
         self._domain = ""
-        self._c = dict(received=0, received_bytes=0, acked=0, rejected=0, peers_lost=0, shm=0, shm_bytes=0)
+        self._c = dict(received=0, received_bytes=0, acked=0, rejected=0, peers_lost=0, shm=0, shm_bytes=0,
+                       challenged=0, reclaimed=0, replies_dropped=0)
         self._rejects: dict[str, int] = {}
         self._shm_refused: set[int] = set()  # producer processes whose shared memory failed us
 
@@ -239,6 +259,15 @@ class Receiver:
     def _handle(self, msg: list) -> None:
         rid = msg[0].bytes
         views, size = codec.check_frames(msg[1:], self._limits)
+        peer = self._peers.get(rid)
+        if peer is None:  # before its hello is accepted a link may only say hello: look at nothing bigger
+            if len(views) > 2 or size > PRE_HELLO_BYTES:
+                self._reply_unknown(rid)
+                raise DecodeError("unknown_link", f"a {size}-byte message from link {rid[:24]!r}, which has "
+                                                  "not said hello (or was given up on)")
+        elif size > CONTROL_ALLOWANCE and size > self._pool.accounts[rid].unused_b + CONTROL_ALLOWANCE:
+            raise DecodeError("no_credit", f"a {size}-byte message from link {rid[:24]!r}, which holds credit "
+                                           f"for {self._pool.accounts[rid].unused_b} bytes")
         header = wire.unpack_header(views[0], self._limits)
         if header["kind"] != wire.BUNDLE:
             return self._dispatch(rid, header, views, size, msg)
@@ -264,6 +293,22 @@ class Receiver:
 
     def _on_hello(self, rid: bytes, hello: wire.Hello, msg: list) -> None:
         peer = self._peers.get(rid)
+        if self._secret is not None:
+            expected = peer.proof if peer is not None else security.proof(
+                self._secret, security.nonce_for(self._nonce_key, rid), rid)
+            if not security.proof_ok(expected, hello.mac):
+                first = peer is None and hello.mac is None and rid not in self._replied
+                if peer is None and hello.state not in ("bye", "relink"):
+                    self._reply_unknown(rid)  # its nonce: a producer that knows the secret answers
+                if first:  # a link's first hello: the nonce above is the answer, not an error
+                    self._c["challenged"] += 1
+                    return
+                if hello.mac is None:
+                    raise DecodeError("no_proof", f"a hello from link {rid[:24]!r} without proof of the secret")
+                raise DecodeError("bad_proof", f"a hello from link {rid[:24]!r} with a wrong proof of the secret")
+        if hello.need > self._link_b:
+            raise DecodeError("need_too_large", f"link {rid[:24]!r} waits for {hello.need} bytes of credit; a "
+                                                f"link gets at most {self._link_b} (link_capacity_bytes)")
         if hello.state in ("bye", "relink"):
             if peer is not None:
                 quiet = hello.state == "relink" or peer.state == "eos"
@@ -271,10 +316,10 @@ class Receiver:
             return
         if peer is None:
             if rid in self._gone:  # a link we gave up on: tell it to start a new one
-                self._outbox.append((rid, self._unknown_status()))
+                self._reply_unknown(rid)
                 return
             fd = msg[1].get(zmq.SRCFD) if self._mon is not None else -1
-            peer = self._peers[rid] = _Peer(rid, fd if fd >= 0 else None)
+            peer = self._peers[rid] = _Peer(rid, fd if fd >= 0 else None, hello.mac)
             self._pool.add(rid)
             self._ever_connected = True
             log.debug("channel %s: producer link %r (%s) connected", self.name, rid, hello.ch)
@@ -312,12 +357,12 @@ class Receiver:
             raise DecodeError("bad_field", f"env.seq must be an int >= 0, got {seq!r:.20}")
         peer = self._peers.get(rid)
         if peer is None:
-            self._outbox.append((rid, self._unknown_status()))
-            raise DecodeError("unknown_link", f"data from link {rid!r} that sent no hello")
+            self._reply_unknown(rid)
+            raise DecodeError("unknown_link", f"data from link {rid[:24]!r} that sent no hello")
         if inc != self._inc:
-            raise DecodeError("stale_incarnation", f"data addressed to consumer incarnation {inc!r}")
-        if seq in peer.unacked:
-            raise DecodeError("duplicate_seq", f"sequence number {seq} is already held")
+            raise DecodeError("stale_incarnation", f"data addressed to consumer incarnation {inc!r:.40}")
+        if seq <= peer.max_seq:
+            raise DecodeError("replay", f"sequence number {seq} on link {rid[:24]!r}, which is past {peer.max_seq}")
         ref, region = header.get("shm"), None
         if ref is not None:
             size = self._shm_size(peer, ref, views, size)
@@ -331,6 +376,7 @@ class Receiver:
                     self._refuse_shm(peer, e)
                 raise DecodeError(e.reason, f"shared memory of batch {header.get('batch_id')!r:.60}: {e}") from None
         batch = codec.decode_data(header, views, self._limits, _Delivery(rid, seq, size), region)
+        peer.max_seq, peer.last_data = seq, time.monotonic()
         self._pool.on_data(rid, size)
         if self._blocked:
             self._blocked.discard(rid)
@@ -404,10 +450,25 @@ class Receiver:
         if self._mon is None and not stalled:  # inproc: no connection events, deadlines instead
             for peer in [p for p in self._peers.values() if now - p.last_heard > self.config.peer_timeout_s]:
                 self._drop(peer, f"no heartbeat for {now - peer.last_heard:.1f}s" if peer.state == "open" else None)
+        if stalled:  # our own loop was blocked: the links' silence is not theirs
+            for peer in self._peers.values():
+                peer.last_data = max(peer.last_data, now - self.config.heartbeat_s)
+        for peer in [p for p in self._peers.values() if now - p.last_data > self._credit_idle_s
+                     and self._pool.holds(p.rid) and not self._pool.accounts[p.rid].need]:
+            self._reclaim(peer, now)
         for peer in self._peers.values():
             peer.dirty = True
         self._flush()
         self._notify()
+
+    def _reclaim(self, peer: _Peer, now: float) -> None:
+        """A link sat on granted credit for credit_idle_s without sending: its link ends (a live
+        producer starts a new one and re-sends what was not acknowledged) and the credit returns."""
+        self._c["reclaimed"] += 1
+        log.warning("channel %s: producer link %r held credit for %.1fs without sending; its link is ended and "
+                    "the credit goes to the others", self.name, peer.rid[:24], now - peer.last_data)
+        self._drop(peer, None)
+        self._reply_unknown(peer.rid)
 
     def _check_end(self) -> None:
         if not self._ever_connected or any(p.state == "open" for p in self._peers.values()):
@@ -422,19 +483,35 @@ class Receiver:
     def _status(self, peer: _Peer, closing: bool = False) -> bytes:
         a = self._pool.accounts.get(peer.rid)
         cfg = self.config
-        st = wire.Status(ch=self.name, inc=self._inc, known=True, closing=closing, cap_m=cfg.capacity_messages,
-                         cap_b=cfg.capacity_bytes, max_msg=cfg.max_message_bytes, lim_m=a.lim_m if a else 0,
+        st = wire.Status(ch=self.name, inc=self._inc, known=True, closing=closing, cap_m=self._link_m,
+                         cap_b=self._link_b, max_msg=cfg.max_message_bytes, lim_m=a.lim_m if a else 0,
                          lim_b=a.lim_b if a else 0, acks=peer.acks, eos_ack=peer.state == "eos",
                          shm_max=peer.shm.max_bytes if peer.shm is not None else 0,
                          freed=self._freed(peer))
         peer.acks, peer.dirty = [], False
         return st.to_bytes()
 
-    def _unknown_status(self) -> bytes:
-        """The answer to a link we do not know (or gave up on): start a new one."""
-        cfg = self.config
-        return wire.Status(ch=self.name, inc=self._inc, known=False, cap_m=cfg.capacity_messages,
-                           cap_b=cfg.capacity_bytes, max_msg=cfg.max_message_bytes).to_bytes()
+    def _reply_unknown(self, rid: bytes) -> None:
+        """Answer a link we do not know (or gave up on): start a new one (and prove the secret on
+        this nonce). At most one answer per link per heartbeat, REPLY_RATE per second in all, and
+        ZeroMQ queues at most sockets.OUTBOX_HWM of them towards a link that does not read."""
+        now = time.monotonic()
+        self._reply_tokens = min(REPLY_BURST, self._reply_tokens + (now - self._reply_t) * REPLY_RATE)
+        self._reply_t = now
+        last = self._replied.get(rid)
+        if self._reply_tokens < 1 or (last is not None and now - last < self.config.heartbeat_s):
+            self._c["replies_dropped"] += 1
+            return
+        self._reply_tokens -= 1
+        if len(self._replied) >= REPLY_MEMORY:
+            self._replied.clear()
+        self._replied[rid] = now
+        self._outbox.append((rid, self._unknown_status(rid)))
+
+    def _unknown_status(self, rid: bytes) -> bytes:
+        nonce = None if self._secret is None else security.nonce_for(self._nonce_key, rid)
+        return wire.Status(ch=self.name, inc=self._inc, known=False, cap_m=self._link_m, cap_b=self._link_b,
+                           max_msg=self.config.max_message_bytes, nonce=nonce).to_bytes()
 
     @staticmethod
     def _freed(peer: _Peer) -> list[str]:
