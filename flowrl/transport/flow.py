@@ -108,10 +108,13 @@ class CreditPool:
         a.ret_b += a.unused_b
         a.open, a.need = False, 0
 
-    def holds(self, key: Hashable) -> bool:
-        """The link holds granted credit it has not used."""
+    def sits_on_credit(self, key: Hashable) -> bool:
+        """The link holds granted credit it has not used, and could send: it waits for nothing (a
+        link still waiting for its `need` to be granted is blocked, not sitting on anything)."""
         a = self.accounts[key]
-        return a.open and (a.unused_m > 0 or a.unused_b > 0)
+        if not a.open or (a.unused_m <= 0 and a.unused_b <= 0):
+            return False
+        return not a.need or (a.unused_m >= 1 and a.unused_b >= a.need)
 
     def can_accept(self, key: Hashable, nbytes: int) -> bool:
         a = self.accounts[key]

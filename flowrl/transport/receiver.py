@@ -59,8 +59,8 @@ FREED_BATCH = 2  # released shared-memory blocks go back to their producer at on
 SHM_MAPPING_FAILURES = frozenset({"unmappable", "too_much_mapped", "closed"})
 PRE_HELLO_BYTES = 4096  # the most a link that is not known yet may send in one message (hellos are ~300 B)
 CONTROL_ALLOWANCE = 4096  # what a known link's message may carry beyond its credit (hellos, bundle header)
-REPLY_RATE = 200.0  # answers to unknown links per second, at most (a burst of REPLY_BURST)
-REPLY_BURST = 100
+REPLY_RATE = 1000.0  # answers to unknown links per second, at most (a burst of REPLY_BURST)
+REPLY_BURST = 200
 REPLY_MEMORY = 4096  # unknown links whose last answer time is remembered (one answer per heartbeat each)
 
 
@@ -454,7 +454,7 @@ class Receiver:
             for peer in self._peers.values():
                 peer.last_data = max(peer.last_data, now - self.config.heartbeat_s)
         for peer in [p for p in self._peers.values() if now - p.last_data > self._credit_idle_s
-                     and self._pool.holds(p.rid) and not self._pool.accounts[p.rid].need]:
+                     and self._pool.sits_on_credit(p.rid)]:
             self._reclaim(peer, now)
         for peer in self._peers.values():
             peer.dirty = True

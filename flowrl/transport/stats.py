@@ -57,7 +57,7 @@ class ChannelStats:
     reclaimed: int = 0
     """Receiver: links ended because they sat on granted credit for `credit_idle_s` without sending."""
     replies_dropped: int = 0
-    """Receiver: answers to unknown links not sent (rate limit: one per link per heartbeat, 200/s in all)."""
+    """Receiver: answers to unknown links not sent (rate limit: one per link per heartbeat, 1000/s in all)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
