@@ -24,7 +24,8 @@ last loss, `recv()` raises `BrokenChannel` (with the cause) once; called again, 
 producer to connect (a supervisor may be restarting it).
 
 Heartbeats and credit run on the event loop: code that blocks the loop longer than `peer_timeout_s`
-makes this consumer look dead only on inproc channels (ipc/tcp liveness is ZeroMQ's, not the loop's).
+makes this consumer look dead only on inproc channels (ipc/tcp liveness is ZeroMQ's, not the loop's);
+a *producer* whose loop is blocked for `credit_idle_s` while it holds credit loses its link (below).
 
 Hostile input (anything that can reach the socket): a link is known only after a hello that proves
 the channel's secret (when one is set); messages from unknown links are looked at only if they are
