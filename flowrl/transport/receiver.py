@@ -150,7 +150,7 @@ class Receiver:
         self._changed = asyncio.Event()
         self._mon = None if mon is None else sockets.Pump(mon, self._on_monitor, copy=True)
         self._pump = sockets.Pump(sock, self._on_messages)
-        self._pump.on_send_error = lambda e: log.debug("channel %s: status not sent: %s", self.name, e)
+        self._pump.on_send_error = self._on_send_error
         self._tasks = [asyncio.create_task(self._tick_loop())]
         return self.address
 
@@ -541,6 +541,24 @@ class Receiver:
             if peer.dirty:
                 self._outbox.append((peer.rid, self._status(peer)))
         self._send_outbox()
+
+    def _on_send_error(self, error: Any, frames: list) -> None:
+        """A status was not written (its link's queue is full: it does not read, or is gone). Limits
+        and states in it are cumulative and go out again with the next one; acknowledgements and
+        released blocks are not, so they go back to the link to be sent again."""
+        peer = self._peers.get(frames[0])
+        if peer is None:
+            return
+        try:
+            st = wire.Status.from_header(wire.unpack_header(frames[1], self._limits))
+        except DecodeError:
+            return
+        peer.acks[:0] = st.acks
+        if peer.shm is not None:
+            peer.shm.freed.extendleft(reversed(st.freed))
+        peer.dirty = True
+        log.debug("channel %s: a status to %r was not sent (%s); its acknowledgements wait for the next",
+                  self.name, peer.rid[:24], error)
 
     def _send_outbox(self) -> None:
         out, self._outbox = self._outbox, []

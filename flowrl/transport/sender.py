@@ -340,7 +340,7 @@ class Sender:
                                       window_bytes=self.config.shm_window_bytes)
         link.mon = None if mon is None else sockets.Pump(mon, lambda msgs: self._on_monitor(link, msgs), copy=True)
         link.pump = sockets.Pump(sock, lambda msgs: self._on_messages(link, msgs), copy=True, bundle=True)
-        link.pump.on_send_error = lambda e: self._on_send_error(link, e)
+        link.pump.on_send_error = lambda e, frames: self._on_send_error(link, e)
         self._send_hello(link)
         return link
 

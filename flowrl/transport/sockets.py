@@ -114,7 +114,7 @@ class Pump:
         self.loop = asyncio.get_running_loop()
         self.fd = sock.getsockopt(zmq.FD)
         self.closed = False
-        self.on_send_error: Callable[[zmq.ZMQError], None] | None = None
+        self.on_send_error: Callable[[zmq.ZMQError, list], None] | None = None
         self._out: list[list] = []
         self._scheduled = False
         self._wrote_this_turn = False
@@ -125,7 +125,7 @@ class Pump:
         """Write a message: at once if it is the first of this turn of the loop, else when the turn
         ends (or once CORK_MESSAGES wait). Frames of at least COPY_MIN bytes are sent zero-copy
         (ZeroMQ keeps a reference until written). A failed write (zmq.Again: no connection can take
-        it) drops that message and calls `on_send_error`."""
+        it) drops that message and calls `on_send_error(error, frames)`."""
         if self.closed:
             return
         self._out.append(frames)
@@ -150,7 +150,7 @@ class Pump:
                     send(f, _DONTWAIT | (_SNDMORE if i < last else 0), copy=bundle or n < COPY_MIN)
             except zmq.ZMQError as e:
                 if self.on_send_error is not None:
-                    self.on_send_error(e)
+                    self.on_send_error(e, frames)
 
     def close(self, linger_ms: int = 0, monitor: "Pump | None" = None) -> None:
         """Write what is queued, stop reading, close the socket (and its monitor's pump)."""

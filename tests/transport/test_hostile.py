@@ -275,3 +275,19 @@ def test_a_hello_mac_and_a_status_nonce_have_exact_sizes():
     with pytest.raises(DecodeError, match="nonce"):
         wire.Status.from_header(msgpack.unpackb(st.to_bytes()))
     assert codec is not None
+
+
+async def test_acknowledgements_in_a_status_that_could_not_be_written_go_out_in_the_next(tmp_path):
+    """Statuses to one link queue at most sockets.OUTBOX_HWM deep (a link that never reads costs no
+    more); one dropped there must not lose the acknowledgements it carried."""
+    rx, address = await bound(tmp_path)
+    async with rx:
+        raw = Raw(address)
+        welcome = await raw.join()
+        raw.send(*data(1, welcome.inc))
+        await rx.ack(await rx.recv())
+        await raw.status(lambda s: 1 in s.acks)
+        lost = wire.Status(ch="hostile", inc=welcome.inc, acks=[1], cap_m=1, cap_b=1, max_msg=1).to_bytes()
+        rx._on_send_error(zmq.Again(), [raw.rid, lost])  # as the socket reports a full queue
+        assert (await raw.status(lambda s: bool(s.acks))).acks == [1]
+        raw.close()
