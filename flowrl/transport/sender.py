@@ -82,9 +82,10 @@ class Sender:
                 while not self._links[address].live:
                     await self._wait_change(self.config.heartbeat_s)
             if not self._links[address].live:
+                refused = self._links[address].refused
                 await self.disconnect(address)
                 raise BrokenChannel(f"no consumer of channel {self.name!r} answered at {address} within "
-                                    f"{self.config.peer_timeout_s}s (not bound yet? wrong address or keys?)")
+                                    f"{self.config.peer_timeout_s}s ({refused or 'not bound yet? wrong address or keys?'})")
 
     async def disconnect(self, address: str) -> list[Batch]:
         """Stop using the replica at `address`; returns what was sent there and not acknowledged."""
@@ -423,7 +424,13 @@ class Sender:
     def _on_status(self, link: Link, st: wire.Status) -> None:
         if link.inc is None:
             if not st.known:
-                if st.nonce is not None and self._secret is not None and link.proof is None:
+                if st.nonce is not None and self._secret is None:
+                    link.refused = ("the consumer requires the channel secret and this producer has none; give "
+                                    "both ends the same ChannelConfig.secret")
+                elif st.nonce is not None and link.proof is not None:
+                    link.refused = ("the consumer refused this producer's proof of the channel secret; the two "
+                                    "ends have different secrets")
+                elif st.nonce is not None and self._secret is not None:
                     link.proof = security.proof(self._secret, st.nonce, link.rid)  # the secret stays here
                     self._send_hello(link)
                 return  # else a reply to stale traffic; our hello will be answered

@@ -95,9 +95,10 @@ async def test_a_producer_that_knows_the_secret_joins_and_one_that_does_not_gets
         await good.connect(address)
         await good.send(Batch(tensors={"x": np.arange(3)}, batch_id="ok"))
         await rx.ack(await rx.recv())
-        for tx in (wrong, none):
-            with pytest.raises(BrokenChannel):
-                await tx.connect(address)
+        with pytest.raises(BrokenChannel, match="different secrets"):
+            await wrong.connect(address)
+        with pytest.raises(BrokenChannel, match="requires the channel secret"):
+            await none.connect(address)
         st = rx.statistics()
         assert st.peers == 1 and st.received == 1
         assert st.rejected_by_reason.get("bad_proof", 0) >= 1 and st.rejected_by_reason.get("no_proof", 0) >= 1
