@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.transport.live_fuzz import fuzz, table  # noqa: E402
+from tests.transport.live_fuzz import fuzz, table
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from flowrl.transport.wire import DecodeLimits
 
 Z85_KEY_CHARS = 40
 MIN_SECRET_BYTES = 16
+CREDIT_IDLE_MIN_S = 10.0
 
 
 class _Model(BaseModel):
@@ -134,7 +135,7 @@ class ChannelConfig(_Model):
     credit_idle_s: float | None = Field(None, gt=0)
     """A link that holds granted credit and sends nothing for this long loses its link (its producer,
     if alive, starts a new one and re-sends what was not acknowledged), so its credit returns to the
-    others. None: `peer_timeout_s`."""
+    others. None: 2 x `peer_timeout_s`, and at least 10 s (see `credit_idle`)."""
 
     @model_validator(mode="after")
     def _timeouts(self):
@@ -153,6 +154,10 @@ class ChannelConfig(_Model):
         """(messages, bytes) one producer link may hold at most (see `link_capacity_*`)."""
         m = min(self.link_capacity_messages or self.capacity_messages, self.capacity_messages)
         return m, min(self.link_capacity_bytes or self.capacity_bytes, self.capacity_bytes)
+
+    def credit_idle(self) -> float:
+        """Seconds a link may sit on granted credit without sending (see `credit_idle_s`)."""
+        return self.credit_idle_s or max(2 * self.peer_timeout_s, CREDIT_IDLE_MIN_S)
 
     def max_frame_bytes(self) -> int:
         """The largest frame a consumer's socket takes (ZeroMQ's MAXMSGSIZE): no message may exceed

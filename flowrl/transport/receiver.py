@@ -52,6 +52,7 @@ from flowrl.transport.config import ChannelConfig
 from flowrl.transport.endpoints import endpoint_for
 from flowrl.transport.errors import AddressInUse, BrokenChannel, ChannelClosed, DecodeError, EndOfStream
 from flowrl.transport.flow import CreditPool
+from flowrl.transport.gate import Gate
 from flowrl.transport.stats import ChannelStats
 
 log = logging.getLogger("flowrl.transport")
@@ -60,9 +61,6 @@ FREED_BATCH = 2  # released shared-memory blocks go back to their producer at on
 SHM_MAPPING_FAILURES = frozenset({"unmappable", "too_much_mapped", "closed"})
 PRE_HELLO_BYTES = 4096  # the most a link that is not known yet may send in one message (hellos are ~300 B)
 CONTROL_ALLOWANCE = 4096  # what a known link's message may carry beyond its credit (hellos, bundle header)
-REPLY_RATE = 1000.0  # answers to unknown links per second, at most (a burst of REPLY_BURST)
-REPLY_BURST = 200
-REPLY_MEMORY = 4096  # unknown links whose last answer time is remembered (one answer per heartbeat each)
 
 
 class _Delivery:
@@ -100,11 +98,9 @@ class Receiver:
         self._inc = secrets.token_hex(8)
         self._link_m, self._link_b = self.config.link_caps()
         self._pool = CreditPool(self.config.capacity_messages, self.config.capacity_bytes, self._link_m, self._link_b)
-        self._secret = None if self.config.secret is None else self.config.secret.get_secret_value()
-        self._nonce_key = secrets.token_bytes(32)
-        self._credit_idle_s = self.config.credit_idle_s or 2 * self.config.peer_timeout_s
-        self._replied: dict[bytes, float] = {}  # unknown link -> when it was last answered
-        self._reply_tokens, self._reply_t = float(REPLY_BURST), time.monotonic()
+        secret = None if self.config.secret is None else self.config.secret.get_secret_value()
+        self._gate = Gate(secret, self.config.heartbeat_s)
+        self._credit_idle_s = self.config.credit_idle()
         self._peers: dict[bytes, _Peer] = {}
         self._gone: set[bytes] = set()
         self._orphans: dict[tuple[bytes, int], int] = {}
@@ -126,7 +122,7 @@ class Receiver:
         self._endpoint: Any = None
         self._domain = ""
         self._c = dict(received=0, received_bytes=0, acked=0, rejected=0, peers_lost=0, shm=0, shm_bytes=0,
-                       challenged=0, reclaimed=0, replies_dropped=0)
+                       reclaimed=0)
         self._rejects: dict[str, int] = {}
         self._shm_refused: set[int] = set()  # producer processes whose shared memory failed us
 
@@ -216,7 +212,8 @@ class Receiver:
             name=self.name, role="receiver", peers=sum(p.state == "open" for p in self._peers.values()),
             in_flight=held_m, in_flight_bytes=held_b, queued=len(self._ready),
             queued_bytes=held_b, credit_messages=self._pool.free_m, credit_bytes=self._pool.free_b,
-            rejected_by_reason=dict(self._rejects), **self._c)
+            rejected_by_reason=dict(self._rejects), challenged=self._gate.challenged,
+            replies_dropped=self._gate.dropped, **self._c)
 
     async def aclose(self) -> None:
         """Close: producers are told (they re-send what this consumer did not acknowledge elsewhere)."""
@@ -294,19 +291,13 @@ class Receiver:
 
     def _on_hello(self, rid: bytes, hello: wire.Hello, msg: list) -> None:
         peer = self._peers.get(rid)
-        if self._secret is not None:
-            expected = peer.proof if peer is not None else security.proof(
-                self._secret, security.nonce_for(self._nonce_key, rid), rid)
-            if not security.proof_ok(expected, hello.mac):
-                first = peer is None and hello.mac is None and rid not in self._replied
-                if peer is None and hello.state not in ("bye", "relink"):
-                    self._reply_unknown(rid)  # its nonce: a producer that knows the secret answers
-                if first:  # a link's first hello: the nonce above is the answer, not an error
-                    self._c["challenged"] += 1
-                    return
-                if hello.mac is None:
-                    raise DecodeError("no_proof", f"a hello from link {rid[:24]!r} without proof of the secret")
-                raise DecodeError("bad_proof", f"a hello from link {rid[:24]!r} with a wrong proof of the secret")
+        try:
+            if not self._gate.admit(rid, hello, peer.proof if peer is not None else None, peer is not None):
+                return self._reply_unknown(rid)  # its nonce: a producer that knows the secret answers
+        except DecodeError:
+            if peer is None and hello.state not in ("bye", "relink"):
+                self._reply_unknown(rid)
+            raise
         if hello.need > self._link_b:
             raise DecodeError("need_too_large", f"link {rid[:24]!r} waits for {hello.need} bytes of credit; a "
                                                 f"link gets at most {self._link_b} (link_capacity_bytes)")
@@ -494,25 +485,12 @@ class Receiver:
 
     def _reply_unknown(self, rid: bytes) -> None:
         """Answer a link we do not know (or gave up on): start a new one (and prove the secret on
-        this nonce). At most one answer per link per heartbeat, REPLY_RATE per second in all, and
-        ZeroMQ queues at most sockets.OUTBOX_HWM of them towards a link that does not read."""
-        now = time.monotonic()
-        self._reply_tokens = min(REPLY_BURST, self._reply_tokens + (now - self._reply_t) * REPLY_RATE)
-        self._reply_t = now
-        last = self._replied.get(rid)
-        if self._reply_tokens < 1 or (last is not None and now - last < self.config.heartbeat_s):
-            self._c["replies_dropped"] += 1
-            return
-        self._reply_tokens -= 1
-        if len(self._replied) >= REPLY_MEMORY:
-            self._replied.clear()
-        self._replied[rid] = now
-        self._outbox.append((rid, self._unknown_status(rid)))
-
-    def _unknown_status(self, rid: bytes) -> bytes:
-        nonce = None if self._secret is None else security.nonce_for(self._nonce_key, rid)
-        return wire.Status(ch=self.name, inc=self._inc, known=False, cap_m=self._link_m, cap_b=self._link_b,
-                           max_msg=self.config.max_message_bytes, nonce=nonce).to_bytes()
+        this nonce), at the rate the gate allows; ZeroMQ queues at most sockets.OUTBOX_HWM of them
+        towards a link that does not read."""
+        if self._gate.may_answer(rid):
+            st = wire.Status(ch=self.name, inc=self._inc, known=False, cap_m=self._link_m, cap_b=self._link_b,
+                             max_msg=self.config.max_message_bytes, nonce=self._gate.nonce(rid))
+            self._outbox.append((rid, st.to_bytes()))
 
     @staticmethod
     def _freed(peer: _Peer) -> list[str]:

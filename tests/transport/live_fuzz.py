@@ -9,6 +9,7 @@ the consumer's resident memory before and after, and its rejection counters.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import queue
@@ -95,7 +96,7 @@ def fuzz(count: int = 20_000, batches: int = 3000, interval: float = 0.003, seed
     recvs = [e for e in seen["consumer"] if e["event"] == "recv" and e["batch_id"].startswith("b")]
     ids = [e["batch_id"] for e in recvs]
     times = [e["t"] for e in recvs]
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     return {
         "hostile_messages": attack.get("total", 0), "hostile_by_kind": attack.get("sent", {}),
         "abort_bursts": attack.get("sent", {}).get("abort_burst", 0) // 3000,
@@ -114,8 +115,8 @@ def table(r: dict) -> str:
     rows = [("hostile messages", r["hostile_messages"]), ("abort bursts (3,000 messages + disconnect)",
                                                           r["abort_bursts"]), ("attack duration s", r["attack_s"]),
             ("consumer crashes", 0 if r["consumer_event"] == "done" and r["consumer_exit"] == 0 else 1),
-            ("legit batches sent / received / unique", f"{r['legit_expected']} / {r['legit_received']} / "
-                                                       f"{r['legit_unique']}"),
+            ("legit batches sent / received / unique",
+             f"{r['legit_expected']} / {r['legit_received']} / {r['legit_unique']}"),
             ("legit in order", r["legit_in_order"]), ("longest stall of the legit stream s", r["max_gap_s"]),
             ("consumer RSS before / after MB", f"{r['rss_before_mb']} / {r['rss_after_mb']}"),
             ("rejected", st.get("rejected")), ("challenged (hellos answered with a nonce)", st.get("challenged")),

@@ -15,8 +15,17 @@ import numpy as np
 import pytest
 import zmq
 
-from flowrl.transport import Batch, BrokenChannel, DecodeError, Receiver, Sender, codec, decode, encode, wire
-from flowrl.transport.security import nonce_for, proof
+from flowrl.transport import (
+    Batch,
+    BrokenChannel,
+    DecodeError,
+    Receiver,
+    Sender,
+    decode,
+    encode,
+    wire,
+)
+from flowrl.transport.security import proof
 from flowrl.transport.sockets import shared_context
 from tests.transport.helpers import fast_config, wait_until
 
@@ -140,7 +149,7 @@ async def test_a_proof_made_for_one_consumer_does_not_open_another(tmp_path):
         a1, a2 = await rx1.bind(f"ipc://{tmp_path}/1"), await rx2.bind(f"ipc://{tmp_path}/2")
         raw = Raw(a1)
         await raw.join(SECRET)
-        stolen = proof(SECRET, nonce_for(rx1._nonce_key, raw.rid), raw.rid)
+        stolen = proof(SECRET, rx1._gate.nonce(raw.rid), raw.rid)
         replayer = Raw(a2, rid=raw.rid)
         replayer.send(hello(mac=stolen))
         await wait_until(lambda: rx2.statistics().rejected_by_reason.get("bad_proof") == 1)
@@ -275,7 +284,6 @@ def test_a_hello_mac_and_a_status_nonce_have_exact_sizes():
     st = wire.Status(ch="c", inc="i", known=False, cap_m=1, cap_b=1, max_msg=1, nonce=b"n" * 15)
     with pytest.raises(DecodeError, match="nonce"):
         wire.Status.from_header(msgpack.unpackb(st.to_bytes()))
-    assert codec is not None
 
 
 async def test_acknowledgements_in_a_status_that_could_not_be_written_go_out_in_the_next(tmp_path):
