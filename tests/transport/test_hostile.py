@@ -268,7 +268,8 @@ async def test_a_batch_replayed_after_its_acknowledgement_is_rejected(tmp_path):
 
 
 @pytest.mark.parametrize("lie", [{"policy_version": True}, {"policy_version": 1.0}, {"attempt": True},
-                                 {"v": True}, {"v": 1.0}])
+                                 {"v": True}, {"v": 1.0}, {"route": [True, 0, 0, None]},
+                                 {"route": [0, 1.0, 0, None]}])
 def test_header_numbers_must_be_ints_not_bools_or_floats(lie):
     frames = encode(Batch(tensors={"x": np.arange(2)}, batch_id="b", policy_version=1))
     h = msgpack.unpackb(bytes(frames[0]))
