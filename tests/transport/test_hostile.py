@@ -158,7 +158,8 @@ async def test_a_proof_made_for_one_consumer_does_not_open_another(tmp_path):
 
 
 async def test_a_need_above_the_link_cap_is_refused_and_does_not_hold_up_other_producers(tmp_path):
-    rx, address = await bound(tmp_path, capacity_messages=8, capacity_bytes=1 << 20, link_capacity_bytes=1 << 19)
+    rx, address = await bound(tmp_path, capacity_messages=8, capacity_bytes=1 << 20, link_capacity_messages=4,
+                              link_capacity_bytes=1 << 19, credit_idle_s=60)  # no reclaim comes to help
     async with rx, Sender(fast_config(capacity_messages=8), name="good") as good:
         greedy = Raw(address)
         await greedy.join()
@@ -196,9 +197,9 @@ async def test_replies_to_unknown_links_are_rate_limited(tmp_path):
             stranger.send(*junk)
         await wait_until(lambda: rx.statistics().rejected == 5000)
         elapsed = time.monotonic() - t0
-        answers = len(stranger.drain())
-        assert 1 <= answers <= 2 + elapsed / rx.config.heartbeat_s  # one per heartbeat, not one per message
-        assert rx.statistics().replies_dropped >= 5000 - answers
+        answered = 5000 - rx.statistics().replies_dropped
+        assert 1 <= answered <= 2 + elapsed / rx.config.heartbeat_s  # one per heartbeat, not one per message
+        await wait_until(lambda: len(stranger.drain()) == answered)
         stranger.close()
 
 
