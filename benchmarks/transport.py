@@ -15,6 +15,9 @@ Methods: `flowrl` (Sender -> Receiver over ipc, with credit and acks; batches of
 through shared memory, smaller ones written in one burst travel as bundles), `pyzmq zero-copy` (PUSH/PULL
 over ipc, `copy=False`, `frombuffer` on receipt), `pyzmq pickle` (`send_pyobj`), `mp.Queue`
 (multiprocessing.Queue, pickling) and `memcpy` (one thread copying the batch: an upper bound).
+Over tcp on loopback, at 4 KiB and 4 MiB only (channels between hosts; issue 15): `flowrl tcp`,
+`flowrl tcp+CURVE` (encrypted, the consumer's ZAP handler consulted per connection), and raw
+`pyzmq tcp` / `pyzmq tcp+CURVE` (PUSH/PULL, zero-copy) next to them.
 Targets (issue 3): at 4 MiB flowrl >= 0.8x pyzmq zero-copy and >= 10x mp.Queue in MB/s; at 4 KiB
 flowrl >= 0.5x pyzmq zero-copy in messages/s. Numbers from a shared or busy machine are noisy.
 """
@@ -35,7 +38,9 @@ import time
 import numpy as np
 
 SIZES = [4 << 10, 256 << 10, 4 << 20, 64 << 20]
-METHODS = ["flowrl", "pyzmq zero-copy", "pyzmq pickle", "mp.Queue"]
+TCP_METHODS = ["flowrl tcp", "pyzmq tcp", "flowrl tcp+CURVE", "pyzmq tcp+CURVE"]
+METHODS = ["flowrl", "pyzmq zero-copy", "pyzmq pickle", "mp.Queue", *TCP_METHODS]
+TCP_SIZES = (4 << 10, 4 << 20)  # tcp methods run at these sizes only
 TARGET_BYTES = 400 << 20  # data moved per measurement (bounded by the counts below)
 
 
@@ -88,11 +93,20 @@ def report_tx_cpu(results, c0: float, count: int) -> None:
 
 
 # ----------------------------------------------------------------------------------- flowrl
-def flowrl_rx(address, size, count, ready, results, capacity):
-    from flowrl.transport import ChannelConfig, EndOfStream, Receiver
+def flowrl_config(capacity: int, curve, side: str):
+    from flowrl.transport import ChannelConfig, CurveConfig
+
+    if curve is None:
+        return ChannelConfig(capacity_messages=capacity)
+    keys = CurveConfig(server_public=curve[0], server_secret=curve[1] if side == "rx" else None)
+    return ChannelConfig(capacity_messages=capacity, transport="tcp", curve=keys)
+
+
+def flowrl_rx(address, size, count, ready, results, capacity, curve=None):
+    from flowrl.transport import EndOfStream, Receiver
 
     async def main():
-        rx = Receiver(ChannelConfig(capacity_messages=capacity), name="bench")
+        rx = Receiver(flowrl_config(capacity, curve, "rx"), name="bench")
         await rx.bind(address)
         settle()
         ready.set()
@@ -111,11 +125,11 @@ def flowrl_rx(address, size, count, ready, results, capacity):
     asyncio.run(main())
 
 
-def flowrl_tx(address, size, count, results, capacity):
-    from flowrl.transport import Batch, ChannelConfig, Sender
+def flowrl_tx(address, size, count, results, capacity, curve=None):
+    from flowrl.transport import Batch, Sender
 
     async def main():
-        tx = Sender(ChannelConfig(capacity_messages=capacity), name="bench")
+        tx = Sender(flowrl_config(capacity, curve, "tx"), name="bench")
         await tx.connect(address)
         tokens, logprobs = arrays(size)
         settle()
@@ -132,10 +146,13 @@ def flowrl_tx(address, size, count, results, capacity):
 
 
 # ----------------------------------------------------------------------------------- raw pyzmq
-def zmq_rx(address, size, count, ready, results, pickle_mode):
+def zmq_rx(address, size, count, ready, results, pickle_mode, curve=None):
     import zmq
 
     sock = zmq.Context.instance().socket(zmq.PULL)
+    if curve is not None:
+        sock.curve_server = True
+        sock.curve_publickey, sock.curve_secretkey = curve[0].encode(), curve[1].encode()
     sock.bind(address)
     settle()
     ready.set()
@@ -153,10 +170,13 @@ def zmq_rx(address, size, count, ready, results, pickle_mode):
     sock.close(linger=0)
 
 
-def zmq_tx(address, size, count, results, pickle_mode):
+def zmq_tx(address, size, count, results, pickle_mode, curve=None):
     import zmq
 
     sock = zmq.Context.instance().socket(zmq.PUSH)
+    if curve is not None:
+        sock.curve_serverkey = curve[0].encode()
+        sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
     sock.connect(address)
     tokens, logprobs = arrays(size)
     settle()
@@ -198,14 +218,21 @@ def queue_tx(queue, size, count, results):
 def run_pair(method: str, size: int, count: int, capacity: int, tmp: str) -> dict:
     ctx = mp.get_context("spawn")
     ready, results = ctx.Event(), ctx.Queue()
-    address = f"ipc://{tmp}/{method.replace(' ', '_')}-{size}"
-    if method == "flowrl":
-        rx = ctx.Process(target=flowrl_rx, args=(address, size, count, ready, results, capacity))
-        tx = ctx.Process(target=flowrl_tx, args=(address, size, count, results, capacity))
+    address = f"ipc://{tmp}/{method.replace(' ', '_').replace('+', '_')}-{size}"
+    curve = None
+    if "tcp" in method:
+        address = f"tcp://127.0.0.1:{free_port()}"
+    if "CURVE" in method:
+        import zmq
+
+        curve = tuple(k.decode() for k in zmq.curve_keypair())
+    if method.startswith("flowrl"):
+        rx = ctx.Process(target=flowrl_rx, args=(address, size, count, ready, results, capacity, curve))
+        tx = ctx.Process(target=flowrl_tx, args=(address, size, count, results, capacity, curve))
     elif method.startswith("pyzmq"):
         pickle_mode = method == "pyzmq pickle"
-        rx = ctx.Process(target=zmq_rx, args=(address, size, count, ready, results, pickle_mode))
-        tx = ctx.Process(target=zmq_tx, args=(address, size, count, results, pickle_mode))
+        rx = ctx.Process(target=zmq_rx, args=(address, size, count, ready, results, pickle_mode, curve))
+        tx = ctx.Process(target=zmq_tx, args=(address, size, count, results, pickle_mode, curve))
     else:
         queue = ctx.Queue(maxsize=8)
         rx = ctx.Process(target=queue_rx, args=(queue, size, count, ready, results))
@@ -228,6 +255,14 @@ def run_pair(method: str, size: int, count: int, capacity: int, tmp: str) -> dic
             if p.pid is not None and p.is_alive():
                 p.kill()
                 p.join()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def memcpy(size: int) -> dict:
@@ -261,6 +296,8 @@ def main() -> None:
         for _ in range(args.repeat):  # interleaved, so a burst of load elsewhere hits every method alike
             for size in args.sizes:
                 for method in args.methods:
+                    if method in TCP_METHODS and size not in TCP_SIZES:
+                        continue
                     runs[str(size)].setdefault(method, []).append(run_pair(method, size, count_for(size),
                                                                            args.capacity, tmp))
         for size in args.sizes:
@@ -269,7 +306,7 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     rows = {size: {m: max(rs, key=lambda r: r["msgs_per_s"]) for m, rs in row.items()}
             for size, row in runs.items()}
-    print(f"one-way throughput between 2 processes over ipc; best of {args.repeat} interleaved runs; "
+    print(f"one-way throughput between 2 processes over ipc (tcp: loopback); best of {args.repeat} interleaved runs; "
           f"flowrl capacity_messages={args.capacity}; {os.cpu_count()} CPUs\n")
     print(f"{'size':>8}  {'method':<16} {'MB/s':>9} {'msgs/s':>10} {'flowrl / this':>14} "
           f"{'tx CPU us/msg':>14} {'rx CPU us/msg':>14}")
@@ -289,6 +326,13 @@ def main() -> None:
             checks.append({"size": size, "vs": method, "ratio": got, "target": goal, "ok": got >= goal})
             verdict = "PASS" if got >= goal else "MISS"
             print(f"target {human(size)}: flowrl / {method} = {got:.2f}x (>= {goal}x) {verdict}")
+    for size in (str(s) for s in TCP_SIZES):
+        row = rows.get(size, {})
+        for ours, raw in (("flowrl tcp", "pyzmq tcp"), ("flowrl tcp+CURVE", "pyzmq tcp+CURVE")):
+            if ours in row and raw in row:
+                got = row[ours]["msgs_per_s"] / row[raw]["msgs_per_s"]
+                checks.append({"size": int(size), "method": ours, "vs": raw, "ratio": got})
+                print(f"{human(int(size))}: {ours} / {raw} = {got:.2f}x")
     print("\ntx CPU: sending process, send loop only (raw pyzmq and mp.Queue hand the bytes to a background "
           "thread that may still be working); rx CPU: receiving process, all threads, per message")
     if args.json:

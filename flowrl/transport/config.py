@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretBytes, SecretStr, field_validator, model_validator
 
 from flowrl.transport.wire import DecodeLimits
 
 Z85_KEY_CHARS = 40
+MIN_SECRET_BYTES = 16
+CREDIT_IDLE_MIN_S = 10.0
 
 
 class _Model(BaseModel):
@@ -117,13 +119,50 @@ class ChannelConfig(_Model):
     with `curve` so the link is encrypted and authenticated."""
     curve: CurveConfig | None = None
     """CURVE keys; None: no encryption (fine on loopback and ipc)."""
+    secret: SecretBytes | None = None
+    """Per-run secret (at least 16 bytes; the runtime makes a random one per run) that every producer
+    link proves it knows before a consumer grants it anything: the consumer hands each link a nonce,
+    the link answers with HMAC-SHA256(secret, nonce) in every hello; the secret itself never travels.
+    Keeps stray local processes out of a channel; across hosts add `curve` (encryption). None: any
+    process that can reach the socket may join (ipc sockets are still 0600 in a 0700 folder)."""
+    link_capacity_messages: int | None = Field(None, ge=1)
+    """Most messages one producer link may hold (granted credit + unacknowledged). None: all of
+    `capacity_messages`. Set it below the capacity where several producers feed one consumer, so
+    that one link (a buggy or hostile one) can never hold all of the consumer's credit."""
+    link_capacity_bytes: int | None = Field(None, ge=1)
+    """Most bytes one producer link may hold, and so the largest message it may send (a `need` above
+    it is refused). None: all of `capacity_bytes`. See `link_capacity_messages`."""
+    credit_idle_s: float | None = Field(None, gt=0)
+    """A link that holds granted credit and sends nothing for this long loses its link (its producer,
+    if alive, starts a new one and re-sends what was not acknowledged), so its credit returns to the
+    others. None: 2 x `peer_timeout_s`, and at least 10 s (see `credit_idle`)."""
 
     @model_validator(mode="after")
     def _timeouts(self):
         if self.peer_timeout_s < 2 * self.heartbeat_s:
             raise ValueError(f"peer_timeout_s={self.peer_timeout_s} must be at least 2 x heartbeat_s="
                              f"{self.heartbeat_s}; raise peer_timeout_s or lower heartbeat_s")
+        if self.credit_idle_s is not None and self.credit_idle_s < 2 * self.heartbeat_s:
+            raise ValueError(f"credit_idle_s={self.credit_idle_s} must be at least 2 x heartbeat_s="
+                             f"{self.heartbeat_s} (idle producers hand credit back once per heartbeat)")
+        if self.secret is not None and len(self.secret.get_secret_value()) < MIN_SECRET_BYTES:
+            raise ValueError(f"secret has {len(self.secret.get_secret_value())} bytes; use at least "
+                             f"{MIN_SECRET_BYTES} random bytes (secrets.token_bytes(32))")
         return self
+
+    def link_caps(self) -> tuple[int, int]:
+        """(messages, bytes) one producer link may hold at most (see `link_capacity_*`)."""
+        m = min(self.link_capacity_messages or self.capacity_messages, self.capacity_messages)
+        return m, min(self.link_capacity_bytes or self.capacity_bytes, self.capacity_bytes)
+
+    def credit_idle(self) -> float:
+        """Seconds a link may sit on granted credit without sending (see `credit_idle_s`)."""
+        return self.credit_idle_s or max(2 * self.peer_timeout_s, CREDIT_IDLE_MIN_S)
+
+    def max_frame_bytes(self) -> int:
+        """The largest frame a consumer's socket takes (ZeroMQ's MAXMSGSIZE): no message may exceed
+        what one link is ever granted, so a bigger frame is cut off by its length prefix, unread."""
+        return min(self.max_message_bytes, self.link_caps()[1])
 
     def limits(self) -> DecodeLimits:
         return DecodeLimits(max_header_bytes=self.max_header_bytes, max_frames=self.max_frames,

@@ -14,6 +14,10 @@ Grants, in this order, after every change:
    served; while one cannot be served, nobody else gets credit (no starvation of large messages);
 2. every active producer is topped up to an equal share of the capacity (pipelining).
 Idle producers hand their unused credit back (and get none eagerly) so they hoard nothing.
+
+No link ever holds more than its cap (`link_m`, `link_b`: granted-unused + unacknowledged): a
+`need` above it is refused by the receiver before it gets here, and a need that only its own
+unacknowledged messages keep from fitting waits for them without holding up anyone else.
 """
 
 from __future__ import annotations
@@ -52,8 +56,11 @@ class Account:
 class CreditPool:
     """Capacity shared by the producer links of one consumer."""
 
-    def __init__(self, capacity_messages: int, capacity_bytes: int):
+    def __init__(self, capacity_messages: int, capacity_bytes: int, link_messages: int | None = None,
+                 link_bytes: int | None = None):
         self.cap_m, self.cap_b = capacity_messages, capacity_bytes
+        self.link_m = min(link_messages or capacity_messages, capacity_messages)
+        self.link_b = min(link_bytes or capacity_bytes, capacity_bytes)
         self.accounts: dict[Hashable, Account] = {}
         self.used_m = self.used_b = 0  # granted-unused + held + orphans
         self.orphan_m = self.orphan_b = 0
@@ -87,7 +94,7 @@ class CreditPool:
         a.ret_b += db
         self.used_m -= dm
         self.used_b -= db
-        need = need if need <= self.cap_b else 0  # never satisfiable: ignore, do not freeze the pool
+        need = need if need <= self.link_b else 0  # never satisfiable: ignore, do not freeze the pool
         if need and not a.need:
             a.need_order = next(self._order)
         a.need, a.idle = need, idle and not need
@@ -100,6 +107,14 @@ class CreditPool:
         a.ret_m += a.unused_m
         a.ret_b += a.unused_b
         a.open, a.need = False, 0
+
+    def sits_on_credit(self, key: Hashable) -> bool:
+        """The link holds granted credit it has not used, and could send: it waits for nothing (a
+        link still waiting for its `need` to be granted is blocked, not sitting on anything)."""
+        a = self.accounts[key]
+        if not a.open or (a.unused_m <= 0 and a.unused_b <= 0):
+            return False
+        return not a.need or (a.unused_m >= 1 and a.unused_b >= a.need)
 
     def can_accept(self, key: Hashable, nbytes: int) -> bool:
         a = self.accounts[key]
@@ -140,6 +155,8 @@ class CreditPool:
                         if a.need and (a.unused_m < 1 or a.unused_b < a.need)), key=lambda t: t[0])
         for _, k, a in needy:
             dm, db = max(0, 1 - a.unused_m), max(0, a.need - a.unused_b)
+            if a.held_m + a.unused_m + dm > self.link_m or a.held_b + a.unused_b + db > self.link_b:
+                continue  # its own unacknowledged messages must go first; nobody else waits for them
             if dm > self.free_m or db > self.free_b:
                 return changed  # keep what frees up for this producer
             self._grant(a, dm, db)
@@ -147,7 +164,8 @@ class CreditPool:
         active = [(k, a) for k, a in open_links if not a.idle]
         if not active:
             return changed
-        share_m, share_b = max(1, self.cap_m // len(active)), max(1, self.cap_b // len(active))
+        share_m = min(self.link_m, max(1, self.cap_m // len(active)))
+        share_b = min(self.link_b, max(1, self.cap_b // len(active)))
         self._rr = (self._rr + 1) % len(active)
         for k, a in active[self._rr:] + active[:self._rr]:
             dm = min(self.free_m, max(0, share_m - a.unused_m - a.held_m))

@@ -32,6 +32,8 @@ class Link:
         self.pump: Any = None          # sockets.Pump of the DEALER socket
         self.mon: Any = None           # sockets.Pump of its connection monitor (ipc/tcp)
         self.inc: str | None = None    # consumer incarnation, from its first status
+        self.proof: bytes | None = None  # proof of the channel secret for this link (from the consumer's nonce)
+        self.refused: str | None = None  # why the consumer would not let this link in (the secret), if known
         self.dead = False
         self.live = False              # answered (inc known) and not given up on
         self.last_heard = time.monotonic()

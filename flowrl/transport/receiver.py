@@ -24,7 +24,14 @@ last loss, `recv()` raises `BrokenChannel` (with the cause) once; called again, 
 producer to connect (a supervisor may be restarting it).
 
 Heartbeats and credit run on the event loop: code that blocks the loop longer than `peer_timeout_s`
-makes this consumer look dead only on inproc channels (ipc/tcp liveness is ZeroMQ's, not the loop's).
+makes this consumer look dead only on inproc channels (ipc/tcp liveness is ZeroMQ's, not the loop's);
+a *producer* whose loop is blocked for `credit_idle_s` while it holds credit loses its link (below).
+
+Hostile input (anything that can reach the socket): a link is known only after a hello that proves
+the channel's secret (when one is set); messages from unknown links are looked at only if they are
+small (PRE_HELLO_BYTES) and answered at a bounded rate; a known link's message is measured against
+its credit before its header is unpacked; a replayed sequence number, a `need` above the link's cap
+and a link that sits on granted credit (credit_idle_s) are refused or cut off. See docs/transport.md.
 """
 
 from __future__ import annotations
@@ -45,12 +52,15 @@ from flowrl.transport.config import ChannelConfig
 from flowrl.transport.endpoints import endpoint_for
 from flowrl.transport.errors import AddressInUse, BrokenChannel, ChannelClosed, DecodeError, EndOfStream
 from flowrl.transport.flow import CreditPool
+from flowrl.transport.gate import Gate
 from flowrl.transport.stats import ChannelStats
 
 log = logging.getLogger("flowrl.transport")
 ACK_DELAY_S = 0.002  # acknowledgements wait at most this long to travel together
 FREED_BATCH = 2  # released shared-memory blocks go back to their producer at once from this many
 SHM_MAPPING_FAILURES = frozenset({"unmappable", "too_much_mapped", "closed"})
+PRE_HELLO_BYTES = 4096  # the most a link that is not known yet may send in one message (hellos are ~300 B)
+CONTROL_ALLOWANCE = 4096  # what a known link's message may carry beyond its credit (hellos, bundle header)
 
 
 class _Delivery:
@@ -63,13 +73,15 @@ class _Delivery:
 
 
 class _Peer:
-    __slots__ = ("rid", "fd", "state", "last_heard", "unacked", "acks", "dirty", "shm", "shm_tried")
+    __slots__ = ("rid", "fd", "state", "last_heard", "last_data", "unacked", "acks", "dirty", "shm", "shm_tried",
+                 "proof", "max_seq")
 
-    def __init__(self, rid: bytes, fd: int | None):
-        self.rid, self.fd, self.state = rid, fd, "open"
+    def __init__(self, rid: bytes, fd: int | None, proof: bytes | None):
+        self.rid, self.fd, self.state, self.proof = rid, fd, "open", proof
+        self.max_seq = 0  # sequence numbers on a link only grow: anything at or below is a replay
         self.shm: shm.ShmPeer | None = None  # the producer's shared memory, once its probe mapped
         self.shm_tried = False
-        self.last_heard = time.monotonic()
+        self.last_heard = self.last_data = time.monotonic()
         self.unacked: dict[int, int] = {}  # seq -> bytes, received and not yet acknowledged
         self.acks: list[int] = []          # acknowledged, not yet told to the producer
         self.dirty = True                  # a status is owed
@@ -84,7 +96,11 @@ class Receiver:
         self.address: str | None = None
         self._limits = self.config.limits()
         self._inc = secrets.token_hex(8)
-        self._pool = CreditPool(self.config.capacity_messages, self.config.capacity_bytes)
+        self._link_m, self._link_b = self.config.link_caps()
+        self._pool = CreditPool(self.config.capacity_messages, self.config.capacity_bytes, self._link_m, self._link_b)
+        secret = None if self.config.secret is None else self.config.secret.get_secret_value()
+        self._gate = Gate(secret, self.config.heartbeat_s)
+        self._credit_idle_s = self.config.credit_idle()
         self._peers: dict[bytes, _Peer] = {}
         self._gone: set[bytes] = set()
         self._orphans: dict[tuple[bytes, int], int] = {}
@@ -105,7 +121,8 @@ class Receiver:
         self._mon: Any = None
         self._endpoint: Any = None
         self._domain = ""
-        self._c = dict(received=0, received_bytes=0, acked=0, rejected=0, peers_lost=0, shm=0, shm_bytes=0)
+        self._c = dict(received=0, received_bytes=0, acked=0, rejected=0, peers_lost=0, shm=0, shm_bytes=0,
+                       reclaimed=0)
         self._rejects: dict[str, int] = {}
         self._shm_refused: set[int] = set()  # producer processes whose shared memory failed us
 
@@ -129,7 +146,7 @@ class Receiver:
         self._changed = asyncio.Event()
         self._mon = None if mon is None else sockets.Pump(mon, self._on_monitor, copy=True)
         self._pump = sockets.Pump(sock, self._on_messages)
-        self._pump.on_send_error = lambda e: log.debug("channel %s: status not sent: %s", self.name, e)
+        self._pump.on_send_error = self._on_send_error
         self._tasks = [asyncio.create_task(self._tick_loop())]
         return self.address
 
@@ -195,7 +212,8 @@ class Receiver:
             name=self.name, role="receiver", peers=sum(p.state == "open" for p in self._peers.values()),
             in_flight=held_m, in_flight_bytes=held_b, queued=len(self._ready),
             queued_bytes=held_b, credit_messages=self._pool.free_m, credit_bytes=self._pool.free_b,
-            rejected_by_reason=dict(self._rejects), **self._c)
+            rejected_by_reason=dict(self._rejects), challenged=self._gate.challenged,
+            replies_dropped=self._gate.dropped, **self._c)
 
     async def aclose(self) -> None:
         """Close: producers are told (they re-send what this consumer did not acknowledge elsewhere)."""
@@ -239,6 +257,15 @@ class Receiver:
     def _handle(self, msg: list) -> None:
         rid = msg[0].bytes
         views, size = codec.check_frames(msg[1:], self._limits)
+        peer = self._peers.get(rid)
+        if peer is None:  # before its hello is accepted a link may only say hello: look at nothing bigger
+            if len(views) > 2 or size > PRE_HELLO_BYTES:
+                self._reply_unknown(rid)
+                raise DecodeError("unknown_link", f"a {size}-byte message from link {rid[:24]!r}, which has "
+                                                  "not said hello (or was given up on)")
+        elif size > CONTROL_ALLOWANCE and size > self._pool.accounts[rid].unused_b + CONTROL_ALLOWANCE:
+            raise DecodeError("no_credit", f"a {size}-byte message from link {rid[:24]!r}, which holds credit "
+                                           f"for {self._pool.accounts[rid].unused_b} bytes")
         header = wire.unpack_header(views[0], self._limits)
         if header["kind"] != wire.BUNDLE:
             return self._dispatch(rid, header, views, size, msg)
@@ -264,6 +291,16 @@ class Receiver:
 
     def _on_hello(self, rid: bytes, hello: wire.Hello, msg: list) -> None:
         peer = self._peers.get(rid)
+        try:
+            if not self._gate.admit(rid, hello, peer.proof if peer is not None else None, peer is not None):
+                return self._reply_unknown(rid)  # its nonce: a producer that knows the secret answers
+        except DecodeError:
+            if peer is None and hello.state not in ("bye", "relink"):
+                self._reply_unknown(rid)
+            raise
+        if hello.need > self._link_b:
+            raise DecodeError("need_too_large", f"link {rid[:24]!r} waits for {hello.need} bytes of credit; a "
+                                                f"link gets at most {self._link_b} (link_capacity_bytes)")
         if hello.state in ("bye", "relink"):
             if peer is not None:
                 quiet = hello.state == "relink" or peer.state == "eos"
@@ -271,10 +308,10 @@ class Receiver:
             return
         if peer is None:
             if rid in self._gone:  # a link we gave up on: tell it to start a new one
-                self._outbox.append((rid, self._unknown_status()))
+                self._reply_unknown(rid)
                 return
             fd = msg[1].get(zmq.SRCFD) if self._mon is not None else -1
-            peer = self._peers[rid] = _Peer(rid, fd if fd >= 0 else None)
+            peer = self._peers[rid] = _Peer(rid, fd if fd >= 0 else None, hello.mac)
             self._pool.add(rid)
             self._ever_connected = True
             log.debug("channel %s: producer link %r (%s) connected", self.name, rid, hello.ch)
@@ -312,12 +349,12 @@ class Receiver:
             raise DecodeError("bad_field", f"env.seq must be an int >= 0, got {seq!r:.20}")
         peer = self._peers.get(rid)
         if peer is None:
-            self._outbox.append((rid, self._unknown_status()))
-            raise DecodeError("unknown_link", f"data from link {rid!r} that sent no hello")
+            self._reply_unknown(rid)
+            raise DecodeError("unknown_link", f"data from link {rid[:24]!r} that sent no hello")
         if inc != self._inc:
-            raise DecodeError("stale_incarnation", f"data addressed to consumer incarnation {inc!r}")
-        if seq in peer.unacked:
-            raise DecodeError("duplicate_seq", f"sequence number {seq} is already held")
+            raise DecodeError("stale_incarnation", f"data addressed to consumer incarnation {inc!r:.40}")
+        if seq <= peer.max_seq:
+            raise DecodeError("replay", f"sequence number {seq} on link {rid[:24]!r}, which is past {peer.max_seq}")
         ref, region = header.get("shm"), None
         if ref is not None:
             size = self._shm_size(peer, ref, views, size)
@@ -331,6 +368,7 @@ class Receiver:
                     self._refuse_shm(peer, e)
                 raise DecodeError(e.reason, f"shared memory of batch {header.get('batch_id')!r:.60}: {e}") from None
         batch = codec.decode_data(header, views, self._limits, _Delivery(rid, seq, size), region)
+        peer.max_seq, peer.last_data = seq, time.monotonic()
         self._pool.on_data(rid, size)
         if self._blocked:
             self._blocked.discard(rid)
@@ -404,10 +442,25 @@ class Receiver:
         if self._mon is None and not stalled:  # inproc: no connection events, deadlines instead
             for peer in [p for p in self._peers.values() if now - p.last_heard > self.config.peer_timeout_s]:
                 self._drop(peer, f"no heartbeat for {now - peer.last_heard:.1f}s" if peer.state == "open" else None)
+        if stalled:  # our own loop was blocked: the links' silence is not theirs
+            for peer in self._peers.values():
+                peer.last_data = max(peer.last_data, now - self.config.heartbeat_s)
+        for peer in [p for p in self._peers.values() if now - p.last_data > self._credit_idle_s
+                     and self._pool.sits_on_credit(p.rid)]:
+            self._reclaim(peer, now)
         for peer in self._peers.values():
             peer.dirty = True
         self._flush()
         self._notify()
+
+    def _reclaim(self, peer: _Peer, now: float) -> None:
+        """A link sat on granted credit for credit_idle_s without sending: its link ends (a live
+        producer starts a new one and re-sends what was not acknowledged) and the credit returns."""
+        self._c["reclaimed"] += 1
+        log.warning("channel %s: producer link %r held credit for %.1fs without sending; its link is ended and "
+                    "the credit goes to the others", self.name, peer.rid[:24], now - peer.last_data)
+        self._drop(peer, None)
+        self._reply_unknown(peer.rid)
 
     def _check_end(self) -> None:
         if not self._ever_connected or any(p.state == "open" for p in self._peers.values()):
@@ -422,19 +475,22 @@ class Receiver:
     def _status(self, peer: _Peer, closing: bool = False) -> bytes:
         a = self._pool.accounts.get(peer.rid)
         cfg = self.config
-        st = wire.Status(ch=self.name, inc=self._inc, known=True, closing=closing, cap_m=cfg.capacity_messages,
-                         cap_b=cfg.capacity_bytes, max_msg=cfg.max_message_bytes, lim_m=a.lim_m if a else 0,
+        st = wire.Status(ch=self.name, inc=self._inc, known=True, closing=closing, cap_m=self._link_m,
+                         cap_b=self._link_b, max_msg=cfg.max_message_bytes, lim_m=a.lim_m if a else 0,
                          lim_b=a.lim_b if a else 0, acks=peer.acks, eos_ack=peer.state == "eos",
                          shm_max=peer.shm.max_bytes if peer.shm is not None else 0,
                          freed=self._freed(peer))
         peer.acks, peer.dirty = [], False
         return st.to_bytes()
 
-    def _unknown_status(self) -> bytes:
-        """The answer to a link we do not know (or gave up on): start a new one."""
-        cfg = self.config
-        return wire.Status(ch=self.name, inc=self._inc, known=False, cap_m=cfg.capacity_messages,
-                           cap_b=cfg.capacity_bytes, max_msg=cfg.max_message_bytes).to_bytes()
+    def _reply_unknown(self, rid: bytes) -> None:
+        """Answer a link we do not know (or gave up on): start a new one (and prove the secret on
+        this nonce), at the rate the gate allows; ZeroMQ queues at most sockets.OUTBOX_HWM of them
+        towards a link that does not read."""
+        if self._gate.may_answer(rid):
+            st = wire.Status(ch=self.name, inc=self._inc, known=False, cap_m=self._link_m, cap_b=self._link_b,
+                             max_msg=self.config.max_message_bytes, nonce=self._gate.nonce(rid))
+            self._outbox.append((rid, st.to_bytes()))
 
     @staticmethod
     def _freed(peer: _Peer) -> list[str]:
@@ -463,6 +519,24 @@ class Receiver:
             if peer.dirty:
                 self._outbox.append((peer.rid, self._status(peer)))
         self._send_outbox()
+
+    def _on_send_error(self, error: Any, frames: list) -> None:
+        """A status was not written (its link's queue is full: it does not read, or is gone). Limits
+        and states in it are cumulative and go out again with the next one; acknowledgements and
+        released blocks are not, so they go back to the link to be sent again."""
+        peer = self._peers.get(frames[0])
+        if peer is None:
+            return
+        try:
+            st = wire.Status.from_header(wire.unpack_header(frames[1], self._limits))
+        except DecodeError:
+            return
+        peer.acks[:0] = st.acks
+        if peer.shm is not None:
+            peer.shm.freed.extendleft(reversed(st.freed))
+        peer.dirty = True
+        log.debug("channel %s: a status to %r was not sent (%s); its acknowledgements wait for the next",
+                  self.name, peer.rid[:24], error)
 
     def _send_outbox(self) -> None:
         out, self._outbox = self._outbox, []

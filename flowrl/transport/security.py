@@ -1,4 +1,5 @@
-"""CURVE encryption and client authentication for channels that cross hosts.
+"""CURVE encryption and client authentication for channels that cross hosts, and the proof of the
+per-run secret that every producer link gives in its hellos.
 
 The consumer is the CURVE server. With `authorized_clients`, a process-wide ZAP handler (a
 thread, so it answers even while the event loop is busy) admits only those client keys, per
@@ -7,6 +8,8 @@ channel (each receiver gets its own ZAP domain).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import threading
 from typing import Any
 
@@ -14,6 +17,7 @@ import zmq
 
 from flowrl.transport.config import CurveConfig
 from flowrl.transport.sockets import shared_context
+from flowrl.transport.wire import NONCE_BYTES
 
 _lock = threading.Lock()
 _auth: Any = None
@@ -64,3 +68,23 @@ def apply_client(sock: Any, curve: CurveConfig | None) -> None:
     sock.curve_serverkey = curve.server_public.encode()
     sock.curve_publickey = public
     sock.curve_secretkey = secret
+
+
+# ------------------------------------------------------------------------------- per-run secret
+# A producer link proves it knows the channel's secret without sending it: the consumer derives a
+# nonce from its own random key and the link's routing id (so it keeps no state for links it does
+# not know yet), hands it out in a `known: false` status, and the link puts
+# HMAC-SHA256(secret, label + nonce + routing id) into every hello from then on.
+_PROOF_LABEL = b"flowrl-hello-v1\0"
+
+
+def nonce_for(key: bytes, rid: bytes) -> bytes:
+    return hmac.new(key, rid, hashlib.sha256).digest()[:NONCE_BYTES]
+
+
+def proof(secret: bytes, nonce: bytes, rid: bytes) -> bytes:
+    return hmac.new(secret, _PROOF_LABEL + nonce + rid, hashlib.sha256).digest()
+
+
+def proof_ok(expected: bytes, given: bytes | None) -> bool:
+    return given is not None and hmac.compare_digest(expected, given)

@@ -50,6 +50,7 @@ class Sender:
         self.config = config or ChannelConfig()
         self.name = name
         self._id = secrets.token_hex(6)
+        self._secret = None if self.config.secret is None else self.config.secret.get_secret_value()
         self._links: dict[str, Link] = {}
         self._seq = 0
         self._pending: dict[int, Entry] = {}   # waiting to be re-sent, by sequence number
@@ -81,9 +82,10 @@ class Sender:
                 while not self._links[address].live:
                     await self._wait_change(self.config.heartbeat_s)
             if not self._links[address].live:
+                refused = self._links[address].refused
                 await self.disconnect(address)
                 raise BrokenChannel(f"no consumer of channel {self.name!r} answered at {address} within "
-                                    f"{self.config.peer_timeout_s}s (not bound yet? wrong address or keys?)")
+                                    f"{self.config.peer_timeout_s}s ({refused or 'not bound yet? wrong address or keys?'})")
 
     async def disconnect(self, address: str) -> list[Batch]:
         """Stop using the replica at `address`; returns what was sent there and not acknowledged."""
@@ -231,7 +233,7 @@ class Sender:
         size = entry.size
         prepared = entry.prepared
         for lk in live:
-            env = {"inc": lk.inc, "seq": entry.seq}
+            env = {"inc": lk.inc, "seq": lk.sent_m + 1}  # sequence numbers count a link's messages
             frames = prepared.frames(env)
             size = entry.size = len(frames[0]) + prepared.payload_bytes
             if size > lk.cap_b or size > lk.max_msg:
@@ -286,8 +288,8 @@ class Sender:
         """Hand `entry` to `link`. From here the channel owns it: if the write fails, losing the
         link moves it (with the link's other unacknowledged entries) back to pending."""
         self._pending.pop(entry.seq, None)
-        link.unacked[entry.seq] = entry
         link.sent_m += 1
+        link.unacked[link.sent_m] = entry  # acknowledged by the link's sequence number (_pick)
         link.sent_b += size
         link.used = True
         if link.need:
@@ -339,7 +341,7 @@ class Sender:
                                       window_bytes=self.config.shm_window_bytes)
         link.mon = None if mon is None else sockets.Pump(mon, lambda msgs: self._on_monitor(link, msgs), copy=True)
         link.pump = sockets.Pump(sock, lambda msgs: self._on_messages(link, msgs), copy=True, bundle=True)
-        link.pump.on_send_error = lambda e: self._on_send_error(link, e)
+        link.pump.on_send_error = lambda e, frames: self._on_send_error(link, e)
         self._send_hello(link)
         return link
 
@@ -369,8 +371,8 @@ class Sender:
         self._c["peers_lost"] += 1
         self._cause = cause
         log.warning("channel %s: %s; %d unacknowledged batch(es) will be re-sent", self.name, cause, len(link.unacked))
-        for seq, entry in link.unacked.items():
-            self._pending[seq] = entry
+        for entry in link.unacked.values():
+            self._pending[entry.seq] = entry
         link.unacked.clear()
         self._close_link(link, "relink")
         if self._state != "closed" and self._links.get(link.address) is link:
@@ -390,7 +392,7 @@ class Sender:
                 link.arena.close()
                 link.arena = None
         hello = wire.Hello(ch=self.name, state=state, need=link.need, idle=link.idle,
-                           ret_m=link.ret_m, ret_b=link.ret_b, shm=probe)
+                           ret_m=link.ret_m, ret_b=link.ret_b, shm=probe, mac=link.proof)
         link.pump.send([hello.to_bytes()])
 
     def _on_send_error(self, link: Link, error: zmq.ZMQError) -> None:
@@ -422,7 +424,16 @@ class Sender:
     def _on_status(self, link: Link, st: wire.Status) -> None:
         if link.inc is None:
             if not st.known:
-                return  # a reply to stale traffic; our hello will be answered
+                if st.nonce is not None and self._secret is None:
+                    link.refused = ("the consumer requires the channel secret and this producer has none; give "
+                                    "both ends the same ChannelConfig.secret")
+                elif st.nonce is not None and link.proof is not None:
+                    link.refused = ("the consumer refused this producer's proof of the channel secret; the two "
+                                    "ends have different secrets")
+                elif st.nonce is not None and self._secret is not None:
+                    link.proof = security.proof(self._secret, st.nonce, link.rid)  # the secret stays here
+                    self._send_hello(link)
+                return  # else a reply to stale traffic; our hello will be answered
             link.inc, link.live = st.inc, True
         elif st.inc != link.inc:
             return self._lose(link, f"consumer at {link.address} restarted (incarnation {link.inc} -> {st.inc})")
@@ -465,7 +476,7 @@ class Sender:
             if link.mon is None and link.live and not stalled and silent > self.config.peer_timeout_s:
                 self._lose(link, f"consumer at {link.address} sent no status for {silent:.1f}s")
                 continue
-            if link.live and not link.used and not link.need and not self._order.locked():
+            if link.live and not link.used and not link.need and (not self._order.locked() or self._state == "eos"):
                 link.give_back_credit()  # idle: hand unused credit back so others can use it
             link.used = False
             self._send_hello(link)

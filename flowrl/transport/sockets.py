@@ -2,9 +2,16 @@
 `Pump`, which connects a socket to the asyncio event loop.
 
 Every send is non-blocking (a DEALER with no connection would otherwise block forever) and no
-high-water mark drops anything: credit, not ZeroMQ, bounds what is queued. ZeroMQ's own heartbeat
-(answered by its I/O thread even while Python is busy) closes connections to dead or frozen hosts,
-which the connection monitor then reports.
+high-water mark drops anything: credit, not ZeroMQ, bounds what is queued.
+
+No peer can abort this process. libzmq 4.3.5 aborts (`Assertion failed: !_io_error
+(src/stream_engine_base.cpp:310)`) when a connection that has ZeroMQ heartbeats on reaches its
+receive high-water mark and the peer then disconnects: a burst of RCVHWM messages and a close is
+enough (tests/transport/test_abort.py reproduces it with plain pyzmq). So the consumer's ROUTER,
+whose input comes from anyone who can connect, runs without ZeroMQ heartbeats (a dead producer is
+noticed by its connection closing, a vanished host by TCP keepalive, a silent link by the receiver's
+own deadlines); a producer's DEALER keeps them (they notice a frozen consumer host) because its
+receive queue is unlimited, so it never reaches the state that aborts.
 
 Why `Pump` and not a zmq.asyncio socket: it does what zmq.asyncio does (watch the socket's FD with
 `loop.add_reader`, and after each send re-check `EVENTS`, because a send may swallow the FD's
@@ -24,6 +31,7 @@ from flowrl.transport import wire
 from flowrl.transport.config import ChannelConfig
 
 CONTROL_MAX_BYTES = 1 << 20  # statuses and hellos are small; a producer refuses bigger ones
+OUTBOX_HWM = 1000  # statuses queued towards one link at most (a link that never reads costs no more)
 DRAIN_MAX = 256  # messages handed to a callback at once; then the loop gets a turn
 DRAIN_BYTES = 1 << 20  # ... or this many bytes: big batches are handled while still in the CPU cache
 
@@ -36,6 +44,15 @@ def shared_context() -> zmq.Context:
 def _common(sock: Any, config: ChannelConfig) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 0)  # never drop at a high-water mark: credit bounds the queue
+    # a vanished host (no FIN, no RST) is noticed by the kernel, not by a libzmq timer
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, max(1, int(config.peer_timeout_s)))
+    sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, max(1, int(config.heartbeat_s)))
+    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
+
+
+def _heartbeats(sock: Any, config: ChannelConfig) -> None:
+    """ZeroMQ-level heartbeats: only on sockets whose receive queue is unlimited (module docstring)."""
     sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(config.heartbeat_s * 1000)))
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(config.peer_timeout_s * 1000)))
     sock.setsockopt(zmq.HEARTBEAT_TTL, min(6_553_500, max(100, int(config.peer_timeout_s * 1000))))
@@ -44,10 +61,11 @@ def _common(sock: Any, config: ChannelConfig) -> None:
 def router(config: ChannelConfig) -> Any:
     """The consumer's socket: bound, one pipe per producer link, addressed by routing id."""
     sock = shared_context().socket(zmq.ROUTER)
-    _common(sock, config)
+    _common(sock, config)  # no ZeroMQ heartbeats here: see the module docstring
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unknown routing id is an error, not a silent drop
     sock.setsockopt(zmq.RCVHWM, max(1000, 4 * config.capacity_messages))  # back-pressure, no drops
-    sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
+    sock.setsockopt(zmq.SNDHWM, OUTBOX_HWM)  # statuses to a link that does not read are dropped here
+    sock.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes())  # a bigger frame is cut off at its length
     return sock
 
 
@@ -55,6 +73,7 @@ def dealer(config: ChannelConfig, routing_id: bytes) -> Any:
     """A producer link's socket: connected to one consumer replica."""
     sock = shared_context().socket(zmq.DEALER)
     _common(sock, config)
+    _heartbeats(sock, config)
     sock.setsockopt(zmq.ROUTING_ID, routing_id)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX_BYTES)
@@ -95,7 +114,7 @@ class Pump:
         self.loop = asyncio.get_running_loop()
         self.fd = sock.getsockopt(zmq.FD)
         self.closed = False
-        self.on_send_error: Callable[[zmq.ZMQError], None] | None = None
+        self.on_send_error: Callable[[zmq.ZMQError, list], None] | None = None
         self._out: list[list] = []
         self._scheduled = False
         self._wrote_this_turn = False
@@ -106,7 +125,7 @@ class Pump:
         """Write a message: at once if it is the first of this turn of the loop, else when the turn
         ends (or once CORK_MESSAGES wait). Frames of at least COPY_MIN bytes are sent zero-copy
         (ZeroMQ keeps a reference until written). A failed write (zmq.Again: no connection can take
-        it) drops that message and calls `on_send_error`."""
+        it) drops that message and calls `on_send_error(error, frames)`."""
         if self.closed:
             return
         self._out.append(frames)
@@ -131,7 +150,7 @@ class Pump:
                     send(f, _DONTWAIT | (_SNDMORE if i < last else 0), copy=bundle or n < COPY_MIN)
             except zmq.ZMQError as e:
                 if self.on_send_error is not None:
-                    self.on_send_error(e)
+                    self.on_send_error(e, frames)
 
     def close(self, linger_ms: int = 0, monitor: "Pump | None" = None) -> None:
         """Write what is queued, stop reading, close the socket (and its monitor's pump)."""

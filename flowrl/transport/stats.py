@@ -51,6 +51,13 @@ class ChannelStats:
     shm: int = 0
     """Messages whose tensors went through shared memory (sent, or received), not the socket."""
     shm_bytes: int = 0
+    challenged: int = 0
+    """Receiver: hellos without proof of the secret from links not known yet, answered with a nonce
+    (every producer link's first hello when the channel has a secret)."""
+    reclaimed: int = 0
+    """Receiver: links ended because they sat on granted credit for `credit_idle_s` without sending."""
+    replies_dropped: int = 0
+    """Receiver: answers to unknown links not sent (rate limit: one per link per heartbeat, 1000/s in all)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

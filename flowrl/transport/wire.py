@@ -25,7 +25,8 @@ heartbeat and whenever the state changes (idempotent: all counters are cumulativ
      one consumer), state: "open"|"eos"|"bye"|"relink",
      need: bytes of the message it is blocked on (0: not blocked), idle: bool,
      ret_m: int, ret_b: int,                    # credit handed back so far (messages, bytes)
-     shm: {pid, fd, key}}                       # optional: the probe of this link's shared memory
+     shm: {pid, fd, key},                       # optional: the probe of this link's shared memory
+     mac: bin}                                  # optional: HMAC-SHA256(secret, nonce) (channel secret)
 
 `status` (consumer -> one producer link): welcome, credit grant, acks and heartbeat in one
 idempotent message::
@@ -33,8 +34,9 @@ idempotent message::
     {v, kind: "status", ch, inc: consumer incarnation id, known: bool (false: hello again),
      closing: bool, cap_m, cap_b, max_msg: the consumer's limits,
      lim_m, lim_b: cumulative credit limits of this link, acks: [seq, ...], eos_ack: bool,
-     shm_max: int, freed: [block id, ...]}     # optional: bytes of the producer's shared memory it
+     shm_max: int, freed: [block id, ...],     # optional: bytes of the producer's shared memory it
                                                # maps at most (0: none) / blocks released
+     nonce: bin}                               # optional, with known=false: prove the secret on it
 
 `bundle` (producer -> consumer): one-frame `data` and `hello` messages written in one burst travel
 as one ZeroMQ message of two frames, which saves each of them a receive call and the work of both
@@ -44,7 +46,8 @@ ZeroMQ I/O threads::
     frame 1: the frames of message 1, 2, ... back to back
 
 The consumer handles the parts in order, each exactly as if it had come alone (its own checks, its
-own credit, its own rejection); a bundle inside a bundle is refused.
+own credit, its own rejection); a bundle inside a bundle is refused, and so is one of more than
+`MAX_BUNDLE_PARTS` parts (whole: its CPU cost is bounded before any part is looked at).
 
 A producer may have sent message number k (counting from 1 on its link) of s bytes only while
 k <= lim_m and (bytes sent before) + s <= lim_b, minus what it handed back (`ret_m`, `ret_b`).
@@ -64,6 +67,9 @@ from flowrl.transport.errors import DecodeError
 SCHEMA_VERSION = 1
 DATA, HELLO, STATUS, BUNDLE = "data", "hello", "status", "bundle"
 HELLO_STATES = ("open", "eos", "bye", "relink")
+MAX_BUNDLE_PARTS = 256  # a producer bundles at most sockets.CORK_MESSAGES (64) messages
+MAC_BYTES = 32  # HMAC-SHA256
+NONCE_BYTES = 16
 MAX_STR = 256
 _I64 = 1 << 63
 
@@ -108,7 +114,10 @@ def bundle_parts(header: dict, frames: int, blob_bytes: int) -> list[int]:
     parts = header["parts"]
     if frames != 2:
         raise DecodeError("bad_frames", f"a bundle has 2 frames, got {frames}")
-    if type(parts) is not list or not parts or any(type(n) is not int or n < 1 for n in parts):
+    if type(parts) is not list or not 0 < len(parts) <= MAX_BUNDLE_PARTS:
+        raise DecodeError("bundle_parts", f"a bundle has 1..{MAX_BUNDLE_PARTS} parts, this one "
+                                          f"{len(parts) if type(parts) is list else parts!r:.20}")
+    if any(type(n) is not int or n < 1 for n in parts):
         raise DecodeError("bad_field", "bundle parts must be a non-empty list of ints >= 1")
     if sum(parts) != blob_bytes:
         raise DecodeError("bad_field", f"bundle parts add up to {sum(parts)} bytes, frame 1 has {blob_bytes}")
@@ -127,8 +136,9 @@ def unpack_header(buf: Any, limits: DecodeLimits) -> dict:
         raise DecodeError("bad_msgpack", f"frame 0 is not a msgpack map ({type(e).__name__}: {e})") from None
     if not isinstance(header, dict):
         raise DecodeError("bad_header", f"frame 0 holds a {type(header).__name__}, not a map")
-    if header.get("v") != SCHEMA_VERSION:
-        raise DecodeError("bad_version", f"schema version {header.get('v')!r}; this side speaks {SCHEMA_VERSION}")
+    v = header.get("v")
+    if type(v) is not int or v != SCHEMA_VERSION:  # True == 1 and 1.0 == 1 in Python: not on the wire
+        raise DecodeError("bad_version", f"schema version {v!r:.20}; this side speaks {SCHEMA_VERSION}")
     if header.get("kind") not in (DATA, HELLO, STATUS, BUNDLE):
         raise DecodeError("bad_kind", f"unknown message kind {header.get('kind')!r}")
     return header
@@ -210,17 +220,23 @@ class Hello:
     ret_m: int = 0
     ret_b: int = 0
     shm: dict | None = None
+    mac: bytes | None = None
 
     def to_bytes(self) -> bytes:
         h = {"v": SCHEMA_VERSION, "kind": HELLO, "ch": self.ch, "state": self.state, "need": self.need,
              "idle": self.idle, "ret_m": self.ret_m, "ret_b": self.ret_b}
         if self.shm is not None:
             h["shm"] = self.shm
+        if self.mac is not None:
+            h["mac"] = self.mac
         return pack(h)
 
     @classmethod
     def from_header(cls, h: dict) -> "Hello":
-        check_keys(h, _HELLO_KEYS, frozenset({"shm"}), where="hello")
+        check_keys(h, _HELLO_KEYS, frozenset({"shm", "mac"}), where="hello")
+        mac = h.get("mac")
+        if mac is not None and (type(mac) is not bytes or len(mac) != MAC_BYTES):
+            raise DecodeError("bad_field", f"hello mac must be {MAC_BYTES} bytes of bin")
         state = h["state"]
         if state not in HELLO_STATES:
             raise DecodeError("bad_field", f"hello state {state!r:.40} not in {HELLO_STATES}")
@@ -231,7 +247,8 @@ class Hello:
             get_int(shm, "fd", 0)
             get_str(shm, "key", 64)
         return cls(ch=get_str(h, "ch", allow_empty=True), state=state, need=get_int(h, "need", 0),
-                   idle=get_bool(h, "idle"), ret_m=get_int(h, "ret_m", 0), ret_b=get_int(h, "ret_b", 0), shm=shm)
+                   idle=get_bool(h, "idle"), ret_m=get_int(h, "ret_m", 0), ret_b=get_int(h, "ret_b", 0), shm=shm,
+                   mac=mac)
 
 
 @dataclass
@@ -251,6 +268,7 @@ class Status:
     eos_ack: bool = False
     shm_max: int = 0
     freed: list = field(default_factory=list)
+    nonce: bytes | None = None
 
     def to_bytes(self) -> bytes:
         h = {"v": SCHEMA_VERSION, "kind": STATUS, "ch": self.ch, "inc": self.inc, "known": self.known,
@@ -258,11 +276,16 @@ class Status:
              "lim_m": self.lim_m, "lim_b": self.lim_b, "acks": self.acks, "eos_ack": self.eos_ack}
         if self.shm_max or self.freed:
             h["shm_max"], h["freed"] = self.shm_max, self.freed
+        if self.nonce is not None:
+            h["nonce"] = self.nonce
         return pack(h)
 
     @classmethod
     def from_header(cls, h: dict) -> "Status":
-        check_keys(h, _STATUS_KEYS, frozenset({"shm_max", "freed"}), where="status")
+        check_keys(h, _STATUS_KEYS, frozenset({"shm_max", "freed", "nonce"}), where="status")
+        nonce = h.get("nonce")
+        if nonce is not None and (type(nonce) is not bytes or len(nonce) != NONCE_BYTES):
+            raise DecodeError("bad_field", f"status nonce must be {NONCE_BYTES} bytes of bin")
         acks = h["acks"]
         if type(acks) is not list or any(type(a) is not int or a < 0 for a in acks):
             raise DecodeError("bad_field", "status acks must be a list of non-negative ints")
@@ -273,4 +296,4 @@ class Status:
                    closing=get_bool(h, "closing"), cap_m=get_int(h, "cap_m", 1), cap_b=get_int(h, "cap_b", 1),
                    max_msg=get_int(h, "max_msg", 1), lim_m=get_int(h, "lim_m", 0), lim_b=get_int(h, "lim_b", 0),
                    acks=acks, eos_ack=get_bool(h, "eos_ack"),
-                   shm_max=get_int(h, "shm_max", 0) if "shm_max" in h else 0, freed=freed)
+                   shm_max=get_int(h, "shm_max", 0) if "shm_max" in h else 0, freed=freed, nonce=nonce)

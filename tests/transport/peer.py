@@ -1,12 +1,13 @@
 """A channel end in its own process, driven by the transport tests (never imports torch).
 
     python tests/transport/peer.py consumer ADDRESS [--hold-after K] [--capacity N] [--gated]
-    python tests/transport/peer.py producer ADDRESS --count N [--size BYTES] [--capacity N]
+    python tests/transport/peer.py producer ADDRESS --count N [--size BYTES] [--capacity N] [--interval S]
     python tests/transport/peer.py junk ADDRESS          # a plain pyzmq DEALER: frames from stdin
 
 It speaks JSON lines: events on stdout ({"event": "ready" | "recv" | "sent" | "done" | "rss" |
 "error", ...}), commands on stdin (consumer with --gated: {"cmd": "take", "n": 3} receives three
-more batches, {"cmd": "rss"} reports resident memory; junk: {"frames": [hex, ...]} sends one
+more batches, {"cmd": "rss"} reports resident memory, {"cmd": "block", "s": 2} holds its event loop
+(as a long computation would); junk: {"frames": [hex, ...]} sends one
 message). Every event is flushed at once, so the test can order its steps on them.
 """
 
@@ -29,7 +30,10 @@ def config(args):
     from flowrl.transport import ChannelConfig
 
     return ChannelConfig(capacity_messages=args.capacity, capacity_bytes=args.capacity_bytes,
-                         heartbeat_s=0.1, peer_timeout_s=args.peer_timeout)
+                         heartbeat_s=0.1, peer_timeout_s=args.peer_timeout,
+                         secret=bytes.fromhex(args.secret_hex) if args.secret_hex else None,
+                         link_capacity_messages=args.link_messages, link_capacity_bytes=args.link_bytes,
+                         max_message_bytes=args.max_message_bytes, credit_idle_s=args.credit_idle)
 
 
 async def stdin_lines():
@@ -45,9 +49,22 @@ async def consumer(args) -> None:
 
     from flowrl.transport import EndOfStream, Receiver
 
+    import time
+
+    if args.zmq_heartbeats:  # the consumer as it was: ZeroMQ heartbeats on its ROUTER (test_abort.py)
+        from flowrl.transport import sockets
+
+        plain_router = sockets.router
+
+        def router(cfg):
+            sock = plain_router(cfg)
+            sockets._heartbeats(sock, cfg)
+            return sock
+
+        sockets.router = router
     rx = Receiver(config(args), name=args.name)
     address = await rx.bind(args.address)
-    emit(event="ready", address=address)
+    emit(event="ready", address=address, rss=psutil.Process().memory_info().rss)
     received = 0
     commands = stdin_lines() if args.gated else None
     budget = 0
@@ -57,17 +74,22 @@ async def consumer(args) -> None:
                 cmd = await commands.__anext__()
                 if cmd["cmd"] == "rss":
                     emit(event="rss", rss=psutil.Process().memory_info().rss, stats=rx.statistics().as_dict())
+                elif cmd["cmd"] == "block":  # hold the event loop, as a long computation would
+                    emit(event="blocking")
+                    time.sleep(cmd["s"])
+                    emit(event="unblocked")
                 else:
                     budget += cmd["n"]
             try:
                 batch = await rx.recv()
             except EndOfStream:
-                emit(event="done", received=received, stats=rx.statistics().as_dict())
+                emit(event="done", received=received, stats=rx.statistics().as_dict(),
+                     rss=psutil.Process().memory_info().rss)
                 return
             received += 1
             budget -= 1 if commands is not None else 0
             emit(event="recv", batch_id=batch.batch_id, first=int(batch.tensors["x"].reshape(-1)[0]),
-                 n=received, nbytes=batch.nbytes)
+                 n=received, nbytes=batch.nbytes, t=time.monotonic())
             if args.hold_after is None or received <= args.hold_after:
                 await rx.ack(batch)
     finally:
@@ -84,7 +106,10 @@ async def producer(args) -> None:
     for i in range(args.count):
         x = np.full(n, i, dtype=np.int64)
         await tx.send(Batch(tensors={"x": x}, batch_id=f"b{i}"))
-        emit(event="sent", i=i, stats=tx.statistics().as_dict())
+        if not args.quiet:
+            emit(event="sent", i=i, stats=tx.statistics().as_dict())
+        if args.interval:
+            await asyncio.sleep(args.interval)
     await tx.end_of_stream()
     emit(event="done", stats=tx.statistics().as_dict())
     await tx.aclose()
@@ -114,6 +139,14 @@ def main() -> None:
     ap.add_argument("--peer-timeout", type=float, default=2.0)
     ap.add_argument("--hold-after", type=int, default=None, help="stop acknowledging after K batches")
     ap.add_argument("--gated", action="store_true", help="receive only when told on stdin")
+    ap.add_argument("--secret-hex", default=None, help="the channel secret, hex")
+    ap.add_argument("--link-messages", type=int, default=None)
+    ap.add_argument("--link-bytes", type=int, default=None)
+    ap.add_argument("--max-message-bytes", type=int, default=1 << 30)
+    ap.add_argument("--credit-idle", type=float, default=None)
+    ap.add_argument("--interval", type=float, default=0.0, help="producer: seconds between sends")
+    ap.add_argument("--quiet", action="store_true", help="producer: no event per batch sent")
+    ap.add_argument("--zmq-heartbeats", action="store_true", help="consumer: ZeroMQ heartbeats on its socket")
     args = ap.parse_args()
     try:
         asyncio.run({"consumer": consumer, "producer": producer, "junk": junk}[args.role](args))

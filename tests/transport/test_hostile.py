@@ -1,0 +1,304 @@
+"""Hostile links against a live Receiver: the per-run secret, credit caps and reclaim, answers to
+unknown links, checks before unpacking, the pre-hello size limit, replays and strict header types.
+
+A raw pyzmq DEALER in the test plays the hostile (or merely foreign) producer; it speaks the wire
+format by hand (`Raw`), so every step of the protocol can be bent.
+"""
+
+import hashlib
+import hmac
+import secrets
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from flowrl.transport import (
+    Batch,
+    BrokenChannel,
+    DecodeError,
+    Receiver,
+    Sender,
+    decode,
+    encode,
+    wire,
+)
+from flowrl.transport.security import proof
+from flowrl.transport.sockets import shared_context
+from tests.transport.helpers import fast_config, wait_until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+SECRET = secrets.token_bytes(32)
+
+
+def pack(h: dict) -> bytes:
+    return msgpack.packb(h, use_bin_type=True)
+
+
+def hello(**kw) -> bytes:
+    h = {"v": 1, "kind": "hello", "ch": "raw", "state": "open", "need": 0, "idle": False, "ret_m": 0, "ret_b": 0}
+    h.update(kw)
+    return pack(h)
+
+
+def data(seq: int, inc: str, i: int = 0, **over) -> list[bytes]:
+    frames = [bytes(memoryview(f).cast("B")) for f in encode(Batch(tensors={"x": np.arange(4)}, batch_id=f"raw{i}"))]
+    h = msgpack.unpackb(frames[0])
+    h["env"] = {"inc": inc, "seq": seq}
+    h.update(over)
+    return [pack(h), *frames[1:]]
+
+
+class Raw:
+    """A hand-driven producer link (a DEALER with its own routing id)."""
+
+    def __init__(self, address: str, rid: bytes | None = None):
+        self.rid = rid or f"raw.{secrets.token_hex(4)}".encode()
+        self.sock = shared_context().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 0)  # never block: the consumer reads on this same event loop
+        self.sock.setsockopt(zmq.ROUTING_ID, self.rid)
+        self.sock.connect(address)
+        self.statuses: list[wire.Status] = []
+
+    def send(self, *frames: bytes) -> None:
+        self.sock.send_multipart(list(frames))
+
+    def drain(self) -> list[wire.Status]:
+        while True:
+            try:
+                self.statuses.append(wire.Status.from_header(wire.unpack_header(self.sock.recv(zmq.DONTWAIT),
+                                                                                wire.DecodeLimits())))
+            except zmq.Again:
+                return self.statuses
+
+    async def status(self, want=lambda s: True, timeout: float = 5.0) -> wire.Status:
+        seen = len(self.statuses)
+        await wait_until(lambda: any(want(s) for s in self.drain()[seen:]), timeout, "a status")
+        return next(s for s in self.statuses[seen:] if want(s))
+
+    async def join(self, secret: bytes | None = None, **kw) -> wire.Status:
+        """Say hello (proving `secret` on the consumer's nonce when given); the welcome status."""
+        self.send(hello(**kw))
+        if secret is not None:
+            nonce = (await self.status(lambda s: s.nonce is not None)).nonce
+            self.send(hello(mac=proof(secret, nonce, self.rid), **kw))
+        return await self.status(lambda s: s.known)
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+async def bound(tmp_path, **kw) -> tuple[Receiver, str]:
+    rx = Receiver(fast_config(**kw), name="hostile")
+    return rx, await rx.bind(f"ipc://{tmp_path}/rx")
+
+
+async def test_a_producer_that_knows_the_secret_joins_and_one_that_does_not_gets_nothing(tmp_path):
+    rx, address = await bound(tmp_path, secret=SECRET)
+    async with rx, Sender(fast_config(secret=SECRET), name="good") as good, \
+            Sender(fast_config(secret=secrets.token_bytes(32), peer_timeout_s=0.5), name="wrong") as wrong, \
+            Sender(fast_config(peer_timeout_s=0.5), name="none") as none:
+        await good.connect(address)
+        await good.send(Batch(tensors={"x": np.arange(3)}, batch_id="ok"))
+        await rx.ack(await rx.recv())
+        with pytest.raises(BrokenChannel, match="different secrets"):
+            await wrong.connect(address)
+        with pytest.raises(BrokenChannel, match="requires the channel secret"):
+            await none.connect(address)
+        st = rx.statistics()
+        assert st.peers == 1 and st.received == 1
+        assert st.rejected_by_reason.get("bad_proof", 0) >= 1 and st.rejected_by_reason.get("no_proof", 0) >= 1
+        await wait_until(lambda: rx.statistics().credit_messages + rx.statistics().in_flight > 0)
+        assert wrong.statistics().credit_messages == 0 and none.statistics().credit_messages == 0
+
+
+async def test_the_secret_never_travels_only_an_hmac_of_the_consumers_nonce_does(tmp_path):
+    """A raw ROUTER plays the consumer and records every byte the producer writes."""
+    router = shared_context().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(f"ipc://{tmp_path}/fake")
+    async with Sender(fast_config(secret=SECRET), name="tx") as tx:
+        await tx.connect(f"ipc://{tmp_path}/fake", wait=False)
+        seen: list[list[bytes]] = []
+
+        def got() -> bool:
+            while router.poll(0):
+                seen.append(router.recv_multipart())
+            return bool(seen)
+
+        await wait_until(got)
+        rid = seen[0][0]
+        nonce = secrets.token_bytes(wire.NONCE_BYTES)
+        router.send_multipart([rid, wire.Status(ch="c", inc="fake", known=False, cap_m=4, cap_b=1 << 20,
+                                                max_msg=1 << 20, nonce=nonce).to_bytes()])
+        await wait_until(lambda: got() and any(b"mac" in m[1] for m in seen))
+    router.close()
+    everything = b"".join(f for m in seen for f in m)
+    assert SECRET not in everything
+    mac = next(msgpack.unpackb(m[1])["mac"] for m in seen if b"mac" in m[1])
+    assert mac == hmac.new(SECRET, b"flowrl-hello-v1\0" + nonce + rid, hashlib.sha256).digest()
+
+
+async def test_a_proof_made_for_one_consumer_does_not_open_another(tmp_path):
+    rx1 = Receiver(fast_config(secret=SECRET), name="one")
+    rx2 = Receiver(fast_config(secret=SECRET), name="two")
+    async with rx1, rx2:
+        a1, a2 = await rx1.bind(f"ipc://{tmp_path}/1"), await rx2.bind(f"ipc://{tmp_path}/2")
+        raw = Raw(a1)
+        await raw.join(SECRET)
+        stolen = proof(SECRET, rx1._gate.nonce(raw.rid), raw.rid)
+        replayer = Raw(a2, rid=raw.rid)
+        replayer.send(hello(mac=stolen))
+        await wait_until(lambda: rx2.statistics().rejected_by_reason.get("bad_proof") == 1)
+        assert rx2.statistics().peers == 0 and rx1.statistics().peers == 1
+        raw.close(), replayer.close()
+
+
+async def test_a_need_above_the_link_cap_is_refused_and_does_not_hold_up_other_producers(tmp_path):
+    rx, address = await bound(tmp_path, capacity_messages=8, capacity_bytes=1 << 20, link_capacity_messages=4,
+                              link_capacity_bytes=1 << 19, credit_idle_s=60)  # no reclaim comes to help
+    async with rx, Sender(fast_config(capacity_messages=8), name="good") as good:
+        greedy = Raw(address)
+        await greedy.join()
+        greedy.send(hello(need=(1 << 19) + 1))
+        await good.connect(address)
+        for i in range(20):  # more than the capacity: grants must keep coming
+            await good.send(Batch(tensors={"x": np.arange(3)}, batch_id=f"g{i}"))
+            await rx.ack(await rx.recv())
+        assert rx.statistics().rejected_by_reason == {"need_too_large": 1}
+        greedy.close()
+
+
+async def test_no_link_holds_more_than_its_cap_and_a_hoarder_is_cut_off_after_credit_idle_s(tmp_path):
+    rx, address = await bound(tmp_path, capacity_messages=8, link_capacity_messages=2, credit_idle_s=0.3)
+    async with rx:
+        hoarder = Raw(address)
+        welcome = await hoarder.join()
+        assert welcome.lim_m == 2 and welcome.cap_m == 2
+        assert rx.statistics().credit_messages == 6  # the other six stay in the pool
+        t0 = time.monotonic()
+        await hoarder.status(lambda s: not s.known)  # told to start over: its link is gone
+        assert time.monotonic() - t0 >= 0.2
+        st = rx.statistics()
+        assert st.reclaimed == 1 and st.credit_messages == 8 and st.peers == 0
+        hoarder.close()
+
+
+async def test_replies_to_unknown_links_are_rate_limited(tmp_path):
+    rx, address = await bound(tmp_path)
+    async with rx:
+        stranger = Raw(address)
+        junk = data(1, "nobody")
+        t0 = time.monotonic()
+        for _ in range(5000):
+            stranger.send(*junk)
+        await wait_until(lambda: rx.statistics().rejected == 5000)
+        elapsed = time.monotonic() - t0
+        answered = 5000 - rx.statistics().replies_dropped
+        assert 1 <= answered <= 2 + elapsed / rx.config.heartbeat_s  # one per heartbeat, not one per message
+        await wait_until(lambda: len(stranger.drain()) == answered)
+        stranger.close()
+
+
+async def test_a_link_that_never_said_hello_gets_nothing_bigger_than_a_hello_looked_at(tmp_path):
+    rx, address = await bound(tmp_path)
+    async with rx:
+        stranger = Raw(address)
+        stranger.send(b"\xc1" * 8192)  # not msgpack: unpacked, it would be `bad_msgpack`
+        bundle = [pack({"v": 1, "kind": "bundle", "parts": [1] * 1_000_000}), b"\x00" * 1_000_000]
+        stranger.send(*bundle)
+        await wait_until(lambda: rx.statistics().rejected == 2)
+        assert rx.statistics().rejected_by_reason == {"unknown_link": 2}
+        stranger.close()
+
+
+async def test_a_frame_past_the_largest_message_is_cut_off_by_the_socket_unread(tmp_path):
+    rx, address = await bound(tmp_path, max_message_bytes=1 << 20)
+    async with rx:
+        stranger = Raw(address)
+        mon = stranger.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        stranger.send(b"\x00" * (64 << 20))
+        await wait_until(lambda: mon.poll(0))  # the consumer's socket dropped the connection at the length
+        assert rx.statistics().rejected == 0 and rx.statistics().received == 0
+        stranger.sock.disable_monitor()
+        mon.close(linger=0)
+        stranger.close()
+
+
+async def test_a_bundle_of_too_many_parts_is_refused_whole_before_its_parts_are_read(tmp_path):
+    rx, address = await bound(tmp_path)
+    async with rx:
+        raw = Raw(address)
+        await raw.join()
+        n = wire.MAX_BUNDLE_PARTS + 1
+        raw.send(pack({"v": 1, "kind": "bundle", "parts": [1] * n}), b"\x00" * n)
+        await wait_until(lambda: rx.statistics().rejected == 1)
+        assert rx.statistics().rejected_by_reason == {"bundle_parts": 1}
+        raw.close()
+
+
+async def test_a_known_link_sending_past_its_credit_is_refused_before_its_header_is_unpacked(tmp_path):
+    rx, address = await bound(tmp_path, capacity_bytes=1 << 20)
+    async with rx:
+        raw = Raw(address)
+        assert (await raw.join(idle=True)).lim_b == 0  # an idle link is granted nothing
+        raw.send(b"\xc1" * 200_000)  # not msgpack either
+        await wait_until(lambda: rx.statistics().rejected == 1)
+        assert rx.statistics().rejected_by_reason == {"no_credit": 1}
+        raw.close()
+
+
+async def test_a_batch_replayed_after_its_acknowledgement_is_rejected(tmp_path):
+    rx, address = await bound(tmp_path)
+    async with rx:
+        raw = Raw(address)
+        welcome = await raw.join()
+        frames = data(1, welcome.inc)
+        raw.send(*frames)
+        await rx.ack(await rx.recv())
+        await raw.status(lambda s: 1 in s.acks)
+        raw.send(*frames)                                   # the same message again
+        raw.send(*data(2, welcome.inc, i=2))                # the next one is fine
+        got = await rx.recv()
+        assert got.batch_id == "raw2"
+        assert rx.statistics().rejected_by_reason == {"replay": 1} and rx.statistics().received == 2
+        raw.close()
+
+
+@pytest.mark.parametrize("lie", [{"policy_version": True}, {"policy_version": 1.0}, {"attempt": True},
+                                 {"v": True}, {"v": 1.0}, {"route": [True, 0, 0, None]},
+                                 {"route": [0, 1.0, 0, None]}])
+def test_header_numbers_must_be_ints_not_bools_or_floats(lie):
+    frames = encode(Batch(tensors={"x": np.arange(2)}, batch_id="b", policy_version=1))
+    h = msgpack.unpackb(bytes(frames[0]))
+    h.update(lie)
+    with pytest.raises(DecodeError) as e:
+        decode([pack(h), *frames[1:]])
+    assert e.value.reason in ("bad_field", "bad_version")
+
+
+def test_a_hello_mac_and_a_status_nonce_have_exact_sizes():
+    with pytest.raises(DecodeError, match="mac"):
+        wire.Hello.from_header(msgpack.unpackb(hello(mac=b"x" * 31)))
+    st = wire.Status(ch="c", inc="i", known=False, cap_m=1, cap_b=1, max_msg=1, nonce=b"n" * 15)
+    with pytest.raises(DecodeError, match="nonce"):
+        wire.Status.from_header(msgpack.unpackb(st.to_bytes()))
+
+
+async def test_acknowledgements_in_a_status_that_could_not_be_written_go_out_in_the_next(tmp_path):
+    """Statuses to one link queue at most sockets.OUTBOX_HWM deep (a link that never reads costs no
+    more); one dropped there must not lose the acknowledgements it carried."""
+    rx, address = await bound(tmp_path)
+    async with rx:
+        raw = Raw(address)
+        welcome = await raw.join()
+        raw.send(*data(1, welcome.inc))
+        await rx.ack(await rx.recv())
+        await raw.status(lambda s: 1 in s.acks)
+        lost = wire.Status(ch="hostile", inc=welcome.inc, acks=[1], cap_m=1, cap_b=1, max_msg=1).to_bytes()
+        rx._on_send_error(zmq.Again(), [raw.rid, lost])  # as the socket reports a full queue
+        assert (await raw.status(lambda s: bool(s.acks))).acks == [1]
+        raw.close()
