@@ -16,7 +16,7 @@ them, then ``load_weights`` streams them into the engine through the worker's
 gate/up and re-packs kernels as a fresh load would -- and resets the prefix cache. 0.02-0.2 s for
 the tiny example model on CPU.
 
-Sampling: each prompt is one request with ``n`` completions and its own seed (``seed + i``), so
+Sampling: each prompt is one request with ``n`` completions and its own seed, so
 a batch is reproducible for a given seed and prompts do not share random draws. Log-probs are
 vLLM's ``processed_logprobs``: after temperature, and (unlike flowrl's convention) after top-p, so
 with ``top_p < 1`` they are those of the renormalised nucleus; the actor's mismatch metric shows
@@ -90,7 +90,7 @@ class VLLMEngine(RolloutEngine):
             kwargs["max_model_len"] = spec.max_model_len
         kwargs.update(spec.extra)
         self.llm = vllm.LLM(**kwargs)
-        self.staging = _staging_tensors(self.model_spec, device=device, dtype=engine_dtype if engine_dtype != "auto" else dtype)
+        self.staging = _staging_tensors(self.model_spec, device=device, dtype=engine_dtype)
         self._warm_up()
 
     # generation -----------------------------------------------------------------------------
@@ -111,7 +111,9 @@ class VLLMEngine(RolloutEngine):
         if sampling.temperature <= 0:  # vLLM decodes greedily with n = 1: repeat the request instead
             rows = [r for r in rows for _ in range(sampling.n)]
         requests = [TokensPrompt(prompt_token_ids=r) for r in rows]
-        params = [self.sampling_params(sampling, seed + i) for i in range(len(rows))]
+        # Request i draws from seed * 1_000_003 + i: distinct across the prompts of a batch and across
+        # batches (seed + i would hand batch k's prompt i the draws of batch k + 1's prompt i - 1).
+        params = [self.sampling_params(sampling, seed * 1_000_003 + i) for i in range(len(rows))]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         completions = []
         for out in outputs:
