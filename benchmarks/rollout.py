@@ -10,8 +10,9 @@ prompts x `--samples` completions of at most `--max-new` tokens at temperature 1
 random EOS, each engine is credited only what it produced). Engines: `hf` (transformers'
 generate) and `vllm` on the tiny example Llama (2 x 128) and a 113M-parameter Llama (12 x 768),
 both written locally with random weights by examples/hf_tiny/make_model.py; `builtin` (flowrl's
-own sampler) on the built-in tiny transformer (2 x 128) and on the tiny Llama. One torch thread
-for the hf / builtin engines, as in a rollout node.
+own sampler) on the built-in tiny transformer (2 x 128) and on the tiny Llama. `--threads` torch
+threads (default 1, as in a rollout node) for the hf / builtin engines; vLLM's CPU worker binds
+its own OpenMP threads to every core the process may use.
 
 End to end: `graphs/grpo-vllm.yaml` (vLLM rollout, tiny Llama, 3-digit reversal) vs
 `graphs/grpo.yaml` (built-in model and sampler, 6-digit reversal), `--e2e-steps` steps each;
@@ -79,7 +80,7 @@ def generation(args, models: dict[str, Path]) -> list[dict]:
         t0 = time.perf_counter()
         engine = build_engine(spec, model=model, seed=0)
         start = time.perf_counter() - t0
-        row = {"engine": engine_type, "model": label, "startup_s": start, **time_engine(engine, args, 1)}
+        row = {"engine": engine_type, "model": label, "startup_s": start, **time_engine(engine, args, args.threads)}
         engine.close()
         del engine
         print(f"  {engine_type:8s} {label:22s} {row['tokens_per_s']:9.0f} tok/s  (start {start:5.1f} s, "
@@ -121,6 +122,8 @@ def main() -> int:
     p.add_argument("--max-new", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--e2e-steps", type=int, default=40)
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the hf / builtin engines (vLLM binds "
+                   "its own: every core the process may use)")
     p.add_argument("--skip-100m", action="store_true")
     p.add_argument("--skip-e2e", action="store_true")
     p.add_argument("--skip-engines", nargs="*", default=[], choices=["builtin", "hf", "vllm"])
