@@ -38,14 +38,18 @@ class Actor(flowrl.Sink):
         p_len = tokens.shape[1] - mask.shape[1]
         metrics = self.trainer.train_step(tokens=tokens, prompt_len=p_len, response_mask=mask,
                                           old_logprobs=t["logprobs"], advantages=t["advantages"],
-                                          ref_logprobs=t.get("ref_logprobs"))
+                                          ref_logprobs=t.get("ref_logprobs"), temperature=batch.meta.get("temperature"))
         rec = self.ctx.recorder
         scores = t["scores"]
         rec.mean("reward", float(scores.mean()), weight=len(scores))
         rec.count("samples", len(scores))
         rec.count("tokens", int(p_len * len(scores) + int(mask.sum())))
         for k, v in metrics.items():
-            rec.mean(k, float(v))
+            base, _, reduction = k.rpartition("_")
+            if k.startswith(("mismatch_", "rollout_is_")) and reduction in ("mean", "max"):
+                getattr(rec, reduction)(base, float(v))  # named with its reduction: mismatch_logprob_abs_max
+            else:
+                rec.mean(k, float(v))
 
     def state_dict(self):
         return self.trainer.state_dict()

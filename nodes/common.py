@@ -4,6 +4,7 @@ A batch that flows through the PPO / GRPO graphs carries, as it grows:
 
     prompts   tokens-to-be: prompts [B, P] int64, targets [B, A] int64     (meta: prompt_len, max_new_tokens)
     rollout   + tokens [B, P+T] int64, response_mask [B, T] bool, logprobs [B, T] float32
+                (meta: samples_per_prompt, temperature, top_p, rollout_engine)
     reward    + scores [B] float32
     reference + ref_logprobs [B, T] float32
     critic    + values [B, T], advantages [B, T], returns [B, T]
@@ -30,6 +31,23 @@ class ModelConfig(flowrl.NodeConfig):
 class TaskConfig(flowrl.NodeConfig):
     task: TaskSpec = Field(default_factory=ReverseSpec)
     """The procedural task: `{name: reverse | sort | add, digits: N}`."""
+
+
+def sampling_temperature(batch, configured: float | None, where: str) -> float:
+    """The temperature the batch was sampled at (set once, on the rollout; carried in `meta`).
+
+    `configured` is a node's own, older `temperature` setting: None (the way to write graphs now)
+    or equal to the batch's; a different value is an error, never silently two temperatures."""
+    carried = batch.meta.get("temperature")
+    if carried is None:
+        return 1.0 if configured is None else float(configured)
+    if configured is not None and float(configured) != float(carried):
+        raise ValueError(
+            f"{where} sets temperature={configured}, but the batch was sampled at temperature={carried} "
+            "(nodes.rollout.config.temperature); delete the temperature from this node's config: it is read "
+            "from the batch"
+        )
+    return float(carried)
 
 
 def torch_dtype(name: str):

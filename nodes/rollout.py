@@ -1,8 +1,12 @@
-"""Rollout: samples responses with the weights of a known policy version.
+"""Rollout: samples responses with the weights of a known policy version, through a rollout engine.
 
 Subscribes to the actor's weights; the runtime swaps them in between batches and never hands it a
 batch whose required version it does not hold yet. Each output batch records the version it was
 generated with (`policy_version`), which the actor's staleness bound is checked against.
+
+The engine (`engine: {type: builtin | hf | vllm}`, see `flowrl.engines`) generates; this node sets
+what to sample -- once, for the whole graph: the temperature and top_p travel with the batch
+(`meta.temperature`, `meta.top_p`) and the reference and actor read them from there.
 """
 
 import time
@@ -10,7 +14,8 @@ import time
 from pydantic import Field
 
 import flowrl
-from flowrl.nodes.common import ModelConfig, model_on
+from flowrl.engines import BuiltinEngineSpec, EngineSpec
+from flowrl.nodes.common import ModelConfig
 
 
 class Rollout(flowrl.Node):
@@ -19,38 +24,55 @@ class Rollout(flowrl.Node):
     subscribes_weights = True
 
     class Config(ModelConfig):
+        engine: EngineSpec = Field(default_factory=BuiltinEngineSpec)
+        """What generates: `{type: builtin}` (flowrl's sampler, the default), `{type: hf}`
+        (transformers' generate) or `{type: vllm, ...}` (a vLLM engine in this process)."""
         samples_per_prompt: int = Field(4, ge=1)
         """Completions per prompt (GRPO's group size)."""
         temperature: float = Field(1.0, ge=0)
+        """Sampling temperature (0 = greedy); carried in the batch to the reference and actor."""
         top_p: float = Field(1.0, gt=0, le=1)
+        """Nucleus sampling mass; carried in the batch."""
         max_new_tokens: int | None = Field(None, ge=1)
         """Generation budget; default: what the task needs."""
+        stop_token_ids: list[int] = Field(default_factory=list)
+        """Token ids that end a response like EOS does (hf and vllm engines)."""
 
     async def setup(self):
-        self.model = model_on(self.ctx, self.config.model)
+        from flowrl.engines import build_engine
+
+        ctx = self.ctx
+        self.engine = build_engine(self.config.engine, model=self.config.model, device=ctx.device,
+                                   dtype=ctx.dtype, seed=ctx.seed, devices=ctx.devices)
+
+    async def teardown(self):
+        self.engine.close()
 
     def weights(self):
-        return self.model.state_dict()  # live tensors: new versions are received in place
+        return self.engine.weights()  # the runtime receives each new version into these tensors
+
+    def load_weights(self, tensors, version):
+        self.engine.load_weights(tensors.items(), version)
 
     async def process(self, batch, port):
-        import torch
-
-        from flowrl.models import generate
+        from flowrl.engines import Sampling
         from flowrl.tasks import EOS, PAD
 
-        g = self.config.samples_per_prompt
-        prompts = batch.tensors["prompts"].repeat_interleave(g, 0).to(self.ctx.device)
-        targets = batch.tensors["targets"].repeat_interleave(g, 0)
+        cfg = self.config
+        sampling = Sampling(n=cfg.samples_per_prompt, temperature=cfg.temperature, top_p=cfg.top_p,
+                            max_new_tokens=cfg.max_new_tokens or batch.meta["max_new_tokens"],
+                            eos_id=EOS, pad_id=PAD, stop_token_ids=tuple(cfg.stop_token_ids))
         index = max(batch.index, 0)
-        gen_rng = torch.Generator(device=self.ctx.device).manual_seed(self.ctx.seed * 1_000_003 + index)
         t0 = time.perf_counter()
-        out = generate(self.model, prompts, max_new_tokens=self.config.max_new_tokens or batch.meta["max_new_tokens"],
-                       temperature=self.config.temperature, top_p=self.config.top_p, eos_id=EOS, pad_id=PAD,
-                       generator=gen_rng)
-        self.ctx.recorder.observe("rollout_latency_s", time.perf_counter() - t0)
+        out = self.engine.generate(batch.tensors["prompts"], sampling, seed=self.ctx.seed * 1_000_003 + index)
+        seconds = time.perf_counter() - t0
+        rec = self.ctx.recorder
+        rec.observe("rollout_latency_s", seconds)
+        rec.count("rollout_tokens_generated", int(out.response_mask.sum()))
         return flowrl.Batch(
-            tensors={"tokens": out.tokens.cpu(), "response_mask": out.response_mask.cpu(),
-                     "logprobs": out.logprobs.float().cpu(), "targets": targets},
-            meta={**batch.meta, "samples_per_prompt": g, "temperature": self.config.temperature},
+            tensors={"tokens": out.tokens, "response_mask": out.response_mask, "logprobs": out.logprobs,
+                     "targets": batch.tensors["targets"].repeat_interleave(sampling.n, 0)},
+            meta={**batch.meta, "samples_per_prompt": sampling.n, "temperature": sampling.temperature,
+                  "top_p": sampling.top_p, "rollout_engine": cfg.engine.type},
             policy_version=self.ctx.policy_version,
         )

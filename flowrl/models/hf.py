@@ -102,3 +102,36 @@ def load_hf_model(spec: HFModelSpec, *, value_head: bool = False, seed: int = 0)
     auto = transformers.AutoModel if value_head else transformers.AutoModelForCausalLM
     backbone = auto.from_pretrained(spec.path, **_load_kwargs(spec, transformers))
     return HFCausalLM(backbone, value_head=value_head, seed=seed)
+
+
+def load_tokenizer(path: str, *, trust_remote_code: bool = False) -> Any:
+    """The tokenizer of a local model folder (its chat template included); never downloads."""
+    if not (Path(path) / "tokenizer_config.json").is_file():
+        raise FileNotFoundError(
+            f"{path!r} has no tokenizer_config.json; save the tokenizer next to the model "
+            "(tokenizer.save_pretrained(path)); examples/hf_tiny/make_model.py writes one for the digit tasks"
+        )
+    return _transformers().AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of ``messages`` rendered with the folder's chat template, ready to generate after."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the tokenizer has no chat_template; add one to tokenizer_config.json or encode prompts directly")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def check_task_vocabulary(tokenizer: Any) -> None:
+    """The built-in tasks speak token ids, not text: a tokenizer used with them must map each
+    character of ``flowrl.tasks.vocab`` to that character's id (EOS included)."""
+    from flowrl.tasks.vocab import _SYMBOLS, EOS
+
+    ids = tokenizer.convert_tokens_to_ids(list(_SYMBOLS))
+    wrong = [(ch, i, got) for i, (ch, got) in enumerate(zip(_SYMBOLS, ids)) if got != i]
+    if wrong or tokenizer.eos_token_id != EOS:
+        raise ValueError(
+            f"tokenizer does not speak the task vocabulary: (char, task id, tokenizer id) {wrong[:4]}, "
+            f"eos_token_id={tokenizer.eos_token_id} (task EOS {EOS}); write a matching one with "
+            "examples/hf_tiny/make_model.py"
+        )

@@ -16,7 +16,7 @@ import torch
 
 from flowrl.models.sampling import entropy_from_logits, logprobs_from_logits
 from flowrl.rl.config import ActorConfig
-from flowrl.rl.losses import aggregate, kl_estimate, ppo_policy_loss
+from flowrl.rl.losses import aggregate, kl_estimate, logprob_mismatch, ppo_policy_loss, rollout_importance_weights
 from flowrl.rl.masked import masked_mean
 from flowrl.rl.trainer import Trainer, mean_metrics
 
@@ -38,16 +38,24 @@ class ActorTrainer(Trainer):
         old_logprobs: torch.Tensor,
         advantages: torch.Tensor,
         ref_logprobs: torch.Tensor | None = None,
+        temperature: float | None = None,
     ) -> dict[str, float]:
         """One update on a batch; returns metrics averaged over its mini-batch steps.
 
         ``tokens [B, P+T]``; ``response_mask``, ``old_logprobs`` (the sampling policy's, as
-        :func:`flowrl.models.generate` returns them), ``advantages`` and ``ref_logprobs`` are
-        ``[B, T]`` (a ``[B]`` advantage per sequence is broadcast over its tokens).
+        :func:`flowrl.models.generate` or a rollout engine returns them), ``advantages`` and
+        ``ref_logprobs`` are ``[B, T]`` (a ``[B]`` advantage per sequence is broadcast over its
+        tokens). ``temperature``: what the batch was sampled at (0 = greedy: unscaled log-probs).
+
+        The metrics include the train/rollout mismatch (``mismatch_logprob_abs_mean``,
+        ``mismatch_logprob_abs_max``, ``mismatch_kl``: trainer vs rollout log-probs of the same
+        tokens, before any update), taken over the whole batch when old log-probs are recomputed,
+        else over the first mini-batch (the only one scored before an optimizer step).
         """
         cfg = self.config
         if cfg.kl_loss_coef and ref_logprobs is None:
             raise ValueError("kl_loss_coef > 0 needs ref_logprobs from the reference node; pass them or set kl_loss_coef=0")
+        temperature = self._temperature(temperature)
         dev = self.device
         mask = response_mask.to(dev).bool()
         if advantages.dim() == 1:
@@ -55,15 +63,25 @@ class ActorTrainer(Trainer):
         tokens, old_logprobs, advantages = tokens.to(dev), old_logprobs.to(dev), advantages.to(dev).float()
         ref = ref_logprobs.to(dev) if ref_logprobs is not None else None
         self.model.train()
+        rollout_logprobs, loss_mask, is_weights, extra = old_logprobs, mask, None, {}
+        if cfg.recompute_old_logprobs:
+            old_logprobs = self._logprobs_no_grad(tokens, prompt_len, temperature)
+            extra.update(logprob_mismatch(old_logprobs, rollout_logprobs, mask))
+            is_weights, loss_mask, is_stats = rollout_importance_weights(
+                old_logprobs, rollout_logprobs, mask, mode=cfg.rollout_is, cap=cfg.rollout_is_cap, floor=cfg.rollout_is_floor)
+            extra.update(is_stats)
         rows = []
         for idx in self._minibatches(tokens.shape[0]):
-            m = mask[idx]
-            logits = self.model(tokens[idx])[:, prompt_len - 1 : -1].float() / cfg.temperature  # [b, T, V]
+            m = loss_mask[idx]
+            logits = self.model(tokens[idx])[:, prompt_len - 1 : -1].float() / temperature  # [b, T, V]
             logprobs = logprobs_from_logits(logits, tokens[idx, prompt_len:])
+            if not extra:  # first mini-batch, no update yet: the model still is the rollout's policy
+                extra.update(logprob_mismatch(logprobs.detach(), rollout_logprobs[idx], mask[idx]))
             entropy = entropy_from_logits(logits if cfg.entropy_coef else logits.detach())
             pg_loss, stats = ppo_policy_loss(
                 logprobs, old_logprobs[idx], advantages[idx], m,
                 clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg,
+                is_weights=None if is_weights is None else is_weights[idx],
             )
             ent = aggregate(entropy, m, cfg.loss_agg)
             loss = pg_loss - cfg.entropy_coef * ent
@@ -82,4 +100,25 @@ class ActorTrainer(Trainer):
         out = mean_metrics(rows)
         out["response_len"] = float(mask.float().sum(dim=1).mean())
         out["advantage_mean"] = float(masked_mean(advantages, mask))
+        out.update({k: float(v) for k, v in extra.items()})
         return out
+
+    def _temperature(self, carried: float | None) -> float:
+        """The divisor of the logits: the batch's temperature (0 = greedy = 1), checked against the config."""
+        configured = self.config.temperature
+        if carried is not None and configured is not None and float(carried) != float(configured):
+            raise ValueError(
+                f"actor train.temperature={configured} but the batch was sampled at temperature={carried}; "
+                "remove train.temperature (the rollout's temperature travels with the batch)"
+            )
+        t = carried if carried is not None else (configured if configured is not None else 1.0)
+        return float(t) if t > 0 else 1.0
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, tokens: torch.Tensor, prompt_len: int, temperature: float) -> torch.Tensor:
+        """The current policy's log-probs ``[B, T]`` of the batch, in mini-batch-sized chunks."""
+        out = []
+        for chunk in tokens.tensor_split(self.config.mini_batches):
+            logits = self.model(chunk)[:, prompt_len - 1 : -1].float() / temperature
+            out.append(logprobs_from_logits(logits, chunk[:, prompt_len:]))
+        return torch.cat(out)

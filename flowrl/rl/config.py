@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Config(BaseModel):
@@ -55,8 +55,36 @@ class ActorConfig(OptimConfig):
     """Weight of a KL(policy || reference) loss term (GRPO style); needs reference log-probs."""
     kl_loss_kind: Literal["k1", "k2", "k3"] = "k3"
     """Estimator of that KL loss; see ``flowrl.rl.losses.kl_estimate``."""
-    temperature: float = Field(1.0, gt=0)
-    """Sampling temperature of the rollout: log-probs are recomputed at the same temperature."""
+    temperature: float | None = Field(None, gt=0)
+    """Deprecated: the temperature travels with the batch (set it on the rollout). If set, it must
+    equal the batch's; the log-probs are recomputed at that temperature."""
+    old_logprobs: Literal["auto", "rollout", "recompute"] = "auto"
+    """The PPO ratio's denominator. ``rollout``: the log-probs the rollout engine returned.
+    ``recompute``: the trainer's own, from one no-grad pass over the batch before the update
+    (what verl calls ``old_log_prob``): the ratio then starts at exactly 1, whatever engine
+    sampled. ``auto``: ``recompute`` when ``rollout_is`` is on, else ``rollout``."""
+    rollout_is: Literal["off", "truncate", "mask"] = "off"
+    """Importance-sampling correction of the rollout-vs-trainer mismatch (another engine, or
+    ``max_staleness >= 1``): ``truncate`` = TIS, token weight ``min(pi_old / pi_rollout, cap)``;
+    ``mask`` = drop tokens whose ratio leaves ``[floor, cap]``. Needs recomputed old log-probs.
+    See ``flowrl.rl.losses.rollout_importance_weights``."""
+    rollout_is_cap: float = Field(2.0, ge=1)
+    """C: the largest importance weight (``truncate``) or ratio kept (``mask``)."""
+    rollout_is_floor: float | None = Field(None, ge=0, le=1)
+    """``mask``: smallest ratio kept (None: ``1 / rollout_is_cap``)."""
+
+    @model_validator(mode="after")
+    def _is_needs_recompute(self) -> "ActorConfig":
+        if self.rollout_is != "off" and self.old_logprobs == "rollout":
+            raise ValueError(
+                f"rollout_is={self.rollout_is} weighs tokens by pi_old / pi_rollout, which needs the trainer's "
+                "own old log-probs; set old_logprobs: recompute (or auto)"
+            )
+        return self
+
+    @property
+    def recompute_old_logprobs(self) -> bool:
+        return self.old_logprobs == "recompute" or (self.old_logprobs == "auto" and self.rollout_is != "off")
 
 
 class CriticConfig(OptimConfig):

@@ -117,7 +117,7 @@ def run(config: LoopConfig, *, on_step: Callable[[dict[str, float]], None] | Non
         ref_lp = None
         if reference is not None:
             with torch.no_grad():
-                ref_lp = token_logprobs(reference, gen.tokens, p_len, temperature=cfg.actor.temperature)
+                ref_lp = token_logprobs(reference, gen.tokens, p_len, temperature=cfg.rollout.temperature)
         row: dict[str, float] = {}
         old_values = critic.values(gen.tokens, p_len) if critic is not None else None
         adv, returns = compute_advantages(cfg.advantage, scores=scores, mask=mask, values=old_values,
@@ -127,7 +127,8 @@ def run(config: LoopConfig, *, on_step: Callable[[dict[str, float]], None] | Non
                                      returns=returns, old_values=old_values)
             row.update({k if k not in ("grad_norm", "lr") else f"critic/{k}": v for k, v in crit.items()})
         row.update(actor.train_step(tokens=gen.tokens, prompt_len=p_len, response_mask=mask,
-                                    old_logprobs=gen.logprobs, advantages=adv, ref_logprobs=ref_lp))
+                                    old_logprobs=gen.logprobs, advantages=adv, ref_logprobs=ref_lp,
+                                    temperature=cfg.rollout.temperature))
         row = {"step": step + 1, "wall_s": time.perf_counter() - t0, "reward_mean": float(scores.mean()),
                "samples": float(len(scores)), "tokens": float(p_len * len(scores) + mask.sum()), **row}
         rows.append(row)

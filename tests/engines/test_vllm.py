@@ -1,0 +1,72 @@
+"""The vLLM engine (skipped without vllm): one engine, in this process, on the tiny example Llama.
+
+    pip install -e ".[vllm]" && python -m pytest tests/engines/test_vllm.py
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from flowrl.engines import Sampling, build_engine  # noqa: E402
+from flowrl.engines.vllm import fuse_like_engine  # noqa: E402
+from flowrl.engines.vllm_worker import digest  # noqa: E402
+from flowrl.models import build_model, token_logprobs  # noqa: E402
+from flowrl.tasks import EOS, PAD, build_task  # noqa: E402
+from tests.engines.test_engines import assert_layout  # noqa: E402
+
+PROMPTS = build_task({"name": "reverse", "digits": 4}).prompts(0, 0, 3)[0]
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama):
+    eng = build_engine({"type": "vllm", "kv_cache_memory_bytes": 64 << 20, "max_model_len": 64},
+                       model={"type": "hf", "path": tiny_llama}, seed=0)
+    yield eng
+    eng.close()
+
+
+def sampling(**kw):
+    return Sampling(**{"n": 4, "temperature": 1.0, "max_new_tokens": 6, "eos_id": EOS, "pad_id": PAD, **kw})
+
+
+def test_the_engine_runs_in_this_process_and_only_on_loopback(engine):
+    from vllm.utils.network_utils import get_ip
+
+    assert os.environ["VLLM_HOST_IP"] == "127.0.0.1" and get_ip() == "127.0.0.1"
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and os.environ["VLLM_NO_USAGE_STATS"] == "1"
+
+
+def test_vllm_fills_the_builtin_layout_with_logprobs_close_to_the_trainers(engine, tiny_llama):
+    out = engine.generate(PROMPTS, sampling(temperature=0.8), seed=7)
+    assert_layout(out, 12, 7, 6)
+    trainer = build_model({"type": "hf", "path": tiny_llama}).eval()
+    recomputed = token_logprobs(trainer, out.tokens, 7, temperature=0.8) * out.response_mask
+    gap = (recomputed - out.logprobs).abs().max()
+    assert gap < 1e-3, f"vLLM vs trainer log-probs differ by {gap}"
+    again = engine.generate(PROMPTS, sampling(temperature=0.8), seed=7)
+    assert torch.equal(again.tokens, out.tokens)  # per-request seeds: reproducible
+
+
+def test_loaded_weights_are_bitwise_the_trainers_at_every_version(engine, tiny_llama):
+    staging = engine.weights()
+    assert all(k.startswith("backbone.") for k in staging)  # the trainer's (HF adapter's) names
+    packed = engine.packed_modules()
+    assert engine.engine_digest() == digest(fuse_like_engine(staging, packed))  # version 0: the folder
+    before = engine.generate(PROMPTS, sampling(temperature=0.0), seed=0).tokens
+    for version in (1, 2):
+        gen = torch.Generator().manual_seed(version)
+        with torch.no_grad():  # what the runtime does: receive the new version into the staging tensors
+            for t in staging.values():
+                t.copy_(torch.randn(t.shape, generator=gen) * 0.2)
+        engine.load_weights(staging.items(), version)
+        want = digest(fuse_like_engine({k: v.clone() for k, v in staging.items()}, packed))
+        assert engine.engine_digest() == want, f"version {version}: engine weights differ from the trainer's"
+        assert engine.version == version
+    after = engine.generate(PROMPTS, sampling(temperature=0.0), seed=0).tokens
+    assert not torch.equal(before, after)  # greedy output moved with the weights
