@@ -12,6 +12,8 @@ in where the KL to the reference goes: PPO usually puts it in the reward, GRPO i
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from flowrl.models.sampling import entropy_from_logits, logprobs_from_logits
@@ -26,8 +28,9 @@ class ActorTrainer(Trainer):
 
     config: ActorConfig
 
-    def __init__(self, model: torch.nn.Module, config: ActorConfig | None = None, *, seed: int = 0) -> None:
-        super().__init__(model, config or ActorConfig(), seed=seed)
+    def __init__(self, model: torch.nn.Module, config: ActorConfig | None = None, *, seed: int = 0,
+                 group: Any = None) -> None:
+        super().__init__(model, config or ActorConfig(), seed=seed, group=group)
 
     def train_step(
         self,
@@ -55,7 +58,7 @@ class ActorTrainer(Trainer):
         tokens, old_logprobs, advantages = tokens.to(dev), old_logprobs.to(dev), advantages.to(dev).float()
         ref = ref_logprobs.to(dev) if ref_logprobs is not None else None
         self.model.train()
-        rows = []
+        rows = []  # per mini-batch: name -> (this rank's value, its weight), reduced over ranks below
         for idx in self._minibatches(tokens.shape[0]):
             m = mask[idx]
             logits = self.model(tokens[idx])[:, prompt_len - 1 : -1].float() / cfg.temperature  # [b, T, V]
@@ -67,19 +70,23 @@ class ActorTrainer(Trainer):
             )
             ent = aggregate(entropy, m, cfg.loss_agg)
             loss = pg_loss - cfg.entropy_coef * ent
-            row = {"policy_loss": float(pg_loss.detach()), "entropy": float(ent.detach())}
+            denom, n_tok = self._denominator(m), float(m.sum())
+            row = {"policy_loss": (float(pg_loss.detach()), denom), "entropy": (float(ent.detach()), denom)}
             if ref is not None:
                 kl = kl_estimate(logprobs, ref[idx], cfg.kl_loss_kind)
                 kl_loss = aggregate(kl, m, cfg.loss_agg)
                 if cfg.kl_loss_coef:
                     loss = loss + cfg.kl_loss_coef * kl_loss
-                row["kl"] = float(kl_loss.detach())
-            row["grad_norm"] = self._optimizer_step(loss)
-            row.update({k: float(v) for k, v in stats.items()})
-            row["lr"] = self.optimizer.param_groups[0]["lr"]
+                row["kl"] = (float(kl_loss.detach()), denom)
+            if self.dp.enabled:  # this rank's part of the mini-batch's global mean (see _global_share)
+                scale, _ = self._global_share(denom)
+                loss = loss * scale if len(idx) else logits.sum() * 0.0  # no rows: still join the collectives
+            row["grad_norm"] = (self._optimizer_step(loss), 1.0)
+            row.update({k: (float(v), n_tok) for k, v in stats.items()})
+            row["lr"] = (self.optimizer.param_groups[0]["lr"], 1.0)
             rows.append(row)
         self.updates += 1
-        out = mean_metrics(rows)
-        out["response_len"] = float(mask.float().sum(dim=1).mean())
-        out["advantage_mean"] = float(masked_mean(advantages, mask))
-        return out
+        summary = {"response_len": (float(mask.float().sum(dim=1).mean()) if len(mask) else 0.0, float(len(mask))),
+                   "advantage_mean": (float(masked_mean(advantages, mask)), float(mask.sum()))}
+        *rows, summary = self.dp.weighted_means([*rows, summary])
+        return {**mean_metrics(rows), **summary}

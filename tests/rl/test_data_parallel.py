@@ -1,0 +1,140 @@
+"""Data-parallel trainers: 2 real processes in a gloo group make the update 1 rank makes on the whole batch.
+
+The ranks run ``tests/rl/dp_cases.py`` once (module fixture, ~20 s on 2 cores); each test compares
+what they saved with a plain 1-rank trainer run here on the concatenated batches.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flowrl.rl.parallel import local_rows
+from tests.rl import dp_cases
+
+ROOT = Path(__file__).resolve().parents[2]
+WORLD = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("dp")
+    port = _free_port()
+    procs = []
+    try:
+        for rank in range(WORLD):
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+            procs.append(subprocess.Popen([sys.executable, "-m", "tests.rl.dp_cases", str(out)], cwd=ROOT, env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        logs = [p.communicate(timeout=150)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-3000:]
+    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, dict]:
+    """Each case on one rank, no process group, on the whole batches."""
+    torch.set_num_threads(1)
+    data, out = dp_cases.batches(), {}
+    for name, (kind, config, _) in dp_cases.CASES.items():
+        t = dp_cases.trainer(kind, config)
+        metrics = [dp_cases.step(t, b) for b in data]
+        out[name] = {"params": {k: v.clone() for k, v in t.model.state_dict().items()}, "metrics": metrics}
+    return out
+
+
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp(min=1e-12))
+
+
+def _comparable(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state without the key third of each ``qkv.bias``: its exact gradient is zero (softmax ignores a
+    constant added to every key), so in ANY two runs whose sums round differently Adam turns that rounding
+    noise (~1e-10) into steps of ~lr; it is compared on its own, as noise of both runs."""
+    out = {}
+    for k, v in state.items():
+        if k.endswith("attn.qkv.bias"):
+            q, key, val = v.chunk(3)
+            out[k] = torch.cat([q, val])
+            out[k + "[key]"] = key
+        else:
+            out[k] = v
+    return out
+
+
+def test_a_rank_keeps_its_own_rows_of_each_mini_batch_in_the_permutations_order():
+    part = torch.tensor([5, 0, 3, 2, 7])
+    assert local_rows(part, offset=2, n=3).tolist() == [1, 0]  # global rows 3, 2 of 2..4
+    assert local_rows(part, offset=0, n=2).tolist() == [0]
+    assert local_rows(part, offset=8, n=0).tolist() == []
+    shards = [(0, 3), (3, 5), (8, 0)]
+    union = sorted(int(i) + off for off, n in shards for i in local_rows(part, off, n))
+    assert union == sorted(part.tolist())  # the ranks' slices partition the 1-rank mini-batch
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("case", list(dp_cases.CASES))
+def test_two_ranks_make_the_one_rank_update_after_k_steps(ranks, reference, case):
+    ref = _comparable(reference[case]["params"])
+    start = _comparable(dp_cases.trainer(*dp_cases.CASES[case][:2]).model.state_dict())
+    for r in ranks:
+        got = _comparable(r[case]["params"])
+        assert got.keys() == ref.keys()
+        for k in ref:
+            if k.endswith("[key]"):
+                assert float(got[k].abs().max()) < 1e-3 and float(ref[k].abs().max()) < 1e-3  # noise, both
+                continue
+            err = _relative_error(got[k], ref[k])
+            assert err < 1e-5, f"{case}: {k} differs by {err:.2e} relative after {dp_cases.STEPS} steps"
+        assert max(_relative_error(ref[k], start[k]) for k in ref) > 1e-3  # the runs trained: not both standing still
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("case", list(dp_cases.CASES))
+def test_metrics_are_reduced_over_all_ranks(ranks, reference, case):
+    for r in ranks:
+        for got, want in zip(r[case]["metrics"], reference[case]["metrics"]):
+            assert got.keys() == want.keys()
+            for k in want:
+                assert got[k] == pytest.approx(want[k], rel=1e-4, abs=1e-5), f"{case} {k}"
+
+
+@pytest.mark.timeout(240)
+def test_full_state_items_of_a_sharded_model_is_the_unsharded_state_dict(ranks):
+    for r in ranks:
+        items = r["fresh"]["items"]
+        assert [k for k, _ in items] == list(r["fresh"]["expected"])
+        assert all(torch.equal(v, r["fresh"]["expected"][k]) for k, v in items)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", ["actor", "critic"])
+def test_each_rank_resumes_bitwise_from_its_own_checkpoint(ranks, kind):
+    for r in ranks:
+        assert r[f"resume_{kind}"]["bitwise"] and r[f"resume_{kind}"]["metrics_equal"]
+
+
+def test_a_checkpoint_of_another_rank_layout_is_refused_with_the_fix():
+    t = dp_cases.trainer("actor", dp_cases.CASES["actor_token_mean"][1])
+    state = {**t.state_dict(), "ranks": [1, 2]}
+    with pytest.raises(ValueError, match="rank 1 of 2, this is rank 0 of 1: resume with the devices"):
+        t.load_state_dict(state)
