@@ -37,7 +37,7 @@ def local_rows(part: torch.Tensor, offset: int, n: int) -> torch.Tensor:
     return part[mine] - offset
 
 
-def _is_dtensor(t: Any) -> bool:
+def is_dtensor(t: Any) -> bool:
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor)
@@ -134,12 +134,12 @@ def full_state_items(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     tensor may be the live parameter.
     """
     for name, t in model.state_dict().items():
-        yield name, (t.full_tensor() if _is_dtensor(t) else t).detach()
+        yield name, (t.full_tensor() if is_dtensor(t) else t).detach()
 
 
 def local_state(state: Any) -> Any:
     """A (nested) state dict with every DTensor replaced by this rank's shard (plain tensors only)."""
-    if _is_dtensor(state):
+    if is_dtensor(state):
         return state.to_local()
     if isinstance(state, dict):
         return {k: local_state(v) for k, v in state.items()}
@@ -157,7 +157,7 @@ def load_local_model_state(model: nn.Module, saved: dict[str, torch.Tensor]) -> 
                          f"unexpected {sorted(unexpected)[:3]}; load a checkpoint of the same model")
     with torch.no_grad():
         for name, t in live.items():
-            target = t.to_local() if _is_dtensor(t) else t
+            target = t.to_local() if is_dtensor(t) else t
             if target.shape != saved[name].shape:
                 raise ValueError(f"checkpoint shard of {name!r} is {tuple(saved[name].shape)}, this rank holds "
                                  f"{tuple(target.shape)}: resume with the devices the checkpoint was saved with")
@@ -174,6 +174,6 @@ def shard_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any
         p = params[int(pid)]
         state[pid] = {k: DTensor.from_local(v, p.device_mesh, p.placements, run_check=False,
                                             shape=p.shape, stride=p.stride())
-                      if _is_dtensor(p) and torch.is_tensor(v) and v.dim() > 0 else v
+                      if is_dtensor(p) and torch.is_tensor(v) and v.dim() > 0 else v
                       for k, v in entry.items()}
     return {**saved, "state": state}

@@ -3,6 +3,11 @@
 Every rank gets the env a node rank gets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), joins a gloo
 group, runs each case on its shard of the same batches and saves what the test compares to a
 1-rank trainer run on the whole batches: ``OUT/rank{r}.pt`` (plain tensors and floats).
+
+``python -m tests.rl.dp_cases publish OUT``: after one data-parallel step, rank 0 publishes the full
+state through a ``WeightPublisher`` fed by ``FullState`` (rank 1 drains), to a subscriber at rank 1
+of weight-sync epoch 1 (the test); rank 0 first saves the unsharded state to ``OUT/expected.pt``
+and prints the store address.
 """
 
 from __future__ import annotations
@@ -110,5 +115,36 @@ def main(out_dir: str) -> None:
     dist.destroy_process_group()
 
 
+def publish(out_dir: str) -> None:
+    import json
+
+    import torch.distributed as dist
+
+    from flowrl.rl.parallel import full_state_items
+    from flowrl.rl.publish import FullState
+    from flowrl.weights import WeightPublisher
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank = dist.get_rank()
+    kind, config, rows0 = CASES["actor_token_mean"]
+    t = trainer(kind, config)
+    step(t, shard(batches()[0], rank, rows0))
+    expected = {k: v.clone() for k, v in full_state_items(t.model)}
+    view = FullState(t.model, serving_dtype="bfloat16")
+    if rank == 0:
+        torch.save({k: v.bfloat16() for k, v in expected.items()}, os.path.join(out_dir, "expected.pt"))
+        pub = WeightPublisher(lambda: view, bucket_bytes=16 << 10, serving_dtype="bfloat16",
+                              secret=os.environ["FLOWRL_TEST_SECRET"])
+        pub.snapshot(1)
+        print(json.dumps({"addr": pub.store_addr, "gathers": len(view.gather_order)}), flush=True)
+        pub.serve(1, 2, timeout_s=30, ready_timeout_s=60)
+        pub.close()
+    else:
+        view.drain()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    {"cases": main, "publish": publish}[sys.argv[1]](sys.argv[2])

@@ -28,25 +28,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("dp")
+def _start_ranks(mode: str, out: Path, secret: str = "") -> list[subprocess.Popen]:
+    """The ranks of one data-parallel node, with the env the worker gives them."""
     port = _free_port()
     procs = []
+    for rank in range(WORLD):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "FLOWRL_TEST_SECRET": secret}
+        procs.append(subprocess.Popen([sys.executable, "-m", "tests.rl.dp_cases", mode, str(out)], cwd=ROOT, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def _finish(procs: list[subprocess.Popen], timeout: float = 150) -> None:
     try:
-        for rank in range(WORLD):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-            procs.append(subprocess.Popen([sys.executable, "-m", "tests.rl.dp_cases", str(out)], cwd=ROOT, env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        logs = [p.communicate(timeout=150)[0] for p in procs]
+        logs = [p.communicate(timeout=timeout) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-3000:]
+    for p, (_, err) in zip(procs, logs):
+        assert p.returncode == 0, err[-3000:]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("dp")
+    _finish(_start_ranks("cases", out))
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
 
 
@@ -138,3 +147,29 @@ def test_a_checkpoint_of_another_rank_layout_is_refused_with_the_fix():
     state = {**t.state_dict(), "ranks": [1, 2]}
     with pytest.raises(ValueError, match="rank 1 of 2, this is rank 0 of 1: resume with the devices"):
         t.load_state_dict(state)
+
+
+@pytest.mark.timeout(120)
+def test_a_sharded_trainer_publishes_its_full_state_to_a_subscriber_bitwise(tmp_path):
+    """Rank 0's publisher packs FullState (one all-gather per parameter, rank 1 drains); we subscribe."""
+    import json
+    import secrets
+
+    from flowrl.models import build_model
+    from flowrl.weights import WeightSubscriber
+
+    secret = secrets.token_hex(16)
+    procs = _start_ranks("publish", tmp_path, secret)
+    try:
+        hello = json.loads(procs[0].stdout.readline() or "null")  # printed once the snapshot is packed
+        assert hello, procs[0].stderr.read()[-3000:]
+        live = {k: v.bfloat16() for k, v in build_model(dp_cases.SPEC, seed=3).state_dict().items()}
+        sub = WeightSubscriber(live, bucket_bytes=16 << 10, version=0)
+        sub.join(1, 1, 2, tuple(hello["addr"]), secret, timeout_s=30, ready_timeout_s=60)
+        assert sub.receive() == 1
+        sub.close()
+    finally:
+        _finish(procs)
+    expected = torch.load(tmp_path / "expected.pt", weights_only=True)
+    assert hello["gathers"] > 0  # the state really was sharded
+    assert live.keys() == expected.keys() and all(torch.equal(live[k], expected[k]) for k in expected)
