@@ -173,3 +173,22 @@ def test_a_sharded_trainer_publishes_its_full_state_to_a_subscriber_bitwise(tmp_
     expected = torch.load(tmp_path / "expected.pt", weights_only=True)
     assert hello["gathers"] > 0  # the state really was sharded
     assert live.keys() == expected.keys() and all(torch.equal(live[k], expected[k]) for k in expected)
+
+
+def test_on_one_rank_full_state_is_the_live_state_and_publishes_like_a_state_dict():
+    from flowrl.models import build_model
+    from flowrl.rl import FullState, full_state_items
+    from flowrl.weights import WeightPublisher, layout_of, weights_digest
+
+    model = build_model(dp_cases.SPEC, seed=0)
+    view = FullState(model, serving_dtype=None)
+    view.drain()  # nothing sharded: no collective, nothing to do
+    assert view.gather_order == [] and list(view) == list(model.state_dict())
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in full_state_items(model))
+    pub = WeightPublisher(lambda: view, secret="s" * 32)
+    try:
+        pub.snapshot(1)
+        sd = model.state_dict()
+        assert pub.digest() == weights_digest(sd, layout_of(sd))
+    finally:
+        pub.close()
