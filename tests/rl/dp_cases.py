@@ -4,10 +4,10 @@ Every rank gets the env a node rank gets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_
 group, runs each case on its shard of the same batches and saves what the test compares to a
 1-rank trainer run on the whole batches: ``OUT/rank{r}.pt`` (plain tensors and floats).
 
-``python -m tests.rl.dp_cases publish OUT``: after one data-parallel step, rank 0 publishes the full
-state through a ``WeightPublisher`` fed by ``FullState`` (rank 1 drains), to a subscriber at rank 1
-of weight-sync epoch 1 (the test); rank 0 first saves the unsharded state to ``OUT/expected.pt``
-and prints the store address.
+Then, after one more data-parallel step, rank 0 publishes the full state through a
+``WeightPublisher`` fed by ``FullState`` (rank 1 drains) to a subscriber at rank 1 of weight-sync
+epoch 1 (the test); rank 0 first saves the unsharded state to ``OUT/expected.pt`` and prints the
+store address (its only stdout line).
 """
 
 from __future__ import annotations
@@ -112,10 +112,11 @@ def main(out_dir: str) -> None:
                                                                  full_state_items(restored.model)))
         out[f"resume_{name}"] = {"bitwise": same, "metrics_equal": ma == mb, "steps": restored.steps}
     torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
+    publish(out_dir, rank)
     dist.destroy_process_group()
 
 
-def publish(out_dir: str) -> None:
+def publish(out_dir: str, rank: int) -> None:
     import json
 
     import torch.distributed as dist
@@ -124,9 +125,6 @@ def publish(out_dir: str) -> None:
     from flowrl.rl.publish import FullState
     from flowrl.weights import WeightPublisher
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    rank = dist.get_rank()
     kind, config, rows0 = CASES["actor_token_mean"]
     t = trainer(kind, config)
     step(t, shard(batches()[0], rank, rows0))
@@ -143,8 +141,7 @@ def publish(out_dir: str) -> None:
     else:
         view.drain()
     dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    {"cases": main, "publish": publish}[sys.argv[1]](sys.argv[2])
+    main(sys.argv[1])

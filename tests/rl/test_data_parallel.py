@@ -1,7 +1,8 @@
 """Data-parallel trainers: 2 real processes in a gloo group make the update 1 rank makes on the whole batch.
 
-The ranks run ``tests/rl/dp_cases.py`` once (module fixture, ~20 s on 2 cores); each test compares
-what they saved with a plain 1-rank trainer run here on the concatenated batches.
+The ranks run ``tests/rl/dp_cases.py`` once (module fixture: every case, then a publish to a
+subscriber here); each test compares what they saved with a plain 1-rank trainer run here on the
+concatenated batches.
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_ranks(mode: str, out: Path, secret: str = "") -> list[subprocess.Popen]:
+def _start_ranks(out: Path, secret: str) -> list[subprocess.Popen]:
     """The ranks of one data-parallel node, with the env the worker gives them."""
     port = _free_port()
     procs = []
     for rank in range(WORLD):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "FLOWRL_TEST_SECRET": secret}
-        procs.append(subprocess.Popen([sys.executable, "-m", "tests.rl.dp_cases", mode, str(out)], cwd=ROOT, env=env,
+        procs.append(subprocess.Popen([sys.executable, "-m", "tests.rl.dp_cases", str(out)], cwd=ROOT, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return procs
 
@@ -54,9 +55,29 @@ def _finish(procs: list[subprocess.Popen], timeout: float = 150) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("dp")
-    _finish(_start_ranks("cases", out))
-    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    """Every case on 2 ranks, then their publish to a subscriber here (rank 1 of weight-sync epoch 1)."""
+    import json
+    import secrets
+
+    from flowrl.models import build_model
+    from flowrl.weights import WeightSubscriber
+
+    out, secret = tmp_path_factory.mktemp("dp"), secrets.token_hex(16)
+    procs = _start_ranks(out, secret)
+    try:
+        hello = json.loads(procs[0].stdout.readline() or "null")  # printed once the snapshot is packed
+        assert hello, procs[0].stderr.read()[-3000:]
+        live = {k: v.bfloat16() for k, v in build_model(dp_cases.SPEC, seed=3).state_dict().items()}
+        sub = WeightSubscriber(live, bucket_bytes=16 << 10, version=0)
+        sub.join(1, 1, 2, tuple(hello["addr"]), secret, timeout_s=30, ready_timeout_s=60)
+        received = sub.receive()
+        sub.close()
+    finally:
+        _finish(procs)
+    results = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    results[0]["published"] = {"hello": hello, "received": received, "live": live,
+                               "expected": torch.load(out / "expected.pt", weights_only=True)}
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -149,29 +170,12 @@ def test_a_checkpoint_of_another_rank_layout_is_refused_with_the_fix():
         t.load_state_dict(state)
 
 
-@pytest.mark.timeout(120)
-def test_a_sharded_trainer_publishes_its_full_state_to_a_subscriber_bitwise(tmp_path):
+@pytest.mark.timeout(240)
+def test_a_sharded_trainer_publishes_its_full_state_to_a_subscriber_bitwise(ranks):
     """Rank 0's publisher packs FullState (one all-gather per parameter, rank 1 drains); we subscribe."""
-    import json
-    import secrets
-
-    from flowrl.models import build_model
-    from flowrl.weights import WeightSubscriber
-
-    secret = secrets.token_hex(16)
-    procs = _start_ranks("publish", tmp_path, secret)
-    try:
-        hello = json.loads(procs[0].stdout.readline() or "null")  # printed once the snapshot is packed
-        assert hello, procs[0].stderr.read()[-3000:]
-        live = {k: v.bfloat16() for k, v in build_model(dp_cases.SPEC, seed=3).state_dict().items()}
-        sub = WeightSubscriber(live, bucket_bytes=16 << 10, version=0)
-        sub.join(1, 1, 2, tuple(hello["addr"]), secret, timeout_s=30, ready_timeout_s=60)
-        assert sub.receive() == 1
-        sub.close()
-    finally:
-        _finish(procs)
-    expected = torch.load(tmp_path / "expected.pt", weights_only=True)
-    assert hello["gathers"] > 0  # the state really was sharded
+    pub = ranks[0]["published"]
+    assert pub["received"] == 1 and pub["hello"]["gathers"] > 0  # the state really was sharded
+    live, expected = pub["live"], pub["expected"]
     assert live.keys() == expected.keys() and all(torch.equal(live[k], expected[k]) for k in expected)
 
 
