@@ -36,7 +36,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(role: str, ranks: int, args, extra_env: dict | None = None, stdin_line: str | None = None) -> list[dict]:
+def _spawn(role: str, ranks: int, args, extra_env: dict | None = None, relay: bool = False) -> list[dict]:
     """Run `ranks` processes of `role`; each prints JSON lines; returns every rank's last line."""
     port, procs = _free_port(), []
     for r in range(ranks):
@@ -48,7 +48,7 @@ def _spawn(role: str, ranks: int, args, extra_env: dict | None = None, stdin_lin
                                       + (["--cpu"] if args.cpu else []), env=env, text=True,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE))
     try:
-        if stdin_line is not None:  # rank 0's first line (the publisher's store address) goes to rank 1
+        if relay:  # rank 0's first line (the publisher's store address) goes to rank 1
             procs[1].stdin.write(procs[0].stdout.readline())
             procs[1].stdin.flush()
         outs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
@@ -211,12 +211,12 @@ def main() -> int:
     rows = [("DP actor step", f"{t['ranks']} rank(s), {'gloo' if args.cpu else 'NCCL'}", f"{t['step_s'] * 1e3:.1f} ms",
              f"params vs 1 rank: {t['relative_gap_to_1_rank']:.1e} relative")]
     if gpus >= 2:
-        pub, sub = _spawn("sync", 2, args, {"GPU_CHECK_SECRET": secrets.token_hex(32)}, stdin_line="addr")
+        _, sub = _spawn("sync", 2, args, {"GPU_CHECK_SECRET": secrets.token_hex(32)}, relay=True)
         gb = sub["mb"] / 1024
         rows.append(("raw broadcast", f"{sub['mb']:.0f} MiB", f"{sub['raw'] * 1e3:.1f} ms", f"{gb / sub['raw']:.1f} GiB/s"))
         rows.append(("weight publish", f"{sub['mb']:.0f} MiB", f"{sub['publish'] * 1e3:.1f} ms",
-                     f"{gb / sub['publish']:.1f} GiB/s, {sub['publish'] / sub['raw']:.2f}x raw, "
-                     f"bitwise={sub['bitwise']}"))
+                     (f"{gb / sub['publish']:.1f} GiB/s, {sub['publish'] / sub['raw']:.2f}x raw, "
+                      f"bitwise={sub['bitwise']}")))
     else:
         rows.append(("weight publish", "skipped", "", "needs 2 GPUs: NCCL refuses two ranks on one GPU"))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]

@@ -22,7 +22,11 @@ from torch import nn
 
 from flowrl.rl.config import OptimConfig
 from flowrl.rl.parallel import (
-    DataParallel, load_local_model_state, local_rows, local_state, shard_optimizer_state,
+    DataParallel,
+    load_local_model_state,
+    local_rows,
+    local_state,
+    shard_optimizer_state,
 )
 
 
