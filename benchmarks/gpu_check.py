@@ -76,10 +76,11 @@ def train(args) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world > 1:
         dist.init_process_group("gloo" if args.cpu else "nccl", device_id=None if args.cpu else torch.device(device))
-    spec = TinyLMSpec(d_model=128, n_layers=4, n_heads=4, max_seq_len=64)
+    d, n, L = (32, 2, 16) if args.cpu else (512, 8, 256)  # --cpu: a smoke test, kept small
+    spec = TinyLMSpec(d_model=d, n_layers=n, n_heads=4, max_seq_len=L)
     cfg = ActorConfig(lr=1e-3, mini_batches=2, epochs=2)
     g = torch.Generator().manual_seed(0)
-    B, L, T = 32, 64, 48
+    B, T = 32, L * 3 // 4
     batches = [dict(tokens=torch.randint(0, spec.vocab_size, (B, L), generator=g), prompt_len=L - T,
                     response_mask=torch.ones(B, T, dtype=torch.bool), old_logprobs=-torch.rand(B, T, generator=g) * 3,
                     advantages=torch.randn(B, generator=g)) for _ in range(3)]
