@@ -82,6 +82,17 @@ class DataParallel:
         fully_shard(model, mesh=mesh)
         return model
 
+    def from_rank0(self, t: torch.Tensor) -> torch.Tensor:
+        """Rank 0's value of ``t`` on every rank (a copy; e.g. the shuffling generator's state)."""
+        if not self.enabled:
+            return t.clone()
+        import torch.distributed as dist
+
+        group = self.group if self.group is not None else dist.group.WORLD
+        out = t.to(self.device).clone()
+        dist.broadcast(out, src=dist.get_global_rank(group, 0), group=group)
+        return out.to(t.device)
+
     def sizes(self, n: int) -> list[int]:
         """Every rank's ``n``, in rank order (one all-gather)."""
         if not self.enabled:

@@ -43,6 +43,8 @@ class Trainer:
             self.params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
         )
         self.generator = torch.Generator().manual_seed(seed)
+        if self.dp.enabled:  # one permutation on every rank, whatever seed each was given
+            self.generator.set_state(self.dp.from_rank0(self.generator.get_state()))
         self.steps = 0
         """Optimizer steps taken (drives the warm-up)."""
         self.updates = 0

@@ -55,10 +55,10 @@ def batches() -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def trainer(kind: str, config, seed_model: int = 0):
+def trainer(kind: str, config, seed_model: int = 0, seed: int = 7):
     if kind == "actor":
-        return ActorTrainer(build_model(SPEC, seed=seed_model), config, seed=7)
-    return CriticTrainer(build_model(SPEC, value_head=True, seed=seed_model), config, seed=7)
+        return ActorTrainer(build_model(SPEC, seed=seed_model), config, seed=seed)
+    return CriticTrainer(build_model(SPEC, value_head=True, seed=seed_model), config, seed=seed)
 
 
 def step(t, batch: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -87,7 +87,7 @@ def main(out_dir: str) -> None:
     rank = dist.get_rank()
     data, out = batches(), {}
     for name, (kind, config, rows0) in CASES.items():
-        t = trainer(kind, config, seed_model=rank)  # rank 1 builds other weights: rank 0's must win
+        t = trainer(kind, config, seed_model=rank, seed=7 + 10 * rank)  # rank 0's weights and seed must win
         metrics = [step(t, shard(b, rank, rows0)) for b in data]
         out[name] = {"params": {k: v.clone() for k, v in full_state_items(t.model)}, "metrics": metrics}
 
