@@ -91,6 +91,14 @@ def main(out_dir: str) -> None:
         metrics = [step(t, shard(b, rank, rows0)) for b in data]
         out[name] = {"params": {k: v.clone() for k, v in full_state_items(t.model)}, "metrics": metrics}
 
+    # GAE advantages whitened over every rank's tokens
+    from flowrl.rl import ppo_advantages
+    from flowrl.rl.parallel import DataParallel
+
+    sh = shard(data[0], rank, 5)
+    adv, _ = ppo_advantages(sh["advantages"], sh["returns"], sh["response_mask"], all_sum=DataParallel().all_sum)
+    out["whitened"] = adv
+
     # full_state_items of a freshly sharded model is the unsharded model's state, bitwise
     plain = build_model(SPEC, seed=0)
     before = copy.deepcopy(plain.state_dict())

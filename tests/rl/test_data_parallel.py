@@ -149,6 +149,18 @@ def test_metrics_are_reduced_over_all_ranks(ranks, reference, case):
 
 
 @pytest.mark.timeout(240)
+def test_gae_advantages_are_whitened_with_the_whole_batchs_statistics(ranks):
+    from flowrl.rl import ppo_advantages
+
+    b = dp_cases.batches()[0]
+    whole, _ = ppo_advantages(b["advantages"], b["returns"], b["response_mask"])
+    local, _ = ppo_advantages(b["advantages"][:5], b["returns"][:5], b["response_mask"][:5])
+    got = torch.cat([r["whitened"] for r in ranks])
+    assert torch.allclose(got, whole, atol=1e-5)
+    assert not torch.allclose(local, whole[:5], atol=1e-3)  # a shard's own statistics would differ
+
+
+@pytest.mark.timeout(240)
 def test_full_state_items_of_a_sharded_model_is_the_unsharded_state_dict(ranks):
     for r in ranks:
         items = r["fresh"]["items"]
