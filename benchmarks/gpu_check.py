@@ -39,11 +39,12 @@ def _free_port() -> int:
 def _spawn(role: str, ranks: int, args, extra_env: dict | None = None, relay: bool = False) -> list[dict]:
     """Run `ranks` processes of `role`; each prints JSON lines; returns every rank's last line."""
     port, procs = _free_port(), []
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     for r in range(ranks):
         env = {**os.environ, **(extra_env or {}), "RANK": str(r), "WORLD_SIZE": str(ranks),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": ROOT}
         if not args.cpu:
-            env["CUDA_VISIBLE_DEVICES"] = str(r)
+            env["CUDA_VISIBLE_DEVICES"] = visible[r] if visible else str(r)  # our logical GPU r, one per rank
         procs.append(subprocess.Popen([sys.executable, __file__, "--role", role, "--mb", str(args.mb)]
                                       + (["--cpu"] if args.cpu else []), env=env, text=True,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE))
