@@ -143,7 +143,12 @@ def publish(out_dir: str, rank: int) -> None:
         pub = WeightPublisher(lambda: view, bucket_bytes=16 << 10, serving_dtype="bfloat16",
                               secret=os.environ["FLOWRL_TEST_SECRET"])
         pub.snapshot(1)
-        print(json.dumps({"addr": pub.store_addr, "gathers": len(view.gather_order)}), flush=True)
+        try:  # out of order: refused before any collective, so the ranks stay in step
+            view[view.gather_order[1]]
+            refused = ""
+        except RuntimeError as e:
+            refused = str(e)
+        print(json.dumps({"addr": pub.store_addr, "gathers": len(view.gather_order), "refused": refused}), flush=True)
         pub.serve(1, 2, timeout_s=30, ready_timeout_s=60)
         pub.close()
     else:

@@ -189,6 +189,7 @@ def test_a_sharded_trainer_publishes_its_full_state_to_a_subscriber_bitwise(rank
     assert pub["received"] == 1 and pub["hello"]["gathers"] > 0  # the state really was sharded
     live, expected = pub["live"], pub["expected"]
     assert live.keys() == expected.keys() and all(torch.equal(live[k], expected[k]) for k in expected)
+    assert "while the ranks gather" in pub["hello"]["refused"]  # asking out of order is an error, not a hang
 
 
 def test_on_one_rank_full_state_is_the_live_state_and_publishes_like_a_state_dict():
