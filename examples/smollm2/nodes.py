@@ -23,7 +23,7 @@ class TextRollout(Rollout):
         g = self.config.samples_per_prompt
         prompts = batch.tensors["prompts"].repeat_interleave(g, 0).to(self.ctx.device)
         targets = batch.tensors["targets"].repeat_interleave(g, 0)
-        index = batch.meta.get("_index", 0)
+        index = max(batch.index, 0)
         gen_rng = torch.Generator(device=self.ctx.device).manual_seed(self.ctx.seed * 1_000_003 + index)
         t0 = time.perf_counter()
         out = generate(self.model, prompts, max_new_tokens=self.config.max_new_tokens or batch.meta["max_new_tokens"],

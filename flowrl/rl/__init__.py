@@ -4,7 +4,8 @@
 
 Layout: ``masked`` (reductions over valid tokens), ``advantages`` (GAE, GRPO groups, KL-penalised
 token rewards), ``losses`` (clipped policy and value losses, KL estimators), ``trainer`` / ``actor``
-/ ``critic`` (model-aware update steps with checkpointable state), ``single_process`` (the whole
+/ ``critic`` (model-aware update steps with checkpointable state; data parallel over a node's ranks
+with ``parallel``, published from shards with ``publish``), ``single_process`` (the whole
 algorithm as one plain loop). The configs import without torch; the rest loads it on first use.
 """
 
@@ -16,7 +17,7 @@ from flowrl.rl.config import ActorConfig, AdvantageConfig, CriticConfig, OptimCo
 
 __all__ = [
     "ActorConfig", "AdvantageConfig", "CriticConfig", "OptimConfig", "RolloutConfig",
-    "ActorTrainer", "CriticTrainer",
+    "ActorTrainer", "CriticTrainer", "FullState", "full_state_items",
     "masked_mean", "masked_sum", "masked_var", "masked_whiten",
     "gae", "group_advantages", "token_rewards", "ppo_advantages", "broadcast_to_tokens", "compute_advantages",
     "aggregate", "kl_estimate", "ppo_policy_loss", "value_loss", "entropy_bonus",
@@ -25,6 +26,8 @@ __all__ = [
 _LAZY = {
     "ActorTrainer": "flowrl.rl.actor",
     "CriticTrainer": "flowrl.rl.critic",
+    "FullState": "flowrl.rl.publish",
+    "full_state_items": "flowrl.rl.parallel",
     **{n: "flowrl.rl.masked" for n in ("masked_mean", "masked_sum", "masked_var", "masked_whiten")},
     **{n: "flowrl.rl.advantages" for n in ("gae", "group_advantages", "token_rewards", "ppo_advantages",
                                            "broadcast_to_tokens", "compute_advantages")},

@@ -12,6 +12,8 @@ in where the KL to the reference goes: PPO usually puts it in the reward, GRPO i
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from flowrl.models.sampling import entropy_from_logits, logprobs_from_logits
@@ -26,8 +28,9 @@ class ActorTrainer(Trainer):
 
     config: ActorConfig
 
-    def __init__(self, model: torch.nn.Module, config: ActorConfig | None = None, *, seed: int = 0) -> None:
-        super().__init__(model, config or ActorConfig(), seed=seed)
+    def __init__(self, model: torch.nn.Module, config: ActorConfig | None = None, *, seed: int = 0,
+                 group: Any = None) -> None:
+        super().__init__(model, config or ActorConfig(), seed=seed, group=group)
 
     def train_step(
         self,
@@ -64,19 +67,21 @@ class ActorTrainer(Trainer):
         ref = ref_logprobs.to(dev) if ref_logprobs is not None else None
         self.model.train()
         rollout_logprobs, loss_mask, is_weights, extra = old_logprobs, mask, None, {}
+        extra_weight = float(mask.sum())  # tokens the mismatch statistics were taken over
         if cfg.recompute_old_logprobs:
             old_logprobs = self._logprobs_no_grad(tokens, prompt_len, temperature)
             extra.update(logprob_mismatch(old_logprobs, rollout_logprobs, mask))
             is_weights, loss_mask, is_stats = rollout_importance_weights(
                 old_logprobs, rollout_logprobs, mask, mode=cfg.rollout_is, cap=cfg.rollout_is_cap, floor=cfg.rollout_is_floor)
             extra.update(is_stats)
-        rows = []
+        rows = []  # per mini-batch: name -> (this rank's value, its weight), reduced over ranks below
         for idx in self._minibatches(tokens.shape[0]):
             m = loss_mask[idx]
             logits = self.model(tokens[idx])[:, prompt_len - 1 : -1].float() / temperature  # [b, T, V]
             logprobs = logprobs_from_logits(logits, tokens[idx, prompt_len:])
             if not extra:  # first mini-batch, no update yet: the model still is the rollout's policy
                 extra.update(logprob_mismatch(logprobs.detach(), rollout_logprobs[idx], mask[idx]))
+                extra_weight = float(mask[idx].sum())
             entropy = entropy_from_logits(logits if cfg.entropy_coef else logits.detach())
             pg_loss, stats = ppo_policy_loss(
                 logprobs, old_logprobs[idx], advantages[idx], m,
@@ -85,23 +90,28 @@ class ActorTrainer(Trainer):
             )
             ent = aggregate(entropy, m, cfg.loss_agg)
             loss = pg_loss - cfg.entropy_coef * ent
-            row = {"policy_loss": float(pg_loss.detach()), "entropy": float(ent.detach())}
+            denom, n_tok = self._denominator(m), float(m.sum())
+            row = {"policy_loss": (float(pg_loss.detach()), denom), "entropy": (float(ent.detach()), denom)}
             if ref is not None:
                 kl = kl_estimate(logprobs, ref[idx], cfg.kl_loss_kind)
                 kl_loss = aggregate(kl, m, cfg.loss_agg)
                 if cfg.kl_loss_coef:
                     loss = loss + cfg.kl_loss_coef * kl_loss
-                row["kl"] = float(kl_loss.detach())
-            row["grad_norm"] = self._optimizer_step(loss)
-            row.update({k: float(v) for k, v in stats.items()})
-            row["lr"] = self.optimizer.param_groups[0]["lr"]
+                row["kl"] = (float(kl_loss.detach()), denom)
+            if self.dp.enabled:  # this rank's part of the mini-batch's global mean (see _global_share)
+                scale, _ = self._global_share(denom)
+                loss = loss * scale if len(idx) else logits.sum() * 0.0  # no rows: still join the collectives
+            row["grad_norm"] = (self._optimizer_step(loss), 1.0)
+            row.update({k: (float(v), n_tok) for k, v in stats.items()})
+            row["lr"] = (self.optimizer.param_groups[0]["lr"], 1.0)
             rows.append(row)
         self.updates += 1
-        out = mean_metrics(rows)
-        out["response_len"] = float(mask.float().sum(dim=1).mean())
-        out["advantage_mean"] = float(masked_mean(advantages, mask))
-        out.update({k: float(v) for k, v in extra.items()})
-        return out
+        summary = {"response_len": (float(mask.float().sum(dim=1).mean()) if len(mask) else 0.0, float(len(mask))),
+                   "advantage_mean": (float(masked_mean(advantages, mask)), float(mask.sum())),
+                   **{k: (float(v), extra_weight) for k, v in extra.items() if not k.endswith("_max")}}
+        *rows, summary = self.dp.weighted_means([*rows, summary])
+        maxima = {k: self.dp.all_max(float(v)) for k, v in sorted(extra.items()) if k.endswith("_max")}
+        return {**mean_metrics(rows), **summary, **maxima}
 
     def _temperature(self, carried: float | None) -> float:
         """The divisor of the logits: the batch's temperature (0 = greedy = 1), checked against the config."""

@@ -10,6 +10,8 @@ Pure tensor functions, no gradients: the callers pass detached values.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from flowrl.rl.config import AdvantageConfig
@@ -120,15 +122,18 @@ def ppo_advantages(
     kl: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     whiten: bool = True,
+    all_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole PPO advantage step: token rewards, GAE, then (optionally) whitened advantages.
 
-    Returns are computed before whitening (the critic learns the real scale).
+    Returns are computed before whitening (the critic learns the real scale). A data-parallel
+    critic passes ``all_sum=trainer.dp.all_sum``: GAE is per sequence, but whitening then uses
+    the statistics of the whole batch (every rank's shard), as one rank would.
     """
     rewards = token_rewards(scores, mask, kl=kl, kl_coef=kl_coef)
     adv, returns = gae(rewards, values, mask, gamma=gamma, lam=lam)
     if whiten:
-        adv = masked_whiten(adv, mask)
+        adv = masked_whiten(adv, mask, all_sum=all_sum)
     return adv, returns
 
 
@@ -142,12 +147,15 @@ def compute_advantages(
     logprobs: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
     group_size: int | None = None,
+    all_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Advantages ``[B, T]`` (and GAE returns ``[B, T]``, None for GRPO) as ``config`` says.
 
     What the advantages node and the single-process loop both call. ``gae`` needs the critic's
     ``values``, and with ``kl_coef > 0`` the sampling ``logprobs`` and the reference's
     ``ref_logprobs``; ``grpo`` needs ``group_size`` (samples per prompt, rows grouped by prompt).
+    ``all_sum``: on a node with several ranks, their sum (see :func:`ppo_advantages`); GRPO needs
+    none, its groups stay whole on one rank.
     """
     if config.estimator == "grpo":
         if group_size is None:
@@ -163,4 +171,4 @@ def compute_advantages(
                              "provide them or set kl_coef=0")
         kl = kl_estimate(logprobs, ref_logprobs, config.kl_kind)
     return ppo_advantages(scores, values, mask, gamma=config.gamma, lam=config.lam, kl=kl,
-                          kl_coef=config.kl_coef, whiten=config.whiten)
+                          kl_coef=config.kl_coef, whiten=config.whiten, all_sum=all_sum)

@@ -9,12 +9,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from flowrl.models.sampling import values as model_values
 from flowrl.rl.config import CriticConfig
 from flowrl.rl.losses import value_loss
-from flowrl.rl.masked import masked_mean, masked_var
 from flowrl.rl.trainer import Trainer, mean_metrics
 
 
@@ -23,8 +24,9 @@ class CriticTrainer(Trainer):
 
     config: CriticConfig
 
-    def __init__(self, model: torch.nn.Module, config: CriticConfig | None = None, *, seed: int = 0) -> None:
-        super().__init__(model, config or CriticConfig(), seed=seed)
+    def __init__(self, model: torch.nn.Module, config: CriticConfig | None = None, *, seed: int = 0,
+                 group: Any = None) -> None:
+        super().__init__(model, config or CriticConfig(), seed=seed, group=group)
 
     @torch.no_grad()
     def values(self, tokens: torch.Tensor, prompt_len: int) -> torch.Tensor:
@@ -47,22 +49,33 @@ class CriticTrainer(Trainer):
         tokens, mask = tokens.to(dev), response_mask.to(dev).bool()
         returns, old_values = returns.to(dev).float(), old_values.to(dev).float()
         self.model.train()
-        rows = []
+        rows = []  # per mini-batch: name -> (this rank's value, its weight), reduced over ranks below
         for idx in self._minibatches(tokens.shape[0]):
+            m = mask[idx]
             v = model_values(self.model, tokens[idx], prompt_len)
             loss, clipfrac = value_loss(
-                v, old_values[idx], returns[idx], mask[idx], clip_range=cfg.clip_range_value, agg=cfg.loss_agg
+                v, old_values[idx], returns[idx], m, clip_range=cfg.clip_range_value, agg=cfg.loss_agg
             )
-            rows.append({
-                "value_loss": float(loss.detach()),
-                "value_clipfrac": float(clipfrac),
-                "grad_norm": self._optimizer_step(loss),
-                "lr": self.optimizer.param_groups[0]["lr"],
-            })
+            denom = self._denominator(m)
+            row = {"value_loss": (float(loss.detach()), denom), "value_clipfrac": (float(clipfrac), float(m.sum()))}
+            if self.dp.enabled:  # this rank's part of the mini-batch's global mean (see _global_share)
+                scale, _ = self._global_share(denom)
+                loss = loss * scale if len(idx) else v.sum() * 0.0  # no rows: still join the collectives
+            row["grad_norm"] = (self._optimizer_step(loss), 1.0)
+            row["lr"] = (self.optimizer.param_groups[0]["lr"], 1.0)
+            rows.append(row)
         self.updates += 1
-        out = mean_metrics(rows)
-        resid = masked_var(returns - old_values, mask) / masked_var(returns, mask).clamp(min=1e-8)
-        out["explained_variance"] = float(1.0 - resid)
-        out["values_mean"] = float(masked_mean(old_values, mask))
-        out["returns_mean"] = float(masked_mean(returns, mask))
+        out = mean_metrics(self.dp.weighted_means(rows))
+        # batch statistics over every rank's tokens: sums, reduced once
+        resid = returns - old_values
+        m = mask.double()
+        sums = self.dp.all_sum(torch.stack([
+            m.sum(), (resid * m).sum(), (resid**2 * m).sum(), (returns * m).sum(), (returns**2 * m).sum(),
+            (old_values * m).sum(),
+        ]).double().cpu())
+        n, r1, r2, g1, g2, v1 = sums.tolist()
+        var = lambda s1, s2: max(s2 - s1 * s1 / max(n, 1.0), 0.0) / max(n - 1, 1.0)  # noqa: E731 - unbiased
+        out["explained_variance"] = float(1.0 - var(r1, r2) / max(var(g1, g2), 1e-8))
+        out["values_mean"] = v1 / max(n, 1.0)
+        out["returns_mean"] = g1 / max(n, 1.0)
         return out

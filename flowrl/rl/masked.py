@@ -6,6 +6,8 @@ tokens up to and including EOS; padding must never move a mean, a variance or a 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 
@@ -34,14 +36,26 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     return sq / n.clamp(min=1.0)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(
+    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8,
+    all_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """``(x - mean) / std`` over the masked entries; ``shift_mean=False`` keeps the mean.
 
-    Masked-out entries come back as 0, so later sums need no second masking.
+    Masked-out entries come back as 0, so later sums need no second masking. ``all_sum``: a data-
+    parallel trainer's sum over its ranks (``trainer.dp.all_sum``), so that mean and std are those
+    of every rank's entries together (one all-reduce of three numbers, in float64).
     """
     m = mask.to(x.dtype)
-    mean = masked_mean(x, mask)
-    whitened = (x - mean) * torch.rsqrt(masked_var(x, mask) + eps)
+    if all_sum is None:
+        mean, var = masked_mean(x, mask), masked_var(x, mask)
+    else:
+        xd, md = x.double(), m.double()
+        n, s1, s2 = all_sum(torch.stack([md.sum(), (xd * md).sum(), (xd * xd * md).sum()]).cpu()).tolist()
+        mean_d = s1 / max(n, 1.0)
+        mean = torch.tensor(mean_d, dtype=x.dtype, device=x.device)
+        var = torch.tensor(max(s2 - n * mean_d * mean_d, 0.0) / max(n - 1.0, 1.0), dtype=x.dtype, device=x.device)
+    whitened = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         whitened = whitened + mean
     return whitened * m

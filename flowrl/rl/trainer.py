@@ -3,6 +3,12 @@
 A trainer owns its model, optimizer and a ``torch.Generator`` for mini-batch shuffling; its
 ``state_dict()`` holds all three plus the step count, so a restored trainer makes exactly the same
 next update as the one that was saved (what a checkpoint/resume needs).
+
+When torch.distributed is initialised with more than one rank (a node with ``devices: N``), the
+trainer is data parallel over that group (or the ``group`` given): the model is sharded with FSDP2,
+each rank trains on its shard of every batch, and N ranks make the update one rank makes on the
+concatenated batch (see ``flowrl.rl.parallel`` and docs/data-parallel.md). Every rank must call
+``train_step`` (and the critic's ``values``) for every batch, an empty shard included.
 """
 
 from __future__ import annotations
@@ -15,19 +21,30 @@ import torch
 from torch import nn
 
 from flowrl.rl.config import OptimConfig
+from flowrl.rl.parallel import (
+    DataParallel,
+    load_local_model_state,
+    local_rows,
+    local_state,
+    shard_optimizer_state,
+)
 
 
 class Trainer:
     """Base class; subclasses implement ``train_step``."""
 
-    def __init__(self, model: nn.Module, config: OptimConfig, *, seed: int = 0) -> None:
-        self.model = model
+    def __init__(self, model: nn.Module, config: OptimConfig, *, seed: int = 0, group: Any = None) -> None:
+        self.dp = DataParallel(group)
+        """The ranks this trainer spans (``dp.enabled`` when more than one)."""
+        self.model = self.dp.shard(model)
         self.config = config
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
         )
         self.generator = torch.Generator().manual_seed(seed)
+        if self.dp.enabled:  # one permutation on every rank, whatever seed each was given
+            self.generator.set_state(self.dp.from_rank0(self.generator.get_state()))
         self.steps = 0
         """Optimizer steps taken (drives the warm-up)."""
         self.updates = 0
@@ -38,20 +55,45 @@ class Trainer:
         return next(self.model.parameters()).device
 
     def _minibatches(self, batch_size: int) -> Iterator[torch.Tensor]:
-        """Index tensors of each mini-batch, reshuffled every epoch."""
+        """Local index tensors of each mini-batch, reshuffled every epoch.
+
+        ``batch_size`` is this rank's shard. The permutation is over the whole batch (every rank's
+        shard, concatenated in rank order) and the same on every rank; a rank's mini-batch ``i`` is
+        its own rows of the 1-rank mini-batch ``i`` (possibly none).
+        """
+        sizes = self.dp.sizes(batch_size)
+        total, offset = sum(sizes), sum(sizes[: self.dp.rank])
         n = self.config.mini_batches
-        if n > batch_size:
-            raise ValueError(f"mini_batches={n} exceeds the batch of {batch_size} rows; lower mini_batches")
+        if n > total:
+            raise ValueError(f"mini_batches={n} exceeds the batch of {total} rows; lower mini_batches")
         for _ in range(self.config.epochs):
-            order = torch.randperm(batch_size, generator=self.generator)
-            yield from order.tensor_split(n)
+            order = torch.randperm(total, generator=self.generator)
+            for part in order.tensor_split(n):
+                yield local_rows(part, offset, batch_size) if self.dp.enabled else part
+
+    def _global_share(self, count: float) -> tuple[float, float]:
+        """(this rank's loss scale, the mini-batch's count over all ranks) for a loss averaged over ``count``.
+
+        A loss ``mean_r = sum_r / count_r`` scaled by ``count_r / count * world_size`` and then
+        averaged by FSDP's gradient reduction gives ``sum / count``: the 1-rank loss's gradient.
+        """
+        if not self.dp.enabled:
+            return 1.0, count
+        total = float(self.dp.all_sum(torch.tensor([count], dtype=torch.float64))[0])
+        return (count / total * self.dp.world_size if total else 0.0), total
+
+    def _denominator(self, mask: torch.Tensor) -> float:
+        """What ``aggregate`` divides by under ``loss_agg``: valid tokens, or sequences."""
+        return float(mask.sum()) if self.config.loss_agg == "token_mean" else float(mask.shape[0])
 
     def _optimizer_step(self, loss: torch.Tensor) -> float:
         """Backward, clip, step with the warm-up learning rate; returns the pre-clip gradient norm."""
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)  # sharded: the global norm
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
         self.optimizer.step()
@@ -69,21 +111,37 @@ class Trainer:
 
         Like ``nn.Module.state_dict()`` the tensors are the live ones: serialise (or deep-copy)
         the result before training on, e.g. ``torch.save`` in the checkpoint writer.
+
+        Data parallel: each rank returns its own shard of model and optimizer (plain tensors, so
+        ``torch.load(weights_only=True)`` reads it) and ``ranks``; each rank loads its own file
+        back, with the same number of ranks. The generator is the same on every rank.
         """
-        return {
+        state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "rng": self.generator.get_state(),
             "steps": self.steps,
             "updates": self.updates,
         }
+        if self.dp.enabled:
+            state = {**local_state(state), "ranks": [self.dp.rank, self.dp.world_size]}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved (same model and config); copies, never aliases."""
-        self.model.load_state_dict(state["model"])
+        ranks = list(state.get("ranks", [0, 1]))
+        if ranks != [self.dp.rank, self.dp.world_size]:
+            raise ValueError(f"checkpoint was saved by rank {ranks[0]} of {ranks[1]}, this is rank {self.dp.rank} "
+                             f"of {self.dp.world_size}: resume with the devices the checkpoint was saved with")
         # Optimizer.load_state_dict keeps the given tensors when dtype and device already match;
         # a deep copy keeps this trainer from sharing moment buffers with the source.
-        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+        optimizer = copy.deepcopy(state["optimizer"])
+        if self.dp.enabled:
+            load_local_model_state(self.model, state["model"])
+            optimizer = shard_optimizer_state(self.optimizer, optimizer)
+        else:
+            self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(optimizer)
         self.generator.set_state(state["rng"])
         self.steps = int(state["steps"])
         self.updates = int(state["updates"])

@@ -1,0 +1,231 @@
+"""The NCCL paths of flowrl on a GPU machine, in one short run that prints a table.
+
+    python benchmarks/gpu_check.py                # on a machine with CUDA; exits 0 with a message without
+    python benchmarks/gpu_check.py --mb 1024      # size of the published state (default 512 MiB)
+    python benchmarks/gpu_check.py --cpu --mb 8   # the same code over gloo on CPU (how CI checks this file)
+
+1. the GPU inventory as NVML reports it (what `flowrl check` plans on);
+2. a data-parallel actor (`ActorTrainer`, FSDP2) over NCCL: 2 ranks on GPUs 0 and 1 if there are
+   two, else 1 rank; 3 updates, then its parameters against a 1-rank trainer on the whole batches;
+3. (2 GPUs) weight publish: `WeightPublisher` on GPU 0 -> `WeightSubscriber` on GPU 1 over NCCL,
+   against a raw NCCL broadcast of the same bytes between the same two processes.
+
+Each role is its own process (this file with --role), given one GPU through CUDA_VISIBLE_DEVICES
+and a deadline; NCCL refuses two ranks on one GPU, so with one GPU step 3 is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+TIMEOUT_S = 300
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(role: str, ranks: int, args, extra_env: dict | None = None, relay: bool = False) -> list[dict]:
+    """Run `ranks` processes of `role`; each prints JSON lines; returns every rank's last line."""
+    port, procs = _free_port(), []
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    for r in range(ranks):
+        env = {**os.environ, **(extra_env or {}), "RANK": str(r), "WORLD_SIZE": str(ranks),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": ROOT}
+        if not args.cpu:
+            env["CUDA_VISIBLE_DEVICES"] = visible[r] if visible else str(r)  # our logical GPU r, one per rank
+        procs.append(subprocess.Popen([sys.executable, __file__, "--role", role, "--mb", str(args.mb)]
+                                      + (["--cpu"] if args.cpu else []), env=env, text=True,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+    try:
+        if relay:  # rank 0's first line (the publisher's store address) goes to rank 1
+            procs[1].stdin.write(procs[0].stdout.readline())
+            procs[1].stdin.flush()
+        outs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        if p.returncode != 0:
+            raise SystemExit(f"{role} rank {r} failed with exit code {p.returncode}; its stderr is above")
+    return [json.loads(out.strip().splitlines()[-1]) for out in outs]
+
+
+def train(args) -> None:
+    """One rank of a data-parallel actor; rank 0 prints step time and the gap to a 1-rank run."""
+    import torch
+    import torch.distributed as dist
+
+    from flowrl.models import TinyLMSpec, build_model
+    from flowrl.rl import ActorConfig, ActorTrainer
+    from flowrl.rl.parallel import full_state_items
+
+    device = "cpu" if args.cpu else "cuda:0"
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world > 1:
+        dist.init_process_group("gloo" if args.cpu else "nccl", device_id=None if args.cpu else torch.device(device))
+    d, n, L = (32, 2, 16) if args.cpu else (512, 8, 256)  # --cpu: a smoke test, kept small
+    spec = TinyLMSpec(d_model=d, n_layers=n, n_heads=4, max_seq_len=L)
+    cfg = ActorConfig(lr=1e-3, mini_batches=2, epochs=2)
+    g = torch.Generator().manual_seed(0)
+    B, T = 32, L * 3 // 4
+    batches = [dict(tokens=torch.randint(0, spec.vocab_size, (B, L), generator=g), prompt_len=L - T,
+                    response_mask=torch.ones(B, T, dtype=torch.bool), old_logprobs=-torch.rand(B, T, generator=g) * 3,
+                    advantages=torch.randn(B, generator=g)) for _ in range(3)]
+    shard = lambda b: {k: (v[rank * B // world:(rank + 1) * B // world] if torch.is_tensor(v) else v)  # noqa: E731
+                       for k, v in b.items()}
+    actor = ActorTrainer(build_model(spec, seed=0).to(device), cfg, seed=0)
+    times, metrics = [], {}
+    for b in batches:
+        t0 = time.perf_counter()
+        metrics = actor.train_step(**shard(b))
+        if not args.cpu:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    full = {k: v.float().cpu().clone() for k, v in full_state_items(actor.model)}  # every rank takes part
+    if world > 1:
+        dist.destroy_process_group()
+    if rank == 0:
+        ref = ActorTrainer(build_model(spec, seed=0).to(device), cfg, seed=0)
+        for b in batches:
+            ref.train_step(**b)
+        flat = lambda sd: torch.cat([v.float().cpu().reshape(-1) for v in sd.values()])  # noqa: E731
+        want = flat(ref.model.state_dict())
+        gap = float((flat(full) - want).norm() / want.norm())
+        print(json.dumps({"ranks": world, "step_s": min(times[1:]), "policy_loss": metrics["policy_loss"],
+                          "relative_gap_to_1_rank": gap}), flush=True)
+    else:
+        print(json.dumps({"rank": rank}), flush=True)
+
+
+def state_dict(mb: int, device: str):
+    """Transformer-like fp32 tensors adding up to about `mb` MiB, the same in every process."""
+    import torch
+
+    d, out, i, g = (1024 if mb >= 64 else 128), {}, 0, torch.Generator().manual_seed(0)
+    while sum(t.numel() * 4 for t in out.values()) < mb << 20:
+        for name, shape in ((f"l{i}.qkv", (3 * d, d)), (f"l{i}.up", (4 * d, d)), (f"l{i}.norm", (d,))):
+            out[name] = torch.randn(shape, generator=g).to(device)
+        i += 1
+    return out
+
+
+def sync(args) -> None:
+    """Publisher (rank 0) or subscriber (rank 1): raw broadcast, then flowrl's publish, timed."""
+    import torch
+
+    from flowrl.weights import WeightGroup, WeightPublisher, WeightSubscriber
+    from flowrl.weights.store import connect
+
+    device, rank, secret = ("cpu" if args.cpu else "cuda:0"), int(os.environ["RANK"]), os.environ["GPU_CHECK_SECRET"]
+    sd = state_dict(args.mb, device)
+    nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+    if rank == 0:
+        pub = WeightPublisher(lambda: sd, device=device, secret=secret)
+        addr = pub.store_addr
+        print(json.dumps({"addr": addr}), flush=True)
+    else:
+        addr = tuple(json.loads(sys.stdin.readline())["addr"])
+        sub = WeightSubscriber({k: torch.zeros_like(v) for k, v in sd.items()}, device=device)
+        sub.join(1, 1, 2, addr, secret, timeout_s=TIMEOUT_S, ready_timeout_s=TIMEOUT_S)
+    raw = WeightGroup.join(epoch=0, rank=rank, world_size=2, store=connect(addr, secret).child("raw"),
+                           timeout_s=TIMEOUT_S, device=device)
+    flat = torch.zeros(nbytes // 4, device=device)
+    done = (lambda: None) if device == "cpu" else torch.cuda.synchronize  # NCCL returns before the GPU is done
+
+    def together() -> None:  # both ranks are here, nothing in flight: the timed part starts together
+        raw.broadcast([torch.ones(1, device=device)])
+        done()
+
+    res = {"raw": [], "publish": []}
+    for rep in range(4):  # rep 0 warms up (group forming, first touch)
+        together()
+        t0 = time.perf_counter()
+        raw.broadcast([flat])
+        done()
+        raw_s = time.perf_counter() - t0
+        if rank == 0:
+            pub.snapshot(rep + 1)
+        together()
+        t0 = time.perf_counter()
+        if rank == 0:
+            pub.serve(1, 2, timeout_s=TIMEOUT_S, ready_timeout_s=TIMEOUT_S)
+        else:
+            assert sub.receive() == rep + 1, "subscriber got another version than the publisher sent"
+        done()
+        if rep:
+            res["raw"].append(raw_s)
+            res["publish"].append(time.perf_counter() - t0)
+    ok = rank == 0 or all(torch.equal(sub.live[k], v) for k, v in sd.items())
+    print(json.dumps({"rank": rank, "mb": nbytes / 2**20, "bitwise": ok, **{k: min(v) for k, v in res.items()}}),
+          flush=True)
+
+
+def inventory(args) -> list[str]:
+    if args.cpu:
+        return ["(--cpu: no GPU inventory; gloo on CPU cores)"]
+    from flowrl.placement.nvml import NvmlInventory
+
+    inv = NvmlInventory.probe()
+    if inv is None:
+        return ["NVML: not available (no driver library, or no GPU it can see)"]
+    lines = [f"NVML: {inv.describe()}"]
+    for host in inv.hosts:
+        lines.append(f"  {host.name}: {host.mapping_text()}")
+        for d in host.visible_devices():
+            lines.append(f"  {d.label()}  uuid={d.uuid} pcie_root={d.pcie_root} numa={d.numa_node} "
+                         f"nvlink_peers={sorted(d.nvlink_peers)} foreign_processes={len(d.processes)}")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=int, default=512, help="MiB of fp32 weights to publish (default 512)")
+    ap.add_argument("--cpu", action="store_true", help="run the same code over gloo on CPU (a smoke test)")
+    ap.add_argument("--role", choices=["train", "sync"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.role:
+        {"train": train, "sync": sync}[args.role](args)
+        return 0
+    import torch
+
+    if not args.cpu and not torch.cuda.is_available():
+        print("gpu_check: skipped, no CUDA device is visible (torch.cuda.is_available() is False; "
+              f"torch {torch.__version__}). Run it on a GPU machine, or with --cpu for the gloo path.")
+        return 0
+    gpus = 2 if args.cpu else torch.cuda.device_count()
+    print("\n".join(inventory(args)))
+    ranks = 2 if gpus >= 2 else 1
+    t = _spawn("train", ranks, args)[0]
+    rows = [("DP actor step", f"{t['ranks']} rank(s), {'gloo' if args.cpu else 'NCCL'}", f"{t['step_s'] * 1e3:.1f} ms",
+             f"params vs 1 rank: {t['relative_gap_to_1_rank']:.1e} relative")]
+    if gpus >= 2:
+        _, sub = _spawn("sync", 2, args, {"GPU_CHECK_SECRET": secrets.token_hex(32)}, relay=True)
+        gb = sub["mb"] / 1024
+        rows.append(("raw broadcast", f"{sub['mb']:.0f} MiB", f"{sub['raw'] * 1e3:.1f} ms", f"{gb / sub['raw']:.1f} GiB/s"))
+        rows.append(("weight publish", f"{sub['mb']:.0f} MiB", f"{sub['publish'] * 1e3:.1f} ms",
+                     (f"{gb / sub['publish']:.1f} GiB/s, {sub['publish'] / sub['raw']:.2f}x raw, "
+                      f"bitwise={sub['bitwise']}")))
+    else:
+        rows.append(("weight publish", "skipped", "", "needs 2 GPUs: NCCL refuses two ranks on one GPU"))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in [("check", "setup", "time", "result"), *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
