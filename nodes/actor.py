@@ -26,10 +26,16 @@ class Actor(flowrl.Sink):
     async def setup(self):
         from flowrl.rl import ActorTrainer
 
+        from flowrl.rl import FullState
+
         model = model_on(self.ctx, self.config.model, trainable=True)
         self.trainer = ActorTrainer(model, self.config.train, seed=self.ctx.seed)
+        # data parallel (devices: N): the full weights are gathered one tensor at a time to publish
+        self.full_state = FullState(self.trainer.model) if self.ctx.world_size > 1 else None
 
     def weights(self):
+        if self.full_state is not None:
+            return self.full_state
         return {k: v.detach() for k, v in self.trainer.model.state_dict().items()}
 
     async def process(self, batch, port):

@@ -41,7 +41,8 @@ class Critic(flowrl.Node):
         if adv_cfg.kl_coef and "ref_logprobs" in t:
             kl = kl_estimate(t["logprobs"], t["ref_logprobs"], adv_cfg.kl_kind)
         adv, returns = ppo_advantages(t["scores"], old_values, mask, gamma=adv_cfg.gamma, lam=adv_cfg.lam,
-                                      kl=kl, kl_coef=adv_cfg.kl_coef, whiten=adv_cfg.whiten)
+                                      kl=kl, kl_coef=adv_cfg.kl_coef, whiten=adv_cfg.whiten,
+                                      all_sum=self.trainer.dp.all_sum)
         metrics = self.trainer.train_step(tokens=tokens, prompt_len=p_len, response_mask=mask,
                                           returns=returns, old_values=old_values)
         for k, v in metrics.items():

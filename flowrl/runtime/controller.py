@@ -430,7 +430,7 @@ class Controller:
             if epoch == self.book.epoch:
                 await self.entered(proc)
             return
-        if proc.spec.node in self.publishers or proc.spec.node in self.subscribers:
+        if proc in self.weight_procs():
             if all(p.ready and p.wired for p in self.weight_procs()):
                 await self.new_sync_epoch()
         if proc.spec.incarnation > 0 and proc.spec.rank == 0:  # a restarted stateless node: what it held goes out again

@@ -136,9 +136,10 @@ class RankMember:
             else:
                 reply = result.replace(meta={**result.meta, "_rank": self.spec.rank}, **route)
             await self.rank_tx[0].send(reply)
-        if self.cls.publishes_weights:  # the leader's version, kept here too
+        if self.cls.publishes_weights:  # the leader's version, kept here too; its snapshot gathers from us
             self.version += 1
             self.nctx.policy_version = self.version
+            self.publish_snapshot()
         if self.ordered is not None:  # follow the leader's watermark: checkpoints at the same ticket
             self.ordered.watermark = shard.index + 1
             if self.is_checkpoint_step(self.ordered.watermark):

@@ -45,6 +45,9 @@ def prepare(args) -> tuple:
     else:
         spec = load_graph(args.graph, list(args.overrides or []))
         run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise GraphError([Problem("--run-dir", f"{run_dir} exists and is not a folder",
+                                  "give a new folder (or an existing run's) as --run-dir")])
     if args.steps is not None:
         spec.schedule.steps = args.steps
     parse_faults(list(spec.faults) + list(args.fault or []))

@@ -32,6 +32,7 @@ class WeightsClient:
         self.ready_timeout_s = ready_timeout_s
         self.pub = None
         self.sub = None
+        self.fenced = 0  # the newest sync epoch ordered (a subscriber made later starts fenced there)
         if publisher:
             from flowrl.weights import WeightPublisher
 
@@ -54,6 +55,7 @@ class WeightsClient:
 
             self.sub = WeightSubscriber(self.node.weights(), device=self.device, bucket_bytes=self.bucket_bytes,
                                         version=0)
+            self.sub.fence(self.fenced)
         return self.sub
 
     def digest(self) -> dict:
@@ -64,6 +66,7 @@ class WeightsClient:
 
     def fence(self, sync_epoch: int) -> None:
         """A newer epoch was ordered (any thread): stop waiting for the members of an older one."""
+        self.fenced = max(self.fenced, sync_epoch)
         for side in (self.pub, self.sub):
             if side is not None:
                 side.fence(sync_epoch)

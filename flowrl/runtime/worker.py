@@ -70,6 +70,8 @@ class Worker(RankMember):
         # A consumer that dies is restarted by the controller; until then senders wait rather
         # than fail (the supervision deadline, not the channel, decides when a node is lost).
         self.peer_timeout_s = 300.0
+        # every data channel of the run proves this (a stray local process cannot join a link)
+        self.channel_secret = spec.secret.encode() if spec.secret else None
 
     async def send_ctl(self, msg) -> None:
         await self.ctl.send(m.encode(msg, self.spec.secret))
@@ -128,7 +130,7 @@ class Worker(RankMember):
         if spec.resume_from:
             self.load_checkpoint(spec.resume_from)
         self.weights = None
-        if cls.publishes_weights or cls.subscribes_weights:
+        if (cls.publishes_weights and spec.rank == 0) or cls.subscribes_weights:  # a trainer's rank 0 publishes
             self.weights = WeightsClient(self.node, publisher=cls.publishes_weights, device=device,
                                          recorder=self.recorder, faults=self.faults, secret=spec.secret,
                                          serving_dtype=spec.serving_dtype,
@@ -144,7 +146,7 @@ class Worker(RankMember):
                 raise ValueError(f"node {spec.node!r}: data parallelism (devices: {spec.world_size}) splits each batch "
                                  "over the ranks of a transform or sink with one output port; for a source, a join "
                                  "or several outputs use replicas instead")
-            self.rank_rx = Receiver(ChannelConfig(capacity_messages=4, peer_timeout_s=self.peer_timeout_s),
+            self.rank_rx = Receiver(ChannelConfig(capacity_messages=4, peer_timeout_s=self.peer_timeout_s, secret=self.channel_secret),
                                     name=f"{spec.node}.rank{spec.rank}")
             await self.rank_rx.bind(spec.rank_addresses[spec.rank])
         if spec.rank == 0:
@@ -153,7 +155,7 @@ class Worker(RankMember):
                 cap = min((e.capacity for e in route_caps), default=4)
                 cap_bytes = min((e.capacity_bytes for e in route_caps), default=1 << 30)
                 rx = Receiver(ChannelConfig(capacity_messages=cap, capacity_bytes=cap_bytes,
-                                            peer_timeout_s=self.peer_timeout_s), name=f"{spec.node}.{port}")
+                                            peer_timeout_s=self.peer_timeout_s, secret=self.channel_secret), name=f"{spec.node}.{port}")
                 await rx.bind(address)
                 self.receivers[port] = rx
 
@@ -166,7 +168,7 @@ class Worker(RankMember):
             return
         for route in self.spec.outputs:
             cfg = ChannelConfig(capacity_messages=route.capacity, capacity_bytes=route.capacity_bytes,
-                                peer_timeout_s=self.peer_timeout_s)
+                                peer_timeout_s=self.peer_timeout_s, secret=self.channel_secret)
             tx = Sender(cfg, name=route.edge.split("->")[1].strip())  # channels are named by their consumer port
             for address in route.addresses:
                 await tx.connect(address)
@@ -176,7 +178,7 @@ class Worker(RankMember):
         if self.dp:  # the leader sends shards to every follower; followers send results back to it
             peers = range(1, self.spec.world_size) if self.spec.rank == 0 else [0]
             for r in peers:
-                tx = Sender(ChannelConfig(capacity_messages=4, peer_timeout_s=self.peer_timeout_s), name=f"rank{r}")
+                tx = Sender(ChannelConfig(capacity_messages=4, peer_timeout_s=self.peer_timeout_s, secret=self.channel_secret), name=f"rank{r}")
                 await tx.connect(self.spec.rank_addresses[r])
                 self.rank_tx[r] = tx
             if self.spec.rank > 0:
@@ -322,8 +324,8 @@ class Worker(RankMember):
                 self.node = self.cls(self.config, self.nctx)
                 await self.node.setup()
                 self.version = 0
-            if self.cls.publishes_weights and self.weights is not None:
-                self.weights.snapshot(self.version)
+            if self.cls.publishes_weights:
+                self.publish_snapshot()
         if self.seen is not None:
             self.seen.reset(msg.watermark, msg.consumed)
         if self.cls.subscribes_weights:
@@ -487,8 +489,18 @@ class Worker(RankMember):
         if self.cls.publishes_weights:
             self.version += 1
             self.nctx.policy_version = self.version
-            self.weights.snapshot(self.version)
+            self.publish_snapshot()
             await self.send_ctl(m.Published(version=self.version, epoch=self.fence.epoch, **self.weights.digest()))
+
+    def publish_snapshot(self) -> None:
+        """Trainers: copy the weights out for the next broadcast. On a data-parallel trainer the
+        full tensors are gathered from every rank, so the other ranks take part at the same point."""
+        if self.weights is not None:
+            self.weights.snapshot(self.version)
+        else:
+            drain = getattr(self.node.weights(), "drain", None)
+            if drain is not None:
+                drain()
 
     async def ack(self, item: Item) -> None:
         for rx, batch in item.acks:
@@ -542,6 +554,8 @@ class Worker(RankMember):
         gc.collect()  # garbage of the start-up goes now; frozen, it would stay
         gc.freeze()
         log.info("ready %.2f s after start (incarnation %d)", time.monotonic() - self.t_start, self.spec.incarnation)
+        if self.cls.publishes_weights:
+            self.publish_snapshot()  # version 0 (or the checkpoint's), before anything can ask for it
         store_port = self.weights.store_port if self.weights is not None else None
         await self.send_ctl(m.Ready(pid=os.getpid(), store_port=store_port))
         self.faults.arm(self.spec.incarnation)
