@@ -125,6 +125,9 @@ class RayLauncher(Launcher):
         ray.cloudpickle.register_pickle_by_value(ray_actor)  # Ray nodes need not import flowrl for the actor
         self.actor_cls = ray.remote(ray_actor.FlowrlNodeProcess)
         self.nodes = {n.name: n for n in cluster.nodes()}
+        if cluster.owned:
+            where = ", ".join(sorted({n.address for n in self.nodes.values()}))
+            print(f"flowrl: Ray cluster {cluster.address} up, {len(self.nodes)} node(s) at {where}", flush=True)
         local_id = cluster.local_node_id()
         self.local = next((n for n in self.nodes.values() if n.node_id == local_id), None)
         self.handles: list[RayProcessHandle] = []

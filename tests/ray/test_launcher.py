@@ -37,6 +37,8 @@ launcher: {{type: ray, address: "ADDRESS"}}
 
 # ----------------------------------------------------------------------------------- no cluster
 class FakeCluster:
+    owned = False
+
     def __init__(self, nodes, local):
         self._nodes, self.local = nodes, local
 
