@@ -19,6 +19,9 @@ run's plan.json. A host that is not a Ray node (`localhost`, from a plan on this
 means the controller's own Ray node. Data and control channels are ipc in this release, so every
 node process must run on the controller's machine; a host elsewhere is refused with that reason.
 
+A lost Ray node: a restart that finds its node gone is a failed start (exit 1, the reason in the
+process's log), so the supervisor's policy ends the run naming the node; re-planning is not done.
+
 Clean ends: `close()` kills every actor this launcher created (each takes its child with it), then
 leaves the cluster, and stops it when it started it. Actors are owned by the controller's Ray
 driver, so if the controller dies Ray removes them too.
@@ -112,6 +115,23 @@ class RayProcessHandle(ProcessHandle):
             pass
 
 
+class FailedStart(ProcessHandle):
+    """A process the launcher could not start (its Ray node is gone): exit code 1 at once, and the
+    reason in its log, so the supervisor's policy decides and the failure text shows why."""
+
+    pid = None
+
+    def __init__(self, log_path: str, reason: str):
+        with open(log_path, "a") as f:
+            f.write(f"flowrl ray launcher: {reason}\n")
+
+    def poll(self) -> int:
+        return 1
+
+    def signal(self, sig: int) -> None:
+        pass
+
+
 class RayLauncher(Launcher):
     def __init__(self, address: str | None = None, *, cluster: RayCluster | None = None):
         if cluster is None:
@@ -125,6 +145,7 @@ class RayLauncher(Launcher):
         ray.cloudpickle.register_pickle_by_value(ray_actor)  # Ray nodes need not import flowrl for the actor
         self.actor_cls = ray.remote(ray_actor.FlowrlNodeProcess)
         self.nodes = {n.name: n for n in cluster.nodes()}
+        self.seen = dict(self.nodes)  # every node ever seen, to name one that is lost
         if cluster.owned:
             where = ", ".join(sorted({n.address for n in self.nodes.values()}))
             print(f"flowrl: Ray cluster {cluster.address} up, {len(self.nodes)} node(s) at {where}", flush=True)
@@ -148,6 +169,11 @@ class RayLauncher(Launcher):
 
     def node_for(self, host: str | None, proc_id: str) -> RayNode:
         node = self.nodes.get(host) if host is not None else None
+        if node is None and host in self.seen:
+            lost = self.seen[host]
+            raise RunFailed(f"Ray node {host!r} ({lost.address}, node id {lost.node_id[:8]}) is gone, so {proc_id} "
+                            "cannot restart on it; moving its processes to another host is not done yet: bring "
+                            "the node back and resume the run (flowrl run --resume RUN_DIR)")
         if node is None and host not in LOCAL_HOSTS:
             raise RunFailed(f"the plan puts {proc_id} on host {host!r}, which is not a node of the Ray cluster "
                             f"(nodes: {', '.join(sorted(self.nodes)) or 'none'}); plan against the cluster with "
@@ -188,7 +214,16 @@ class RayLauncher(Launcher):
                 self.node_for(e["host"], f"{e['node']}/{e['replica']}/{e['rank']}")
         entry = entries.get(key)
         host = spec.get("host") or (entry or {}).get("host")
-        node = self.node_for(host, proc_id)
+        if spec.get("incarnation", 0) > 0:  # a restart: is its Ray node still there?
+            self.nodes = {n.name: n for n in self.cluster.nodes()}
+            self.seen.update(self.nodes)
+            try:
+                node = self.node_for(host, proc_id)
+            except RunFailed as e:  # inside the controller's loop: a failed start, judged by its policy
+                log.warning("%s", e)
+                return FailedStart(str(log_path), str(e))
+        else:
+            node = self.node_for(host, proc_id)  # before the loop: RunFailed ends the run with the reason
         actor = self.actor_cls.options(
             **self.resources(entry, entries), max_concurrency=4, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node.node_id, soft=False)).remote()

@@ -220,3 +220,54 @@ def test_ctrl_c_under_the_ray_launcher_stops_every_process_and_actor(ray_cluster
     wait_for(lambda: not alive(ours), 10, "every node process and actor to be gone")
     assert_cluster_released_everything()
     assert json.loads((run_dir / "plan.json").read_text())["plan"][0]["host"] == "host-a"
+
+
+def test_a_lost_ray_node_is_named_when_a_process_cannot_restart_on_it():
+    launcher = launcher_on([A, B], A.node_id)
+    launcher.nodes = {"host-a": A}  # host-b left the cluster
+    with pytest.raises(RunFailed, match=r"Ray node 'host-b' \(127.0.0.1, node id bbbbbbbb\) is gone, so x/0/0 cannot"):
+        launcher.node_for("host-b", "x/0/0")
+
+
+LOST = f"""\
+name: lost
+nodes:
+  numbers: {{kind: "{N}:Numbers", host: host-a}}
+  scale: {{kind: "{N}:Scale", host: host-c, config: {{delay_s: 0.2}}}}
+  collect: {{kind: "{N}:Collect", host: host-a}}
+edges: [numbers -> scale, scale -> collect]
+schedule: {{steps: 1000, batch_size: 4, max_staleness: 3}}
+supervision: {{heartbeat_s: 0.2, deadline_s: 5.0}}
+launcher: {{type: ray, address: "ADDRESS"}}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_removing_a_ray_node_fails_the_run_naming_the_lost_host_and_leaves_nothing(ray_cluster, tmp_path):
+    import psutil
+
+    from flowrl.ray_cluster import loopback_node_args
+
+    cluster, _ = ray_cluster
+    node_c = cluster.add_node(**loopback_node_args(num_cpus=1, node_name="host-c",
+                                                   temp_dir=cluster.head_node.get_temp_dir_path()))
+    graph = tmp_path / "g.yaml"
+    graph.write_text(LOST.replace("ADDRESS", cluster.address))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(flowrl_command(graph, run_dir, extra=["--inventory", f"ray:{cluster.address}"]),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= 2, 150, "progress")
+        pids = node_processes(run_dir)
+        ours = set(pids.values()) | {psutil.Process(p).ppid() for p in pids.values()}
+        cluster.remove_node(node_c)  # the whole host goes: raylet, its workers, the actor, the node process
+        out, err = proc.communicate(timeout=90)
+    finally:
+        kill_group(proc.pid)
+        proc.wait()
+    assert proc.returncode == 1, err[-3000:]
+    assert "flowrl: run failed: node 'scale'" in err and "Traceback" not in err, err[-3000:]
+    assert "Ray node 'host-c' (127.0.0.1" in err and "is gone" in err, err[-3000:]
+    wait_for(lambda: not alive(ours), 10, "every node process and actor to be gone")
+    assert_cluster_released_everything()
