@@ -107,6 +107,17 @@ def _resolve(address: str) -> str:
     return get_ray_address_from_environment(address, None)
 
 
+def _reachable(address: str, timeout_s: float = 3.0) -> bool:
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def _is_loopback(address: str) -> bool:
     host = address.rsplit(":", 1)[0].strip("[]")
     return host == "localhost" or host == "::1" or host.startswith("127.")
@@ -142,6 +153,11 @@ class RayCluster:
             raise RayClusterError(f"no Ray cluster found for address {address!r} ({e}). Fix: start one "
                                   "(ray start --head --node-ip-address=127.0.0.1), give its GCS address HOST:PORT, "
                                   "or use launcher.address=null for a private one") from None
+        if not _reachable(address):  # ray.init would retry for minutes
+            raise RayClusterError(f"no Ray cluster answers at {address} (nothing accepts connections there). Fix: "
+                                  "start one (ray start --head --node-ip-address=127.0.0.1), check the address "
+                                  "(the GCS HOST:PORT that `ray start` printed), or use launcher.address=null "
+                                  "for a private one")
         if _is_loopback(address):
             keep_on_loopback()  # else this driver looks for its raylet at the interface address and waits forever
         try:

@@ -78,3 +78,20 @@ def test_ray_nodes_sharing_a_name_get_their_node_id_appended_and_dead_nodes_are_
 def test_an_empty_cluster_is_an_inventory_error_that_says_how_to_start_one():
     with pytest.raises(InventoryError, match="ray start --head"):
         RayInventory.from_nodes([], "auto")
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once it is closed
+
+
+def test_flowrl_check_against_an_address_where_no_cluster_answers_exits_2_at_once(tmp_path):
+    (tmp_path / "g.yaml").write_text(PINNED)
+    address = f"127.0.0.1:{closed_port()}"
+    out = subprocess.run([sys.executable, "-m", "flowrl", "check", str(tmp_path / "g.yaml"), "--inventory",
+                          f"ray:{address}"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"no Ray cluster answers at {address}" in out.stderr and "ray start --head" in out.stderr

@@ -271,3 +271,20 @@ def test_removing_a_ray_node_fails_the_run_naming_the_lost_host_and_leaves_nothi
     assert "Ray node 'host-c' (127.0.0.1" in err and "is gone" in err, err[-3000:]
     wait_for(lambda: not alive(ours), 10, "every node process and actor to be gone")
     assert_cluster_released_everything()
+
+
+def test_flowrl_run_with_a_ray_address_where_no_cluster_answers_exits_2_naming_it(tmp_path):
+    from tests.ray.test_inventory import closed_port
+
+    address = f"127.0.0.1:{closed_port()}"
+    graph = tmp_path / "g.yaml"
+    graph.write_text(f"""\
+nodes:
+  numbers: {{kind: "{N}:Numbers"}}
+  collect: {{kind: "{N}:Collect"}}
+edges: [numbers -> collect]
+launcher: {{type: ray, address: "{address}"}}
+""")
+    out = subprocess.run(flowrl_command(graph, tmp_path / "run"), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"no Ray cluster answers at {address}" in out.stderr and "launcher.address=null" in out.stderr
