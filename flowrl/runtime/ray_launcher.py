@@ -137,7 +137,9 @@ class RayLauncher(Launcher):
         if cluster is None:
             if address is None:
                 print("flowrl: starting a private Ray cluster on 127.0.0.1 (launcher.address is null)", flush=True)
-                cluster = RayCluster.start_local()
+                from flowrl.placement.cpu import usable_cores
+
+                cluster = RayCluster.start_local(num_cpus=len(usable_cores()))  # as many as the plan's cores
             else:
                 cluster = RayCluster.connect(address)
         self.cluster = cluster
@@ -187,6 +189,24 @@ class RayLauncher(Launcher):
                             "release, so every node process must run on the controller's machine")
         return node
 
+    def check_fits(self, entries: dict) -> None:
+        """Every process has a Ray node, and each node offers the CPUs and GPUs its processes ask for
+        (else Ray would keep them pending until the start-up timeout, saying nothing)."""
+        asked: dict[str, dict] = {}
+        for e in entries.values():
+            node = self.node_for(e["host"], f"{e['node']}/{e['replica']}/{e['rank']}")
+            need = asked.setdefault(node.name, {"CPU": 0.0, "GPU": 0.0})
+            res = self.resources(e, entries)
+            need["CPU"] += res.get("num_cpus", 0)
+            need["GPU"] += res.get("num_gpus", 0)
+        for name, need in asked.items():
+            have = self.nodes[name].resources
+            for kind, flag in (("CPU", "--num-cpus"), ("GPU", "--num-gpus")):
+                if need[kind] > have.get(kind, 0) + 1e-6:
+                    raise RunFailed(f"the plan needs {need[kind]:g} {kind}s on Ray node {name!r}, which offers "
+                                    f"{have.get(kind, 0):g}; plan against the cluster (--inventory ray) or start the "
+                                    f"node with {flag} {math.ceil(need[kind])}")
+
     @staticmethod
     def resources(entry: dict | None, entries: dict) -> dict:
         """Ray resources for one process: its GPUs, and its share of each CPU core the plan gave it."""
@@ -210,8 +230,7 @@ class RayLauncher(Launcher):
         fresh = spec["run_dir"] not in self.plans
         entries = self.plan_entries(spec["run_dir"])
         if fresh:  # refuse a plan the cluster cannot run before anything of it starts
-            for e in entries.values():
-                self.node_for(e["host"], f"{e['node']}/{e['replica']}/{e['rank']}")
+            self.check_fits(entries)
         entry = entries.get(key)
         host = spec.get("host") or (entry or {}).get("host")
         if spec.get("incarnation", 0) > 0:  # a restart: is its Ray node still there?

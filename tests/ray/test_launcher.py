@@ -88,6 +88,15 @@ def test_hosts_map_to_ray_nodes_and_localhost_to_the_controllers_node():
         launcher.node_for("nowhere", "x/0/0")
 
 
+def test_a_plan_that_needs_more_cpus_than_its_ray_node_offers_is_refused_before_anything_starts():
+    one_cpu = RayNode("solo", "c" * 56, "127.0.0.1", {"CPU": 1})
+    launcher = launcher_on([one_cpu], one_cpu.node_id)
+    entries = {(n, 0, 0): entry(n, "localhost", [core]) for n, core in (("a", 0), ("b", 1), ("c", 1))}
+    with pytest.raises(RunFailed, match=r"needs 2 CPUs on Ray node 'solo', which offers 1; .* --num-cpus 2"):
+        launcher.check_fits(entries)
+    launcher.check_fits({k: v for k, v in entries.items() if k[0] == "a"})  # one core's worth fits
+
+
 def test_a_host_on_another_machine_is_refused_while_channels_are_ipc():
     launcher = launcher_on([A, FAR], A.node_id)
     with pytest.raises(RunFailed, match=r"'far' \(10.0.0.9\), another machine .* channels are ipc"):
