@@ -147,6 +147,7 @@ class RayCluster:
                 raise RayClusterError(f"this process is connected to the Ray cluster at {current} already, not "
                                       f"{address!r}; use that address (or auto)")
             return cls(current, owned=False, joined=False)
+        asked = address
         try:
             address = _resolve(address)
         except (ConnectionError, ValueError) as e:
@@ -160,9 +161,15 @@ class RayCluster:
                                   "for a private one")
         if _is_loopback(address):
             keep_on_loopback()  # else this driver looks for its raylet at the interface address and waits forever
-        try:
-            ray.init(address=address, log_to_driver=False, configure_logging=False, logging_level=logging.WARNING)
+        try:  # `auto` as such: then Ray itself turns on its token auth when ~/.ray/auth_token exists
+            ray.init(address="auto" if asked == "auto" else address, log_to_driver=False, configure_logging=False,
+                     logging_level=logging.WARNING)
         except (ConnectionError, RuntimeError, ValueError) as e:
+            text = f"{e} {e.__cause__ or ''}"
+            if "uthentication" in text or "InvalidAuthToken" in text:
+                raise RayClusterError(
+                    f"the Ray cluster at {address} wants Ray's auth token: set RAY_AUTH_MODE=token (the token is read "
+                    "from ~/.ray/auth_token or $RAY_AUTH_TOKEN), or give the address as auto") from None
             raise RayClusterError(f"cannot join a Ray cluster at {address!r}: {str(e).splitlines()[0] if str(e) else e!r}. "
                                   "Fix: start one (ray start --head --node-ip-address=127.0.0.1) or give its "
                                   "address (HOST:PORT of its GCS); launcher.address=null starts a private one") from None
