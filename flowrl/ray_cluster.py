@@ -31,6 +31,7 @@ from flowrl.errors import FlowrlError
 LOOPBACK = "127.0.0.1"
 CLUSTER_MODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 INSTALL_FIX = 'pip install -e ".[ray]"  (or: pip install "ray>=2.9")'
+START_HINT = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 ray start --head --node-ip-address=127.0.0.1 (docs/multi-host.md)"
 
 
 class RayClusterError(FlowrlError):
@@ -152,11 +153,11 @@ class RayCluster:
             address = _resolve(address)
         except (ConnectionError, ValueError) as e:
             raise RayClusterError(f"no Ray cluster found for address {address!r} ({e}). Fix: start one "
-                                  "(ray start --head --node-ip-address=127.0.0.1), give its GCS address HOST:PORT, "
+                                  f"({START_HINT}), give its GCS address HOST:PORT, "
                                   "or use launcher.address=null for a private one") from None
         if not _reachable(address):  # ray.init would retry for minutes
             raise RayClusterError(f"no Ray cluster answers at {address} (nothing accepts connections there). Fix: "
-                                  "start one (ray start --head --node-ip-address=127.0.0.1), check the address "
+                                  f"start one ({START_HINT}), check the address "
                                   "(the GCS HOST:PORT that `ray start` printed), or use launcher.address=null "
                                   "for a private one")
         if _is_loopback(address):
@@ -171,7 +172,7 @@ class RayCluster:
                     f"the Ray cluster at {address} wants Ray's auth token: set RAY_AUTH_MODE=token (the token is read "
                     "from ~/.ray/auth_token or $RAY_AUTH_TOKEN), or give the address as auto") from None
             raise RayClusterError(f"cannot join a Ray cluster at {address!r}: {str(e).splitlines()[0] if str(e) else e!r}. "
-                                  "Fix: start one (ray start --head --node-ip-address=127.0.0.1) or give its "
+                                  f"Fix: start one ({START_HINT}) or give its "
                                   "address (HOST:PORT of its GCS); launcher.address=null starts a private one") from None
         return cls(address, owned=False)
 

@@ -38,9 +38,11 @@ class RayInventory(Inventory):
     @classmethod
     def from_nodes(cls, nodes, address: str) -> "RayInventory":
         """From `flowrl.ray_cluster.RayNode`s (what `RayCluster.nodes()` returns)."""
+        from flowrl.ray_cluster import START_HINT
+
         if not nodes:
             raise InventoryError([Problem("", f"the Ray cluster at {address!r} has no live node",
-                                          "start one: ray start --head --node-ip-address=127.0.0.1", "ray")])
+                                          f"start one: {START_HINT}", "ray")])
         has_gpus = any(n.gpus for n in nodes)
         hosts, left_out = [], []
         for n in nodes:
