@@ -3,6 +3,7 @@
     python benchmarks/e2e.py                       # full: 300 steps each, seed 0 (~4-5 min on 2 cores)
     python benchmarks/e2e.py --quick               # smoke run: 20 steps each (~1 min)
     python benchmarks/e2e.py --json e2e.json --baseline-threads 1 2 --steps 250
+    python benchmarks/e2e.py --quick --runs overlapped ray   # the local launcher next to the Ray one
 
 The job is the issue's benchmark setting and `graphs/grpo.yaml`'s defaults: GRPO on 6-digit
 reversal, a 2-layer, 128-wide built-in transformer, 8 prompts x 8 samples per step (4 actor
@@ -16,6 +17,10 @@ order, with the same seed and the same number of steps:
   own process (prompts, rollout, reward, reference, advantages, actor), strictly on-policy;
 - ``flowrl overlapped (k=1)``: the same with ``schedule.max_staleness=1`` — the rollout generates
   batch n+1 while the actor trains on batch n.
+- ``flowrl ray launcher (k=1)`` (only with ``--runs ray``; needs the ``ray`` extra): the overlapped
+  run with ``launcher.type=ray``: a private Ray cluster on loopback is started, every node process
+  runs under a Ray actor, and the cluster is stopped at the end. Its start-up s includes the
+  cluster's start.
 
 flowrl runs are the real command in a child process (``--quiet``, no checkpoints but the final
 one: ``schedule.checkpoint_every=0``); their numbers come from the run directory they leave.
@@ -77,11 +82,12 @@ def bench_single_process(*, seed: int, steps: int, threshold: float, threads: in
                      extra={"threads": threads, "config": cfg.model_dump(mode="json")})
 
 
-def bench_flowrl(*, seed: int, steps: int, threshold: float, k: int, run_dir: Path, timeout_s: float) -> dict:
+def bench_flowrl(*, seed: int, steps: int, threshold: float, k: int, run_dir: Path, timeout_s: float,
+                 launcher: str = "local") -> dict:
     from flowrl.testing import run_graph
 
     overrides = [f"seed={seed}", f"schedule.steps={steps}", f"schedule.max_staleness={k}",
-                 "schedule.checkpoint_every=0"]
+                 "schedule.checkpoint_every=0", f"launcher.type={launcher}"]
     launched = time.time()
     result = run_graph(GRAPH, run_dir, overrides=overrides, timeout_s=timeout_s, cwd=ROOT)
     wall = time.time() - launched
@@ -99,10 +105,12 @@ def bench_flowrl(*, seed: int, steps: int, threshold: float, k: int, run_dir: Pa
     plan = json.loads((run_dir / "plan.json").read_text())
     cores = len({d for p in plan["plan"] for d in p.get("devices", [])})
     label = "flowrl sync (k=0)" if k == 0 else f"flowrl overlapped (k={k})"
+    if launcher != "local":
+        label = f"flowrl {launcher} launcher (k={k})"
     staleness = [r["staleness"] for r in ledger if r["event"] == "consumed"]
     return summarize(label, curve, threshold, train_s=done[-1] - first_issued, startup_s=first_issued - launched,
                      wall_s=wall, cores=cores,
-                     extra={"max_staleness": k, "staleness_max_seen": max(staleness),
+                     extra={"max_staleness": k, "launcher": launcher, "staleness_max_seen": max(staleness),
                             "staleness_mean": round(statistics.mean(staleness), 3), "run_dir": str(run_dir)})
 
 
@@ -159,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=0.95, help="batch-mean reward to time (default 0.95)")
     parser.add_argument("--baseline-threads", type=int, nargs="+", default=[1], metavar="T",
                         help="torch threads of the single-process loop; one run per value (default 1)")
-    parser.add_argument("--runs", nargs="+", choices=("single", "sync", "overlapped"),
-                        default=["single", "sync", "overlapped"], help="which runs (default all three)")
+    parser.add_argument("--runs", nargs="+", choices=("single", "sync", "overlapped", "ray"),
+                        default=["single", "sync", "overlapped"],
+                        help="which runs (default the first three; `ray`: the overlapped run under the Ray launcher)")
     parser.add_argument("--keep", metavar="DIR", help="keep the flowrl run directories under DIR")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per flowrl run before it is killed")
     parser.add_argument("--json", metavar="FILE", help="also write the results (with reward curves) as JSON")
@@ -181,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 k = 0 if name == "sync" else 1
                 res = bench_flowrl(seed=args.seed, steps=steps, threshold=args.threshold, k=k,
-                                   run_dir=runs_dir / f"e2e-{name}-{stamp}", timeout_s=args.timeout)
+                                   run_dir=runs_dir / f"e2e-{name}-{stamp}", timeout_s=args.timeout,
+                                   launcher="ray" if name == "ray" else "local")
                 results.append(res)
                 _progress(res)
     print_table(results, args.threshold)

@@ -37,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
                        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("graph", help="graph file (YAML)")
     c.add_argument("overrides", nargs="*", metavar="key.path=value", help="override graph values")
-    c.add_argument("--inventory", metavar="FILE", help="declared inventory (YAML) instead of this machine's devices")
+    c.add_argument("--inventory", metavar="FILE", help="declared inventory (YAML) instead of this machine's devices, "
+                   "or ray[:ADDRESS] for a Ray cluster's nodes")
     c.add_argument("--json", action="store_true", help="print the plan and findings as JSON")
 
     r = sub.add_parser("run", help="run a graph", epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     r.add_argument("--fault", action="append", default=[], metavar="SPEC", help="inject a fault (repeatable)")
     r.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT")
-    r.add_argument("--inventory", metavar="FILE", help="declared inventory (YAML)")
+    r.add_argument("--inventory", metavar="FILE", help="declared inventory (YAML), or ray[:ADDRESS]")
     r.add_argument("--quiet", action="store_true", help="no live view; plain log lines only")
 
     rep = sub.add_parser("report", help="plots and a text summary of a finished run")

@@ -204,13 +204,14 @@ class SupervisionSpec(StrictModel):
 
 
 class LauncherSpec(StrictModel):
-    """Who starts node processes: `local` subprocesses, or `ray` placement groups."""
+    """Who starts node processes: `local` subprocesses, or Ray actors (`ray`, docs/multi-host.md)."""
 
     type: Literal["local", "subprocess", "ray"] = "local"
     """`local`: forked from a server with torch imported (fast restarts); `subprocess`: a fresh
-    interpreter per node; `ray`: Ray placement groups (not in this release)."""
+    interpreter per node; `ray`: each node process under a Ray actor pinned to its planned host."""
     address: str | None = None
-    """Ray cluster address (`ray` only)."""
+    """Ray cluster (`ray` only): `auto` (the one on this machine), its GCS `HOST:PORT`, or null to
+    start a private one on 127.0.0.1 for the run."""
 
 
 class MetricsSpec(StrictModel):

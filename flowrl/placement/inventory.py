@@ -1,4 +1,4 @@
-"""Which inventory to plan on: `--inventory FILE`, else NVML when a GPU is present, else CPU cores.
+"""Which inventory to plan on: `--inventory FILE` (or `ray[:ADDRESS]`), else NVML when a GPU is present, else CPU cores.
 
     inv = get_inventory()                                   # this machine
     inv = get_inventory("examples/inventories/cluster-2x8.yaml")
@@ -23,6 +23,10 @@ def get_inventory(path: str | Path | None = None, *, env: dict | None = None) ->
     A machine whose GPUs are all hidden (`CUDA_VISIBLE_DEVICES=""` or `-1`) plans on its CPU
     cores, as torch would run there. Raises InventoryError (a GraphError) for a bad file.
     """
+    if path is not None and (str(path) == "ray" or str(path).startswith("ray:")):
+        from flowrl.placement.ray_inventory import RayInventory  # `ray[:ADDRESS]`: a Ray cluster's nodes
+
+        return RayInventory.probe(str(path)[4:] or None)
     if path is not None:
         return DeclaredInventory.load(path)
     gpus = NvmlInventory.probe(env=env)

@@ -3,7 +3,7 @@
 `local` (default): processes on this host, forked from a fork server (`forkserver.py`) that has
 already imported torch and the worker, so a restarted node is running in well under the ~1.5 s a
 fresh `import torch` costs. `subprocess`: plain `python -m flowrl.runtime.worker` (no preloading).
-A `ray` launcher plugs into the same seam.
+`ray`: each node process under a Ray actor on its planned host (`ray_launcher.py`).
 
 Every handle is ended by PID: SIGTERM, a bounded wait, SIGKILL.
 """
@@ -189,11 +189,14 @@ class SubprocessLauncher(Launcher):
         return _PopenHandle(popen)
 
 
-def make_launcher(kind: str) -> Launcher:
+def make_launcher(kind: str, *, address: str | None = None) -> Launcher:
+    """`address`: the Ray cluster (`ray` only; None starts a private one on loopback)."""
     if kind == "local":
         return LocalLauncher()
     if kind == "subprocess":
         return SubprocessLauncher()
     if kind == "ray":
-        raise NotImplementedError("the ray launcher is not part of this release yet; use launcher: {type: local}")
-    raise ValueError(f"unknown launcher {kind!r}; use local or subprocess")
+        from flowrl.runtime.ray_launcher import RayLauncher
+
+        return RayLauncher(address)
+    raise ValueError(f"unknown launcher {kind!r}; use local, subprocess or ray")

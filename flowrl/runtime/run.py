@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from flowrl.errors import FlowrlError
 from flowrl.graph import GraphError, Problem, dump_graph, load_graph
 
 
@@ -106,7 +107,16 @@ def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=N
 
         server = serve_prometheus(hub, port=metrics_port, host="127.0.0.1")
         print(f"prometheus metrics on http://127.0.0.1:{server.port}/metrics", flush=True)
-    launcher_obj = make_launcher(spec.launcher.type if launcher == "local" else launcher)
+    try:
+        launcher_obj = make_launcher(spec.launcher.type if launcher == "local" else launcher,
+                                     address=spec.launcher.address)
+    except FlowrlError as e:  # e.g. no Ray, or no Ray cluster at launcher.address
+        _print_err(f"flowrl: {e}")
+        hub.close()
+        if server:
+            server.close()
+        os.umask(old_umask)
+        return 2
     print(f"flowrl: run {spec.name} -> {run_dir}", flush=True)
     summary = graph_summary(spec, plan)
     view = _live_view(hub, summary, quiet, run_dir)

@@ -1,0 +1,91 @@
+"""The Ray actor that holds one node process: it starts `python -m flowrl.runtime.worker SPEC` on its
+host, reports its exit status, and forwards signals to it. Standard library only: Ray ships this
+class to its workers by value, so a cluster node needs flowrl only for the node process itself.
+
+Why a child process and not the worker inside the actor: the node process must be killable by PID
+(`kill -9`, the supervisor's SIGTERM/SIGKILL, `--fault`), report a real exit status, and own its
+signals and stdio, none of which a Ray worker process gives up. The actor is the child's parent:
+
+- the child asks the kernel for SIGKILL when its parent *thread* dies (PR_SET_PDEATHSIG), so it is
+  started from a thread that lives until the child exits, and dies with the actor (kill -9 of the
+  actor, `ray.kill`, its Ray node going away, the controller's driver exiting);
+- the node's heartbeat thread also exits the process when its parent changes;
+- `wait()` returns the child's status (negative: killed by that signal); it runs concurrently
+  with `signal()` (the actor is threaded).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+class FlowrlNodeProcess:
+    """One node process under Ray (its process title reads `ray::FlowrlNodeProcess`)."""
+
+    def __init__(self):
+        self.popen: subprocess.Popen | None = None
+        self.code: int | None = None
+        self.error: str | None = None
+        self.started = threading.Event()
+        self.exited = threading.Event()
+
+    def start(self, argv: list[str], log_path: str, env: dict[str, str], cwd: str | None = None) -> int:
+        """Start the child (in `cwd` when this host has it); returns its PID on this host."""
+
+        def run() -> None:
+            try:
+                with open(log_path, "ab") as log:
+                    self.popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                  env={**os.environ, **env}, start_new_session=True,
+                                                  cwd=cwd if cwd and os.path.isdir(cwd) else None,
+                                                  preexec_fn=_die_with_parent)
+            except OSError as e:
+                self.error = f"cannot start {argv[:3]}: {e}"
+                self.code = 127
+                self.started.set()
+                self.exited.set()
+                return
+            self.started.set()
+            self.code = self.popen.wait()
+            self.exited.set()
+
+        threading.Thread(target=run, daemon=True, name="flowrl-child").start()
+        self.started.wait()
+        if self.error:
+            raise RuntimeError(self.error)
+        return self.popen.pid
+
+    def wait(self) -> int:
+        self.started.wait()
+        self.exited.wait()
+        return self.code
+
+    def signal(self, sig: int) -> bool:
+        """Send `sig` to the child; False when it is not running."""
+        if self.popen is None or self.exited.is_set():
+            return False
+        try:
+            os.kill(self.popen.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def where(self) -> tuple[int, str]:
+        """(actor PID, hostname): for tests and messages."""
+        import socket
+
+        return os.getpid(), socket.gethostname()
