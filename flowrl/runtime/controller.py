@@ -149,7 +149,8 @@ class Controller:
                         is_sink=entry.node in self.sinks, is_source=entry.node in self.sources,
                         faults=self.faults, heartbeat_s=spec.supervision.heartbeat_s, secret=self.secret,
                         serving_dtype=next((spec.nodes[w.dst].dtype for w in spec.weights if w.src == entry.node), None),
-                        sys_path=[p for p in sys.path if p and os.path.isdir(p)], rank_addresses=rank_addresses)
+                        sys_path=[p for p in sys.path if p and os.path.isdir(p)], rank_addresses=rank_addresses,
+                        host=getattr(entry, "host", None))
 
     def resume_from(self, record: dict) -> None:
         """Continue a run whose controller died, from its committed checkpoint."""

@@ -24,6 +24,8 @@ def test_grpo_math_reward_rises_and_the_exported_policy_loads_in_transformers(tm
     last = sum(r["reward_mean"] for r in rows[-5:]) / 5
     assert last > first + 0.08, [round(r["reward_mean"], 3) for r in rows]  # measured: 0.04 -> 0.2
     assert "reward_math_mean" in rows[-1] and "reward_format_mean" in rows[-1]
+    evals = [r for r in result.metrics if "eval/pass@1" in r]  # the evaluator observer, every 10 versions
+    assert evals and {"eval/reward_greedy", "eval/pass@4"} <= set(evals[-1]) and evals[-1]["eval/version"] >= 10
 
     assert main(["export", str(run_dir), "--hf", str(tmp_path / "hf")]) == 0
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
