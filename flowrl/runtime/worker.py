@@ -154,8 +154,12 @@ class Worker(RankMember):
                 route_caps = [o for o in graph.edges if o.dst == spec.node and o.dst_port in (None, port)]
                 cap = min((e.capacity for e in route_caps), default=4)
                 cap_bytes = min((e.capacity_bytes for e in route_caps), default=1 << 30)
+                # no one link (a buggy or hostile producer) may hold all of the input's credit, nor
+                # sit on what it holds for long: the others keep going
                 rx = Receiver(ChannelConfig(capacity_messages=cap, capacity_bytes=cap_bytes,
-                                            peer_timeout_s=self.peer_timeout_s, secret=self.channel_secret), name=f"{spec.node}.{port}")
+                                            link_capacity_messages=max(1, cap // 2) if cap > 2 else None,
+                                            credit_idle_s=2.0, peer_timeout_s=self.peer_timeout_s,
+                                            secret=self.channel_secret), name=f"{spec.node}.{port}")
                 await rx.bind(address)
                 self.receivers[port] = rx
 
