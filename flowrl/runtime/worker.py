@@ -416,8 +416,8 @@ class Worker(RankMember):
         if self.step == 0:
             log.info("first batch %.2f s after start (at %.6f)", time.monotonic() - self.t_start, time.time())
 
-        if item.drop is not None:
-            result = Drop(item.drop)
+        if item.drop is not None:  # a drop marker passes through without a call, on every output
+            result = Drop(item.drop) if self.is_sink else {p: Drop(item.drop) for p in self.cls.outputs}
             if self.dp:
                 await self.tell_followers(item)  # they follow every ticket, drops too
         else:

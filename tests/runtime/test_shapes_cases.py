@@ -132,9 +132,10 @@ def test_a_filter_that_drops_tickets_lets_the_run_finish_without_reissues(tmp_pa
 nodes:
   numbers: {{kind: "{N}:Numbers"}}
   filter: {{kind: "{N}:DropEvery", config: {{every: 3, remainder: 1, keep: 1, empty: {str(empty).lower()}}}}}
+  norm: {{kind: "{N}:Normalizer"}}
   collect: {{kind: "{N}:Chain"}}
   log: {{kind: "{N}:Logger"}}
-edges: [numbers -> filter, filter -> collect, filter -> log]
+edges: [numbers -> filter, filter -> norm, norm -> collect, filter -> log]
 schedule: {{steps: 12, batch_size: 3, max_staleness: 1, ticket_timeout_s: 60}}
 {FAST}
 """
@@ -147,6 +148,7 @@ schedule: {{steps: 12, batch_size: 3, max_staleness: 1, ticket_timeout_s: 60}}
     seen = node_state(result.run_dir, "collect")["seen"]
     assert [bid for bid, _ in seen] == [f"t-{i:06d}" for i in range(12) if i % 3 != 1]
     assert all(s == i * 3 for i, (_, s) in zip([i for i in range(12) if i % 3 != 1], seen))  # shrunk to 1 sample
+    assert node_state(result.run_dir, "norm")["count"] == 8  # the markers passed through it without a call
 
 
 def test_a_node_stuck_inside_process_is_declared_hung_and_replaced(tmp_path):
@@ -162,7 +164,7 @@ def test_a_ticket_that_never_completes_fails_the_run_naming_it_and_where_it_was(
     text = CHAIN.replace("max_staleness: 2, checkpoint_every: 4", "max_staleness: 0, ticket_timeout_s: 1.0, max_attempts: 3")
     text = text.replace("process_timeout_s: 3.0", "process_timeout_s: 60")
     t0 = time.monotonic()
-    result = run_graph(write(tmp_path, text), tmp_path / "run", faults=["slow:norm,seconds=2.5"], timeout_s=120)
+    result = run_graph(write(tmp_path, text), tmp_path / "run", faults=["slow:norm,seconds=8"], timeout_s=120)
     assert result.exit_code == 1
     assert "ticket t-000000 (index 0) was issued 3 times" in result.stderr, result.stderr[-2000:]
     assert "norm/0/0" in result.stderr  # where it was stuck
