@@ -49,10 +49,15 @@ def read_all(path: Path) -> list[dict]:
     for seg in segments(path):
         with gzip.open(seg, "rt", errors="replace") as f:
             rows.extend(_parse(f))
-    if Path(path).exists():
-        with open(path, errors="replace") as f:
-            rows.extend(_parse(f))
-    return rows
+    return rows + read_file(path)
+
+
+def read_file(path: Path) -> list[dict]:
+    """The rows of one JSONL file (none if it does not exist); torn or foreign lines are skipped."""
+    if not Path(path).exists():
+        return []
+    with open(path, errors="replace") as f:
+        return _parse(f)
 
 
 def _parse(lines) -> list[dict]:

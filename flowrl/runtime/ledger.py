@@ -29,19 +29,9 @@ from pathlib import Path
 
 def read_jsonl(path: Path) -> list[dict]:
     """Rows of a JSONL file (ledger.jsonl, metrics.jsonl); a last line cut by a kill is skipped."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    rows = []
-    with open(path, errors="replace") as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
-    return rows
+    from flowrl.segments import read_file
+
+    return read_file(Path(path))
 
 
 def read_ledger(run_dir: Path) -> list[dict]:
