@@ -243,6 +243,7 @@ class Controller:
         self.pending_tickets = []
         self.sync_members = []
         self.recovering = {p.id for p in self.procs}
+        self.recovery_started = self.last_epoch_order = time.monotonic()
         for proc in self.procs:
             if proc.ready and proc.down_since is None and proc.restart_at is None:
                 await self.send(proc, self.epoch_order(proc, epoch))
@@ -276,7 +277,27 @@ class Controller:
         if self.hub:
             self.hub.set("node_up", 0, node=proc.spec.node, replica=str(proc.spec.replica), across="min")
 
+    async def watch_recovery(self) -> None:
+        """A recovery has a deadline too: orders are sent again to whoever has not entered the
+        epoch (a lost message, a process that was starting), and a recovery that does not finish
+        within startup_timeout_s fails the run naming who is missing."""
+        if self.recovering is None:
+            return
+        now = time.monotonic()
+        missing = [p for p in self.procs if p.id in self.recovering]
+        if now - self.recovery_started > self.spec.supervision.startup_timeout_s:
+            self.fail(None, f"recovery epoch {self.book.epoch} did not complete within "
+                            f"{self.spec.supervision.startup_timeout_s:.0f} s (supervision.startup_timeout_s); "
+                            f"still waiting for {', '.join(p.id for p in missing)}")
+            return
+        if now - self.last_epoch_order > 2.0:
+            self.last_epoch_order = now
+            for proc in missing:
+                if proc.wired and proc.down_since is None and proc.restart_at is None:
+                    await self.send(proc, self.epoch_order(proc, self.book.epoch))
+
     async def supervise(self) -> None:
+        await self.watch_recovery()
         self.retire_stopped()
         for proc, why in self.supervisor.check([p for p in self.procs if not p.retired]):
             await self.on_down(proc, why)
@@ -430,6 +451,8 @@ class Controller:
         if self.recovering is not None:
             if epoch == self.book.epoch:
                 await self.entered(proc)
+            else:  # it was starting when the rollback began: it rolls back now
+                await self.send(proc, self.epoch_order(proc, self.book.epoch))
             return
         if proc in self.weight_procs():
             if all(p.ready and p.wired for p in self.weight_procs()):

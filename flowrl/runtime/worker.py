@@ -313,6 +313,9 @@ class Worker(RankMember):
 
     async def enter_epoch(self, msg: m.Epoch) -> None:
         """A stateful node restarted somewhere: drop everything of the old epoch, roll back."""
+        if msg.epoch <= self.fence.epoch:  # an order sent again: we are there already, nothing changes
+            await self.send_ctl(m.Recovered(epoch=self.fence.epoch))
+            return
         stale = [(r, b, "recovery") for _, b, r in self.gate.clear()]
         if self.joins is not None:
             stale += self.joins.clear()

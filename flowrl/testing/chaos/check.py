@@ -87,12 +87,6 @@ def check_ledger(rows: list[dict], sinks: list[str], expected: Expected | None =
             sink = _sink_of(r) or last_sink.get(bid)
             net[(bid, sink)] -= 1
     out = LedgerCheck(issued=len(issued))
-    consumed_rows = Counter(r.get("batch_id") for r in rows if r.get("event") == "consumed")
-    dropped_rows = sum(1 for r in rows if r.get("event") == "dropped")
-    if len(sinks) > 1 and issued and not dropped_rows and all(consumed_rows[b] <= 1 for b in issued) \
-            and any(consumed_rows[b] for b in issued):
-        out.per_ticket = True
-        return out
     by_index = {i: b for b, i in issued.items()}
     for bid, index in sorted(issued.items(), key=lambda kv: kv[1]):
         for sink in sinks:
