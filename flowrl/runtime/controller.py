@@ -112,7 +112,7 @@ class Controller:
         self.failure: str | None = None
         self.interrupted = None
         self.started = False
-        self.last_progress = 0.0
+        self.last_progress, self.progress_sent = 0.0, -1
         if resume:
             self.resume_from(resume)
 
@@ -512,12 +512,13 @@ class Controller:
     async def progress(self) -> None:
         """Tell every node which tickets are complete (they forget cached outputs), now and then."""
         now = time.monotonic()
-        if now - self.last_progress < 0.25:
+        low = self.scheduler.complete_below
+        if now - self.last_progress < 0.25 or low == self.progress_sent:
             return
-        self.last_progress = now
+        self.last_progress, self.progress_sent = now, low
         for p in self.procs:
             if p.wired:
-                await self.send(p, m.Progress(complete_below=self.scheduler.complete_below))
+                await self.send(p, m.Progress(complete_below=low))
 
     # tickets --------------------------------------------------------------------------------
     async def reissue(self, make, reason: str) -> None:

@@ -416,9 +416,8 @@ class Worker(RankMember):
         """Call the node once for `item` and send what it returned (or the drop marker)."""
         from flowrl.runtime.contract import outputs_of
 
-        if self.step == 0:
+        if self.step == 0 and item.drop is None:
             log.info("first batch %.2f s after start (at %.6f)", time.monotonic() - self.t_start, time.time())
-
         if item.drop is not None:  # a drop marker passes through without a call, on every output
             result = Drop(item.drop) if self.is_sink else {p: Drop(item.drop) for p in self.cls.outputs}
             if self.dp:
