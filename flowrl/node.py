@@ -30,7 +30,8 @@ Rules the runtime relies on:
   all of them roll back to the last consistent checkpoint and the tickets after it are replayed
   (docs/recovery.md).
 - Returning None (or `flowrl.Drop("why")`, or a batch with no samples) drops the ticket: a drop
-  marker flows on and every sink records the ticket as dropped. A dict result sends on the ports
+  marker flows on and every sink records the ticket as dropped. `flowrl.Drop("why", replace=True)`
+  also asks the scheduler for one more ticket in its place (the work is held for a later ticket). A dict result sends on the ports
   it names; ports it leaves out get the drop marker. Two edges from one output port both get
   every batch (broadcast). Samples of one prompt group are contiguous in a batch
   (`meta["samples_per_prompt"]` long each).
@@ -72,9 +73,28 @@ class Ticket:
 @dataclass(frozen=True)
 class Drop:
     """Return `flowrl.Drop("no reward variance")` from `process`/`join`/`generate` to drop a
-    ticket with a reason (returning None drops it too, with reason "returned None")."""
+    ticket with a reason (returning None drops it too, with reason "returned None").
+
+    `Drop(reason, replace=True)` says the ticket's work is held for a later ticket, not lost (a
+    DAPO filter filling a batch with the groups of several tickets): the scheduler issues one more
+    ticket in its place, so the run still makes `schedule.steps` training updates (at most
+    `schedule.max_replaced` extra tickets per run)."""
 
     reason: str = "dropped"
+    replace: bool = False
+
+    @property
+    def marker(self) -> str:
+        """The drop marker's text as it travels in the batch header."""
+        return REPLACE_MARK + self.reason if self.replace and not is_replace(self.reason) else self.reason
+
+
+REPLACE_MARK = "[replace] "
+"""Prefix of a drop marker whose ticket the scheduler replaces (see `Drop.replace`)."""
+
+
+def is_replace(marker: str | None) -> bool:
+    return bool(marker) and marker.startswith(REPLACE_MARK)
 
 
 @dataclass

@@ -1,15 +1,33 @@
-"""DAPO dynamic-sampling filter: drop prompt groups with zero reward variance.
+"""DAPO dynamic sampling: drop prompt groups with zero reward variance, and fill each training
+batch back up with the groups of later tickets.
 
     rollout -> rewards -> dapo -> reference -> advantages -> actor
-    dapo: {kind: dapo_filter}
+    dapo: {kind: dapo_filter, config: {max_batches: 10}}
 
-Reads `scores [B*G]` and meta `samples_per_prompt` (G); samples of one prompt are contiguous.
-Passes on only the groups whose samples scored differently (every tensor is `select`ed, so the
-batch shrinks to K*G rows) and records `dapo_groups_kept`, `dapo_groups_dropped` (sums) and
-`dapo_kept_ratio` (mean). A batch with no group left is dropped whole (`process` returns None; the
-runtime records the ticket as dropped). The meta key `dapo_need` says how many groups the batch
-lacks: what a source would be asked to replace once the runtime can ask for more prompts.
+Reads `scores [B*G]` and meta `samples_per_prompt` (G); samples of one prompt are contiguous. A
+group whose samples all scored the same has GRPO advantage 0: it costs a training pass and
+teaches nothing. The filter keeps the other groups whole, in order, and:
+
+- `fill: true` (the default, DAPO's dynamic sampling): holds the kept groups until it has
+  `groups` of them (default: the ticket's own prompt count), then passes on a batch of exactly
+  that many. A ticket whose groups are held is dropped with `replace=True`, so the scheduler
+  issues one more ticket in its place: the source is asked for replacement prompts and the run
+  still makes `schedule.steps` training updates. After `max_batches` tickets without a full batch
+  it passes on what it has (counted in `dapo_underfilled`), or drops the ticket for good when it
+  has nothing. Held groups are part of the node's checkpointed state (the node is stateful), so a
+  crash neither loses nor repeats one. Groups held past the end of the run stay unused
+  (`dapo_groups_held` says how many).
+- `fill: false`: passes on the smaller batch (only the kept groups); a batch with no group left is
+  dropped whole.
+
+Metrics: `dapo_groups_kept`, `dapo_groups_dropped` (sums), `dapo_kept_ratio` (mean),
+`dapo_tickets_per_batch` (mean, fill mode), `dapo_underfilled` (count), `dapo_groups_held` (gauge).
+Held groups are older than the ticket they train with: the batch's `policy_version` is its oldest
+sample's, so the sinks' `staleness` metric shows the true age (at most `max_batches - 1` steps more
+than `schedule.max_staleness`).
 """
+
+from __future__ import annotations
 
 from pydantic import Field
 
@@ -17,9 +35,22 @@ import flowrl
 
 
 class DapoFilter(flowrl.Node):
+    stateful = True
+
     class Config(flowrl.NodeConfig):
         min_std: float = Field(0.0, ge=0)
         """Drop a group whose reward std is at most this (0: only groups of identical rewards)."""
+        fill: bool = True
+        """Fill each batch to `groups` groups with the kept groups of later tickets (DAPO); false:
+        pass on the smaller batch."""
+        groups: int | None = Field(None, ge=1)
+        """Groups (prompts) per training batch when filling; None: the ticket's own prompt count."""
+        max_batches: int = Field(10, ge=1)
+        """Tickets one training batch may gather groups from; then it goes on with what it has."""
+
+    async def setup(self):
+        self.held: list[flowrl.Batch] = []  # kept groups of earlier tickets, oldest first
+        self.waited = 0  # tickets that went into the batch being filled
 
     async def process(self, batch, port):
         from flowrl.rl.dynamic_sampling import filter_groups
@@ -30,9 +61,55 @@ class DapoFilter(flowrl.Node):
         rec.count("dapo_groups_kept", f.kept)
         rec.count("dapo_groups_dropped", f.dropped)
         rec.mean("dapo_kept_ratio", f.kept / max(1, f.kept + f.dropped), weight=f.kept + f.dropped)
-        if f.kept == 0:
-            return None
-        if f.dropped == 0:
-            return batch
-        out = batch.select(f.keep_samples)
-        return out.replace(meta={**out.meta, "dapo_need": f.dropped})
+        kept = batch if f.dropped == 0 else batch.select(f.keep_samples) if f.kept else None
+        if not self.config.fill:
+            return kept
+        return self.fill(kept, batch, g, target=self.config.groups or batch.num_samples // g)
+
+    def fill(self, kept, batch, g: int, target: int):
+        rec = self.ctx.recorder
+        if kept is not None:
+            self.held.append(kept.to_torch())  # one kind of tensor, whatever the channel delivered
+        self.waited += 1
+        have = sum(b.num_samples for b in self.held) // g
+        if have < target and self.waited < self.config.max_batches:
+            rec.gauge("dapo_groups_held", have)
+            return flowrl.Drop(f"{have}/{target} groups with reward variance after {self.waited} tickets; "
+                               "held for the next batch", replace=True)
+        rec.mean("dapo_tickets_per_batch", self.waited)
+        self.waited = 0
+        if have == 0:
+            rec.gauge("dapo_groups_held", 0)
+            return flowrl.Drop(f"no group with reward variance in {self.config.max_batches} tickets")
+        rec.count("dapo_underfilled", int(have < target))
+        merged = self.merge(batch)
+        out, rest = merged.select(slice(0, target * g)), merged.select(slice(target * g, None))
+        self.held = [rest] if rest.num_samples else []
+        rec.gauge("dapo_groups_held", rest.num_samples // g)
+        return out.replace(meta={**out.meta, "dapo_groups": min(have, target)})
+
+    def merge(self, batch):
+        """The held groups as one batch with this ticket's meta (its sampling facts)."""
+        first = self.held[0]
+        for b in self.held[1:]:
+            for name, t in b.tensors.items():
+                mine = first.tensors.get(name)
+                if mine is None or tuple(mine.shape[1:]) != tuple(t.shape[1:]) or \
+                        b.meta.get("prompt_len") != first.meta.get("prompt_len"):
+                    raise ValueError(
+                        f"dapo_filter cannot put groups of {first.batch_id} and {b.batch_id} in one batch: tensor "
+                        f"{name!r} is {list(getattr(mine, 'shape', []))} in one and {list(t.shape)} in the other "
+                        f"(prompt_len {first.meta.get('prompt_len')} vs {b.meta.get('prompt_len')}). Give every "
+                        "ticket the same widths (the dataset node's max_prompt_tokens pads prompts to one "
+                        "length) or set fill: false")
+        return flowrl.Batch.concat(self.held, meta=batch.meta)
+
+    def state_dict(self):
+        return {"waited": self.waited,
+                "held": [{"tensors": dict(b.to_torch().tensors), "meta": dict(b.meta), "batch_id": b.batch_id,
+                          "policy_version": b.policy_version} for b in self.held]}
+
+    def load_state_dict(self, state):
+        self.waited = int(state["waited"])
+        self.held = [flowrl.Batch(tensors=h["tensors"], meta=h["meta"], batch_id=h["batch_id"],
+                                  policy_version=int(h["policy_version"])) for h in state["held"]]

@@ -186,6 +186,9 @@ class ScheduleSpec(StrictModel):
     max_attempts: int = Field(10, ge=1)
     """A ticket issued this many times (first try included) without reaching every sink fails the
     run with an error naming the ticket, where it was stuck and the last error."""
+    max_replaced: int | None = Field(None, ge=0)
+    """Most tickets added in place of tickets dropped with `replace=True` (a DAPO filter holding
+    groups for a fuller batch); None: `steps`. Past it a replace drop is a plain drop (recorded)."""
 
 
 class SupervisionSpec(StrictModel):

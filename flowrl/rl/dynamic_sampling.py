@@ -10,7 +10,8 @@ al. 2025, section 3.2). Samples of one prompt are contiguous: rows ``[g*G, (g+1)
 ``g`` (the built-in rollout's `repeat_interleave` layout).
 
 :class:`DynamicSampling` keeps the running counts and says how many groups a batch still lacks
-(`need`): the number of replacement prompts to ask the source for, once the runtime can.
+(`need`). The `dapo_filter` node fills the batch back up with the kept groups of later tickets
+and drops the tickets it holds with `replace=True`, so the scheduler asks the source for more.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class GroupFilter:
 
 def filter_groups(scores: torch.Tensor, group_size: int, min_std: float = 0.0) -> GroupFilter:
     """Drop the groups of ``scores [B]`` whose std (population) is ``<= min_std`` (0: all equal)."""
+    scores = torch.as_tensor(scores)
     b = scores.shape[0]
     if group_size < 1 or b % group_size:
         raise ValueError(f"batch of {b} scores does not split into groups of {group_size} "

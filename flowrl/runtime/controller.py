@@ -94,7 +94,7 @@ class Controller:
         self.scheduler = Scheduler(steps=sched.steps, batch_size=sched.batch_size, max_staleness=sched.max_staleness,
                                    sinks=self.sinks, stateful_sinks=[s for s in self.sinks if s in self.stateful],
                                    ticket_timeout_s=sched.ticket_timeout_s, max_attempts=sched.max_attempts,
-                                   ledger=self.ledger)
+                                   max_replaced=sched.max_replaced, ledger=self.ledger)
         self.procs = ProcTable()
         self.supervisor = Supervisor(launcher, run_dir, sup, {n: node.on_failure for n, node in spec.nodes.items()})
         self.build_procs()
@@ -112,7 +112,7 @@ class Controller:
         self.failure: str | None = None
         self.interrupted = None
         self.started = False
-        self.last_progress, self.progress_sent = 0.0, -1
+        self.last_progress, self.progress_sent, self.steps_sent = 0.0, -1, sched.steps
         if resume:
             self.resume_from(resume)
 
@@ -160,7 +160,7 @@ class Controller:
         self.book.committed = record
         self.book.epoch = record.get("epoch", 0) + 1
         self.scheduler.resume(step, record.get("version", step), self.book.epoch,
-                              read_ledger(self.run_dir))
+                              read_ledger(self.run_dir), record.get("scheduler", {}).get("replaced_below", 0))
         self.ledger.write("resumed", "-", 0, step=step, epoch=self.book.epoch)
         for proc in self.procs:
             self.prepare_start(proc)
@@ -169,6 +169,7 @@ class Controller:
         """Where a (re)started process begins: the current epoch, the committed checkpoint."""
         ps = proc.spec
         ps.epoch = self.book.epoch
+        ps.steps = self.scheduler.steps
         committed = self.book.committed
         if ps.node in self.stateful:
             ps.resume_from = self.book.file_for(proc.id)
@@ -501,24 +502,27 @@ class Controller:
                               extra={"staleness_max": msg.staleness})
             write_status(self.run_dir, self.hub.live_state(), phase="running", graph=self.summary)
         self.maybe_commit()
+        if self.scheduler.steps != self.steps_sent:  # a replaced ticket: nodes learn the new end first
+            await self.progress()
         await self.flush_tickets()
 
     def maybe_commit(self) -> None:
         step = self.book.committable(self.scheduler.complete_below)
         if step is not None:
-            self.book.commit(step, self.scheduler.state_dict())
+            self.book.commit(step, self.scheduler.state_dict(step))
             log.info("checkpoint %d committed", step)
 
     async def progress(self) -> None:
         """Tell every node which tickets are complete (they forget cached outputs), now and then."""
         now = time.monotonic()
         low = self.scheduler.complete_below
-        if now - self.last_progress < 0.25 or low == self.progress_sent:
+        steps = self.scheduler.steps
+        if (now - self.last_progress < 0.25 or low == self.progress_sent) and steps == self.steps_sent:
             return
-        self.last_progress, self.progress_sent = now, low
+        self.last_progress, self.progress_sent, self.steps_sent = now, low, steps
         for p in self.procs:
             if p.wired:
-                await self.send(p, m.Progress(complete_below=low))
+                await self.send(p, m.Progress(complete_below=low, steps=steps))
 
     # tickets --------------------------------------------------------------------------------
     async def reissue(self, make, reason: str) -> None:
@@ -567,7 +571,7 @@ class Controller:
                 await self.loop_until(lambda: self.scheduler.done and self.recovering is None)
                 if not self.failure and self.stateful:  # the final checkpoint: a finished run can be extended
                     with anyio.move_on_after(60):
-                        await self.loop_until(lambda: (self.book.committed or {}).get("step") == self.spec.schedule.steps)
+                        await self.loop_until(lambda: (self.book.committed or {}).get("step") == self.scheduler.steps)
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):

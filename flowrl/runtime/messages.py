@@ -206,9 +206,11 @@ class Epoch:
 
 @message("progress", "controller -> node")
 class Progress:
-    """Every ticket below `complete_below` is consumed by every sink: caches may forget them."""
+    """Every ticket below `complete_below` is consumed by every sink: caches may forget them. The
+    run issues `steps` tickets (more than the graph's when tickets were replaced)."""
 
     complete_below: int
+    steps: int
 
 
 @message("connect", "controller -> node")

@@ -53,6 +53,7 @@ class ProcSpec:
     serving_dtype: str | None = None  # publishers: the dtype their subscribers hold weights in
     secret: str = ""  # the run's control-plane secret (the file is readable by its owner only)
     sys_path: list[str] = field(default_factory=list)  # the controller's import path, for user node modules
+    steps: int = 0  # tickets the run issues now (0: the graph's schedule.steps); grows with replaced tickets
 
     @property
     def proc_id(self) -> str:

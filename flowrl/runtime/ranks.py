@@ -21,7 +21,7 @@ import time
 
 from typing import TYPE_CHECKING
 
-from flowrl.node import Drop
+from flowrl.node import REPLACE_MARK, Drop, is_replace
 
 if TYPE_CHECKING:
     from flowrl.runtime.inputs import Item
@@ -92,7 +92,7 @@ class RankMember:
             await self.rank_rx.ack(out)
             if out.batch_id == item.batch_id and out.attempt == item.attempt and out.meta.get("_rank") == rank:
                 if out.drop is not None:
-                    return Drop(out.drop)
+                    return Drop(out.drop.removeprefix(REPLACE_MARK), replace=is_replace(out.drop))
                 return out.replace(meta={k: v for k, v in out.meta.items() if k != "_rank"})
 
     async def tell_followers(self, item: Item) -> None:
@@ -130,7 +130,7 @@ class RankMember:
                 result = outputs_of(out, node=self.spec.node, method="process", ports=self.cls.outputs)[self.cls.outputs[0]]
             route = dict(batch_id=shard.batch_id, attempt=shard.attempt, index=shard.index, epoch=shard.epoch)
             if isinstance(result, Drop):
-                reply = Batch(meta={"_rank": self.spec.rank}, drop=result.reason, **route)
+                reply = Batch(meta={"_rank": self.spec.rank}, drop=result.marker, **route)
             elif result is None:
                 reply = Batch(meta={"_rank": self.spec.rank}, **route)
             else:

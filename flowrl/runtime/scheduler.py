@@ -11,6 +11,10 @@ is open: `reissue_open` sends it out again with `attempt + 1` when a node that h
 `TicketExhausted` naming it. `rollback(step)` undoes every stateful sink's consumption from `step`
 on (their state was restored to that checkpoint) and issues those tickets again.
 
+A ticket whose drop marker asks to be replaced (`flowrl.Drop(..., replace=True)`: a DAPO filter
+holds its groups for a later batch) extends the run by one ticket once it completes, so the run
+still makes `steps` training updates; at most `max_replaced` tickets are added per run.
+
 Memory and per-call cost are O(open tickets): consumption per sink is an `IndexSet` (a watermark
 plus the few above it), and complete tickets are forgotten. Pure bookkeeping: no sockets, no
 processes; the controller drives it and every event goes to the ledger.
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 from flowrl.errors import FlowrlError
 from flowrl.runtime.indexset import IndexSet
 from flowrl.runtime.ledger import Ledger
-from flowrl.node import Ticket
+from flowrl.node import Ticket, is_replace
 
 
 class TicketExhausted(FlowrlError):
@@ -48,8 +52,9 @@ class Scheduler:
 
     def __init__(self, *, steps: int, batch_size: int, max_staleness: int, sinks: list[str],
                  ticket_timeout_s: float, ledger: Ledger, run_id: str = "t", stateful_sinks=(),
-                 max_attempts: int = 10, epoch: int = 0):
-        self.steps, self.batch_size, self.k = steps, batch_size, max_staleness
+                 max_attempts: int = 10, epoch: int = 0, max_replaced: int | None = None):
+        self.base_steps, self.batch_size, self.k = steps, batch_size, max_staleness
+        self.max_replaced = steps if max_replaced is None else max_replaced
         self.sinks = list(sinks)
         self.stateful_sinks = set(stateful_sinks)
         self.ticket_timeout_s = ticket_timeout_s
@@ -63,6 +68,12 @@ class Scheduler:
         self.complete = IndexSet()
         self.open: dict[int, TicketState] = {}
         self.attempts: dict[int, int] = {}  # last attempt of indices issued before a rollback
+        # replaced tickets: sinks that got a replace marker (open tickets), then the completed ones
+        # above the last commit (a rollback may undo them) and a count of those below it
+        self.replace_marks: dict[int, set[str]] = {}
+        self.replaced: dict[int, set[str]] = {}
+        self.replaced_below = 0
+        self.replace_refused = 0
 
     # ids ------------------------------------------------------------------------------------
     def batch_id(self, index: int) -> str:
@@ -73,6 +84,11 @@ class Scheduler:
         return int(batch_id.rsplit("-", 1)[1])
 
     # state ----------------------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        """Tickets the run issues: `steps` plus one per replaced ticket."""
+        return self.base_steps + self.replaced_below + len(self.replaced)
+
     @property
     def completed(self) -> int:
         """Tickets consumed by every sink."""
@@ -151,17 +167,32 @@ class Scheduler:
             self.ledger.write("duplicate_dropped", bid, attempt, node=sink, why="already consumed by this sink")
             return False
         if dropped_by is not None:
-            self.ledger.write("dropped", bid, attempt, node=sink, by=dropped_by)
+            replace = is_replace(dropped_by)
+            self.ledger.write("dropped", bid, attempt, node=sink, by=dropped_by, **({"replace": True} if replace else {}))
+            if replace:
+                self.replace_marks.setdefault(index, set()).add(sink)
         else:
             self.ledger.write("consumed", bid, attempt, node=sink, **extra)
         if all(index in s for s in self.consumed_by.values()):
             self.complete.add(index)
             self.open.pop(index, None)
             self.ledger.write("completed", bid, attempt)
+            self._maybe_replace(index, attempt)
             for i in [i for i in self.attempts if i < self.complete.low]:
                 del self.attempts[i]
             return True
         return False
+
+    def _maybe_replace(self, index: int, attempt: int) -> None:
+        sinks = self.replace_marks.pop(index, None)
+        if not sinks:
+            return
+        if self.replaced_below + len(self.replaced) >= self.max_replaced:
+            self.replace_refused += 1
+            self.ledger.write("replace_refused", self.batch_id(index), attempt, limit=self.max_replaced)
+            return
+        self.replaced[index] = sinks
+        self.ledger.write("replaced", self.batch_id(index), attempt, steps=self.steps)
 
     def consumed_above(self, sink: str, n: int) -> list[int]:
         """Tickets >= n that sink node `sink` already has (to tell a restarted sink)."""
@@ -178,6 +209,13 @@ class Scheduler:
         for sink in self.stateful_sinks:
             for i in self.consumed_by[sink].truncate(step):
                 self.ledger.write("rolled_back", self.batch_id(i), 0, node=sink, reason=reason)
+        for i in [i for i in self.replaced if i >= step]:  # replaced again if they drop again
+            self.replace_marks[i] = self.replaced.pop(i)
+            self.ledger.write("replace_undone", self.batch_id(i), 0, reason=reason)
+        for i in [i for i in self.replace_marks if i >= step]:
+            self.replace_marks[i] -= self.stateful_sinks
+            if not self.replace_marks[i]:
+                del self.replace_marks[i]
         self.complete.truncate(step)
         for i, state in self.open.items():
             self.attempts[i] = max(self.attempts.get(i, 0), state.attempt)
@@ -187,16 +225,21 @@ class Scheduler:
         self.next_index = min(self.next_index, step)
         self.version = version
 
-    def state_dict(self) -> dict:
-        """What a checkpoint at `next_index == step` needs beyond the node states: small."""
-        return {"version": self.version,
+    def state_dict(self, step: int) -> dict:
+        """What the checkpoint at `step` needs beyond the node states: small. Tickets below `step`
+        are complete: the ones replaced there count from now on as a number."""
+        for i in [i for i in self.replaced if i < step]:
+            del self.replaced[i]
+            self.replaced_below += 1
+        return {"version": self.version, "replaced_below": self.replaced_below,
                 "stateless_consumed": {s: self.consumed_by[s].above(self.complete.low)
                                        for s in self.sinks if s not in self.stateful_sinks}}
 
-    def resume(self, step: int, version: int, epoch: int, ledger_rows: list[dict]) -> None:
+    def resume(self, step: int, version: int, epoch: int, ledger_rows: list[dict], replaced_below: int = 0) -> None:
         """Continue a run from its checkpoint at `step`: tickets below it are complete; what
         stateless sinks consumed from `step` on stays consumed; stateful sinks' is rolled back."""
         self.epoch = epoch
+        self.replaced_below, self.replaced, self.replace_marks = replaced_below, {}, {}
         self.complete = IndexSet(step)
         for s in self.sinks:
             self.consumed_by[s] = IndexSet(step)
@@ -214,6 +257,8 @@ class Scheduler:
             delta = {"consumed": 1, "dropped": 1, "rolled_back": -1}.get(event, 0)
             if delta:
                 net[(node, i)] = net.get((node, i), 0) + delta
+            if event == "dropped" and row.get("replace") and node not in self.stateful_sinks:
+                self.replace_marks.setdefault(i, set()).add(node)
             if event == "issued":
                 self.attempts[i] = max(self.attempts.get(i, 0), row.get("attempt", 0))
             elif event == "reissued":
@@ -225,8 +270,11 @@ class Scheduler:
                 self.ledger.write("rolled_back", self.batch_id(i), 0, node=node, reason="resume")
             else:
                 self.consumed_by[node].add(i)
-        for i in range(step, self.steps):
+        i = step
+        while i < self.steps:  # a replaced ticket adds one to `steps`
             if all(i in s for s in self.consumed_by.values()):
                 self.complete.add(i)
+                self._maybe_replace(i, 0)
+            i += 1
         self.next_index = step
         self.version = version

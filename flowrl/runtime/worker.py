@@ -117,7 +117,8 @@ class Worker(RankMember):
         self.joins = JoinBuffer(cls.inputs) if self.is_join else None
         self.seen = SinkSeen(spec.watermark, spec.consumed) if self.is_sink and not self.stateful else None
         sched = graph.schedule
-        self.checkpoint_every, self.steps = sched.checkpoint_every, sched.steps
+        self.checkpoint_every, self.steps = sched.checkpoint_every, spec.steps or sched.steps
+        self.saved_at = -1
         if spec.world_size > 1:
             import torch.distributed as dist
 
@@ -209,6 +210,7 @@ class Worker(RankMember):
         from flowrl.runtime.checkpoints import file_name, save_state
 
         self.faults.on_checkpoint(step)
+        self.saved_at = step
         name = file_name(self.spec.log_name, step, self.fence.epoch)
         with self.recorder.span("checkpoint", step=step):
             save_state(Path(self.spec.run_dir) / "checkpoints" / name, self.node.state_dict(), step=step,
@@ -285,6 +287,7 @@ class Worker(RankMember):
             await self.enter_epoch(msg)
         elif isinstance(msg, m.Progress):
             self.forget_below(msg.complete_below)
+            await self.extend_to(msg.steps)
         elif isinstance(msg, m.Wire):
             await self.wire()
         elif isinstance(msg, (m.Connect, m.Disconnect)):
@@ -304,6 +307,15 @@ class Worker(RankMember):
                 route.addresses.remove(msg.address)
                 for batch in await tx.disconnect(msg.address):  # not acknowledged there: to the others
                     await tx.send(batch)
+
+    async def extend_to(self, steps: int) -> None:
+        """The run's end moved (replaced tickets): its final checkpoint is at the new end; if this
+        node got there before it heard, it saves now (its state is the state after `steps`)."""
+        if steps == self.steps:
+            return
+        self.steps = steps
+        if self.ordered is not None and self.ordered.watermark == steps and self.saved_at != steps:
+            await self.save_checkpoint(steps)
 
     def forget_below(self, index: int) -> None:
         if self.cache is not None:
@@ -462,7 +474,8 @@ class Worker(RankMember):
         min_version = src.min_version if item.min_version is None else item.min_version
         pv = -1 if self.is_source else src.policy_version
         if isinstance(out, Drop):
-            reason = out.reason if item.drop is not None else f"{self.spec.node}: {out.reason}"
+            reason = out.reason if item.drop is not None else \
+                Drop(f"{self.spec.node}: {out.reason}", replace=out.replace).marker
             return Batch(batch_id=item.batch_id, attempt=item.attempt, index=item.index, min_version=min_version,
                          epoch=item.epoch, drop=reason[:1000], policy_version=pv)
         return out.replace(batch_id=item.batch_id, attempt=item.attempt, index=item.index, min_version=min_version,

@@ -240,3 +240,32 @@ class StrictNormalizer(Normalizer):
     """A `Normalizer` that declares its input: batches without an int64 `x` are rejected."""
 
     requires = {"x": "int64"}
+
+
+class Groups(flowrl.Source):
+    """Ticket -> `size` prompt groups of `samples` rows each, as a rollout + reward would emit them:
+    `rows` is each sample's prompt number (index * size + g), `scores` alternate 0/1 within a group,
+    except for prompts whose number % `flat_every` == 0, whose samples all score 1 (nothing to
+    learn: a DAPO filter drops them)."""
+
+    class Config(flowrl.NodeConfig):
+        samples: int = 2
+        flat_every: int = 3
+
+    async def generate(self, ticket):
+        g = self.config.samples
+        rows = np.repeat(np.arange(ticket.index * ticket.size, (ticket.index + 1) * ticket.size, dtype=np.int64), g)
+        scores = np.tile(np.arange(g, dtype=np.float32) % 2, ticket.size)
+        scores[rows % self.config.flat_every == 0] = 1.0
+        return flowrl.Batch(tensors={"rows": rows, "scores": scores}, meta={"samples_per_prompt": g})
+
+
+class Rows(Collect):
+    """A stateful sink that records the prompt numbers (`rows`) of every batch it trains on."""
+
+    async def process(self, batch, port):
+        if self.config.delay_s:
+            await anyio.sleep(self.config.delay_s)
+        rows = np.asarray(batch.tensors["rows"])
+        self.seen.append([batch.batch_id, rows.tolist()])
+        self.ctx.recorder.count("samples", batch.num_samples)

@@ -40,22 +40,64 @@ def test_the_running_counts_and_the_shortfall_against_a_target():
     assert need == 4 and sampler.empty_batches == 1 and sampler.dropped == 6
 
 
-def _batch(scores, g):
+def _batch(scores, g, index=1, version=5):
     n = len(scores)
-    return flowrl.Batch(tensors={"scores": torch.tensor(scores), "tokens": torch.arange(n)[:, None].repeat(1, 3),
+    return flowrl.Batch(tensors={"scores": torch.tensor(scores, dtype=torch.float32),
+                                 "tokens": (torch.arange(n)[:, None] + 100 * index).repeat(1, 3),
                                  "response_mask": torch.ones(n, 2, dtype=torch.bool)},
-                        meta={"samples_per_prompt": g}, batch_id="t-000001")
+                        meta={"samples_per_prompt": g, "prompt_len": 1}, batch_id=f"t-{index:06d}",
+                        policy_version=version)
 
 
-def test_the_node_shrinks_the_batch_to_whole_kept_groups_and_counts_the_drops(tmp_path):
-    node = make_node(DapoFilter, {}, name="dapo")
+def test_without_fill_the_node_shrinks_the_batch_to_whole_kept_groups_and_counts_the_drops(tmp_path):
+    node = make_node(DapoFilter, {"fill": False}, name="dapo")
     out = call(node.process, _batch([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0], 2), "in")
     assert out.num_samples == 4 and out.batch_id == "t-000001"
-    assert out.tensors["tokens"][:, 0].tolist() == [0, 1, 6, 7]  # samples stay with their group, in order
-    assert out.meta["dapo_need"] == 2 and out.meta["samples_per_prompt"] == 2
+    assert out.tensors["tokens"][:, 0].tolist() == [100, 101, 106, 107]  # samples stay with their group, in order
+    assert out.meta["samples_per_prompt"] == 2
     assert call(node.process, _batch([1.0] * 4, 2), "in") is None  # nothing to learn from: the ticket is dropped
     full = _batch([1.0, 0.0] * 2, 2)
     assert call(node.process, full, "in") is full  # nothing dropped: the batch passes as it is
     row = metrics_row(node, tmp_path)
     assert row["dapo_groups_kept"] == 4 and row["dapo_groups_dropped"] == 4
     assert row["dapo_kept_ratio_mean"] == pytest.approx(4 / 8)
+
+
+def test_fill_holds_kept_groups_until_a_batch_of_the_tickets_size_is_full_and_asks_for_replacements(tmp_path):
+    node = make_node(DapoFilter, {}, name="dapo")
+    first = call(node.process, _batch([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0], 2, index=1, version=3), "in")
+    assert isinstance(first, flowrl.Drop) and first.replace and "2/4 groups" in first.reason
+    out = call(node.process, _batch([0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.5, 1.0], 2, index=2, version=4), "in")
+    # 4 groups = the ticket's prompt count: the two held (ticket 1) first, then two of ticket 2
+    assert out.num_samples == 8 and out.tensors["tokens"][:, 0].tolist() == [100, 101, 106, 107, 200, 201, 204, 205]
+    assert out.policy_version == 3  # its oldest sample's version: staleness counts the wait
+    assert out.meta["dapo_groups"] == 4
+    # the surplus group of ticket 2 is held for the next batch, and is saved with the node's state
+    assert [b.tensors["tokens"][:, 0].tolist() for b in node.held] == [[206, 207]]
+    state = node.state_dict()
+    again = make_node(DapoFilter, {}, name="dapo")
+    again.load_state_dict(state)
+    assert again.waited == node.waited == 0 and torch.equal(again.held[0].tensors["tokens"], node.held[0].tensors["tokens"])
+    row = metrics_row(node, tmp_path)
+    assert row["dapo_groups_kept"] == 5 and row["dapo_groups_dropped"] == 3
+    assert row["dapo_tickets_per_batch_mean"] == 2 and row["dapo_groups_held"] == 1
+
+
+def test_fill_gives_up_after_max_batches_with_what_it_has_or_drops_for_good_when_it_has_nothing(tmp_path):
+    node = make_node(DapoFilter, {"max_batches": 2, "groups": 3}, name="dapo")
+    assert call(node.process, _batch([1.0, 0.0, 1.0, 1.0], 2, index=1), "in").replace
+    out = call(node.process, _batch([1.0, 1.0, 0.0, 0.0], 2, index=2), "in")
+    assert out.num_samples == 2 and out.meta["dapo_groups"] == 1  # underfilled, not stuck
+    assert call(node.process, _batch([1.0] * 4, 2, index=3), "in").replace
+    last = call(node.process, _batch([0.0] * 4, 2, index=4), "in")
+    assert isinstance(last, flowrl.Drop) and not last.replace and "no group" in last.reason
+    assert metrics_row(node, tmp_path)["dapo_underfilled"] == 1
+
+
+def test_groups_of_different_widths_are_refused_with_the_fix():
+    node = make_node(DapoFilter, {}, name="dapo")
+    call(node.process, _batch([1.0, 0.0, 1.0, 1.0], 2, index=1), "in")
+    wide = _batch([1.0, 0.0, 0.0, 1.0], 2, index=2)
+    wide = wide.replace(tensors={**wide.tensors, "tokens": torch.zeros(4, 5, dtype=torch.int64)})
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        call(node.process, wide, "in")

@@ -135,3 +135,79 @@ def test_index_set_keeps_a_watermark_and_the_few_above_it():
     assert not x.add(2)
     assert x.truncate(2) == [2, 3] and x.low == 2
     assert x.above(0) == [0, 1]
+
+
+REPLACE = "[replace] dapo: 1/4 groups, waiting for more"
+
+
+def test_a_ticket_dropped_with_replace_adds_one_ticket_so_the_run_keeps_its_updates(ledger_path):
+    s = make(ledger_path, k=0, steps=4)
+    s.issuable()
+    for i in range(3):  # tickets 1 and 2 are held for later batches: the run grows to 6 tickets
+        assert s.consumed("actor", i, 0, dropped_by=REPLACE if i in (1, 2) else None)
+        s.set_version(s.completed)
+        s.issuable()
+    assert s.steps == 6
+    while not s.done:
+        consume_next(s)
+        s.issuable()
+    assert s.completed == 6 and s.next_index == 6
+    events = rows(s)
+    assert [r["batch_id"] for r in events if r["event"] == "replaced"] == ["t-000001", "t-000002"]
+    assert sum(1 for r in events if r["event"] == "consumed") == 4  # four training updates, as asked
+    assert audit_ledger(events, sinks=["actor"]).exactly_once
+    assert s.consumed("actor", 6, 0) is False  # past the (grown) end is still refused
+
+
+def test_replacements_are_bounded_and_past_the_bound_a_replace_drop_is_a_plain_drop(ledger_path):
+    s = Scheduler(steps=3, batch_size=2, max_staleness=0, sinks=["actor"], stateful_sinks=["actor"],
+                  ticket_timeout_s=10, ledger=Ledger(ledger_path), max_replaced=2)
+    while not s.done:
+        for t in s.issuable():
+            s.consumed("actor", t.index, 0, dropped_by=REPLACE)
+            s.set_version(s.completed)
+    assert s.steps == 5 and s.replace_refused == 3
+    assert sum(1 for r in rows(s) if r["event"] == "replace_refused") == 3
+
+
+def test_a_rollback_undoes_replacements_made_after_the_checkpoint_and_keeps_those_before(ledger_path):
+    s = make(ledger_path, k=0, steps=6, sinks=("actor", "logger"), stateful=("actor",))
+    for i in range(5):
+        s.issuable()
+        drop = REPLACE if i in (1, 3) else None
+        s.consumed("logger", i, 0, dropped_by=drop)
+        s.consumed("actor", i, 0, dropped_by=drop)
+        s.set_version(s.completed)
+    assert s.steps == 8
+    assert s.state_dict(2)["replaced_below"] == 1  # the checkpoint at 2 counts ticket 1 as replaced
+    s.rollback(2, version=2, epoch=1, reason="actor/0/0 exited")
+    assert s.steps == 7  # ticket 3 is open again; the logger's replace mark is kept for it
+    for t in s.issuable():
+        s.consumed("actor", t.index, t.attempt)
+    assert s.steps == 7
+    s.set_version(s.completed)
+    while not s.done:  # ticket 3 completes again when the actor drops it again: replaced once more
+        i = min(s.issuable() and s.open)
+        s.consumed("actor", i, s.open[i].attempt, dropped_by=REPLACE if i == 3 else None)
+        if i >= 5:
+            s.consumed("logger", i, 0)
+        s.set_version(s.completed)
+    assert s.steps == 8 and s.completed == 8
+    assert audit_ledger(rows(s), sinks=["actor", "logger"]).exactly_once
+
+
+def test_resume_counts_the_replacements_of_the_checkpoint_and_those_stateless_sinks_made_after(ledger_path):
+    s = make(ledger_path, k=0, steps=4, sinks=("actor", "logger"), stateful=("actor",))
+    for i in range(3):
+        s.issuable()
+        s.consumed("logger", i, 0, dropped_by=REPLACE if i in (0, 2) else None)
+        s.consumed("actor", i, 0, dropped_by=REPLACE if i in (0, 2) else None)
+        s.set_version(s.completed)
+    state = s.state_dict(2)
+    s.ledger.close()
+    r = make(ledger_path, k=0, steps=4, sinks=("actor", "logger"), stateful=("actor",))
+    r.resume(2, version=2, epoch=1, ledger_rows=read_jsonl(ledger_path), replaced_below=state["replaced_below"])
+    assert r.steps == 5  # ticket 0 (before the checkpoint); ticket 2 is the actor's to redo
+    t = r.issuable()[0]
+    r.consumed("actor", t.index, t.attempt, dropped_by=REPLACE)
+    assert r.steps == 6
