@@ -42,6 +42,7 @@ class Rollout(flowrl.Node):
         from flowrl.engines import build_engine
 
         ctx = self.ctx
+        self.ends: dict[str, tuple[int, int]] = {}
         self.engine = build_engine(self.config.engine, model=self.config.model, device=ctx.device,
                                    dtype=ctx.dtype, seed=ctx.seed, devices=ctx.devices)
 
@@ -54,14 +55,29 @@ class Rollout(flowrl.Node):
     def load_weights(self, tensors, version):
         self.engine.load_weights(tensors.items(), version)
 
-    async def process(self, batch, port):
-        from flowrl.engines import Sampling
+    def end_ids(self, tokenizer: dict | None) -> tuple[int, int]:
+        """EOS and PAD ids: the tokenizer's the batch names (`meta["tokenizer"]`, written by the
+        dataset source: a chat model ends a turn with its own token), else the digit tasks'."""
         from flowrl.tasks import EOS, PAD
 
+        if tokenizer is None:
+            return EOS, PAD
+        key = repr(sorted(tokenizer.items()))
+        if key not in self.ends:
+            from flowrl.data import tokenizer_for
+
+            tok = tokenizer_for(tokenizer)
+            self.ends[key] = (tok.eos_id, tok.pad_id)
+        return self.ends[key]
+
+    async def process(self, batch, port):
+        from flowrl.engines import Sampling
+
         cfg = self.config
+        eos, pad = self.end_ids(batch.meta.get("tokenizer"))
         sampling = Sampling(n=cfg.samples_per_prompt, temperature=cfg.temperature, top_p=cfg.top_p,
                             max_new_tokens=cfg.max_new_tokens or batch.meta["max_new_tokens"],
-                            eos_id=EOS, pad_id=PAD, stop_token_ids=tuple(cfg.stop_token_ids))
+                            eos_id=eos, pad_id=pad, stop_token_ids=tuple(cfg.stop_token_ids))
         index = max(batch.index, 0)
         t0 = time.perf_counter()
         out = self.engine.generate(batch.tensors["prompts"], sampling, seed=self.ctx.seed * 1_000_003 + index)
