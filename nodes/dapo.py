@@ -82,16 +82,24 @@ class DapoFilter(flowrl.Node):
             rec.gauge("dapo_groups_held", 0)
             return flowrl.Drop(f"no group with reward variance in {self.config.max_batches} tickets")
         rec.count("dapo_underfilled", int(have < target))
-        merged = self.merge(batch)
-        out, rest = merged.select(slice(0, target * g)), merged.select(slice(target * g, None))
-        self.held = [rest] if rest.num_samples else []
-        rec.gauge("dapo_groups_held", rest.num_samples // g)
+        taken, need = [], target * g
+        while need and self.held:  # oldest groups first; each part keeps its own policy version
+            part = self.held[0]
+            if part.num_samples <= need:
+                taken.append(self.held.pop(0))
+            else:
+                taken.append(part.select(slice(0, need)))
+                self.held[0] = part.select(slice(need, None))
+            need -= taken[-1].num_samples
+        rec.gauge("dapo_groups_held", sum(b.num_samples for b in self.held) // g)
+        out = self.merge(taken, batch)
         return out.replace(meta={**out.meta, "dapo_groups": min(have, target)})
 
-    def merge(self, batch):
-        """The held groups as one batch with this ticket's meta (its sampling facts)."""
-        first = self.held[0]
-        for b in self.held[1:]:
+    @staticmethod
+    def merge(parts, batch):
+        """Groups of several tickets as one batch with this ticket's meta (its sampling facts)."""
+        first = parts[0]
+        for b in parts[1:]:
             for name, t in b.tensors.items():
                 mine = first.tensors.get(name)
                 if mine is None or tuple(mine.shape[1:]) != tuple(t.shape[1:]) or \
@@ -102,7 +110,7 @@ class DapoFilter(flowrl.Node):
                         f"(prompt_len {first.meta.get('prompt_len')} vs {b.meta.get('prompt_len')}). Give every "
                         "ticket the same widths (the dataset node's max_prompt_tokens pads prompts to one "
                         "length) or set fill: false")
-        return flowrl.Batch.concat(self.held, meta=batch.meta)
+        return flowrl.Batch.concat(parts, meta=batch.meta)
 
     def state_dict(self):
         return {"waited": self.waited,

@@ -13,6 +13,7 @@ final line on exit — a log a person can read and a script can grep.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -43,6 +44,7 @@ class LiveView:
                  status_dir: str | os.PathLike | None = None, status_interval_s: float = 1.0):
         self.hub = hub
         self.graph = GraphSummary.coerce(graph_summary)
+        self._summary = graph_summary if isinstance(graph_summary, dict) else None  # total_steps may grow
         self.stream = stream if stream is not None else sys.stdout
         isatty = getattr(self.stream, "isatty", lambda: False)
         self.plain = (not isatty()) if plain is None else plain
@@ -69,6 +71,9 @@ class LiveView:
         return self
 
     def state(self) -> dict[str, Any]:
+        total = (self._summary or {}).get("total_steps")
+        if total is not None and total != self.graph.total_steps:  # tickets added in place of replaced ones
+            self.graph = dataclasses.replace(self.graph, total_steps=total)
         state = self.hub.live_state()
         state["graph"] = self.graph.to_dict()
         return state

@@ -503,6 +503,8 @@ class Controller:
             write_status(self.run_dir, self.hub.live_state(), phase="running", graph=self.summary)
         self.maybe_commit()
         if self.scheduler.steps != self.steps_sent:  # a replaced ticket: nodes learn the new end first
+            if self.summary is not None:
+                self.summary["total_steps"] = self.scheduler.steps  # the live view's "step i/N"
             await self.progress()
         await self.flush_tickets()
 

@@ -74,6 +74,7 @@ def test_fill_holds_kept_groups_until_a_batch_of_the_tickets_size_is_full_and_as
     assert out.meta["dapo_groups"] == 4
     # the surplus group of ticket 2 is held for the next batch, and is saved with the node's state
     assert [b.tensors["tokens"][:, 0].tolist() for b in node.held] == [[206, 207]]
+    assert node.held[0].policy_version == 4  # its own version, not the oldest of the batch it left
     state = node.state_dict()
     again = make_node(DapoFilter, {}, name="dapo")
     again.load_state_dict(state)
