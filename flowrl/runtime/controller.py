@@ -310,27 +310,33 @@ class Controller:
     # messages from nodes ---------------------------------------------------------------------
     async def receive_loop(self) -> None:
         while True:
-            frames = await self.router.recv_multipart()
-            if len(frames) != 2:
-                self.rejected += 1
-                continue
-            identity, data = frames
-            if identity.startswith(b"client#"):
+            await self.receive_one()
+
+    async def receive_one(self, only: type | None = None) -> None:
+        """Take one control message and act on it (only messages of type `only`, if given)."""
+        frames = await self.router.recv_multipart()
+        if len(frames) != 2:
+            self.rejected += 1
+            return
+        identity, data = frames
+        if identity.startswith(b"client#"):
+            if only is None:
                 await self.on_client(identity, data)
-                continue
-            proc, current = self.procs.by_identity(identity)
-            if proc is None or not current:
-                continue  # a stranger, or an old incarnation's last words
-            try:
-                msg = m.decode(data)
-            except m.ControlError as e:
-                self.rejected += 1
-                log.warning("bad control message from %s: %s", proc.id, e)
-                continue
-            if not hmac.compare_digest(msg.k or "", self.secret):
-                self.rejected += 1
-                log.warning("control message for %s without the run's secret: dropped", proc.id)
-                continue
+            return
+        proc, current = self.procs.by_identity(identity)
+        if proc is None or not current:
+            return  # a stranger, or an old incarnation's last words
+        try:
+            msg = m.decode(data)
+        except m.ControlError as e:
+            self.rejected += 1
+            log.warning("bad control message from %s: %s", proc.id, e)
+            return
+        if not hmac.compare_digest(msg.k or "", self.secret):
+            self.rejected += 1
+            log.warning("control message for %s without the run's secret: dropped", proc.id)
+            return
+        if only is None or isinstance(msg, only):
             await self.on_message(proc, msg)
 
     async def on_client(self, identity: bytes, data: bytes) -> None:
@@ -605,7 +611,8 @@ class Controller:
                 await self.send(proc, m.Stop())
         deadline = time.monotonic() + self.spec.supervision.stop_timeout_s
         while any(p.alive for p in self.procs) and time.monotonic() < deadline:
-            await anyio.sleep(0.05)
+            with anyio.move_on_after(0.05):  # the last metrics each node sends on its way out
+                await self.receive_one(only=m.Heartbeat)
         for proc in self.procs:
             if proc.handle:
                 proc.handle.stop(1.0)

@@ -273,6 +273,7 @@ class Worker(RankMember):
                 if time.monotonic() - self.last_metrics > 0.1:  # metrics land in their own step's row
                     await self.send_metrics()
             if self.stopping:
+                await self.send_metrics()  # what it recorded since the last heartbeat (the last spans)
                 return
 
     # control orders -------------------------------------------------------------------------
