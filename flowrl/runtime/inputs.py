@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from flowrl.node import is_replace
 from flowrl.runtime.indexset import IndexSet
 
 
@@ -117,8 +118,10 @@ class JoinBuffer:
             return None, drops
         del self.parts[bid]
         self.joined[bid] = (attempt, batch.index)
-        parts = {p: b for p, (b, _) in held[2].items()}
-        drop = next((b.drop for b in parts.values() if b.drop is not None), None)
+        parts = {p: held[2][p][0] for p in self.ports}  # port order, not arrival order
+        markers = [b.drop for b in parts.values() if b.drop is not None]
+        # the same marker whichever part came first; one asking for a replacement wins
+        drop = next((d for d in markers if is_replace(d)), markers[0] if markers else None)
         item = Item(batch.index, bid, attempt, batch.epoch, None, None, parts,
                     acks=[(r, b) for b, r in held[2].values()], drop=drop)
         return item, drops

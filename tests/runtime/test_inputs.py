@@ -51,6 +51,15 @@ def test_join_of_a_drop_marker_is_a_drop():
     assert item.drop == "filter: empty"
 
 
+def test_a_join_of_two_markers_says_the_same_whichever_came_first_and_a_replacement_wins():
+    for order in (("a", "b"), ("b", "a")):
+        j = JoinBuffer(("a", "b", "c"))
+        markers = {"a": "filter: empty", "b": "[replace] dapo: held", "c": None}
+        for port in (*order, "c"):
+            item, _ = j.offer(port, b(5, drop=markers[port]), None)
+        assert item.drop == "[replace] dapo: held" and list(item.parts) == ["a", "b", "c"]
+
+
 def test_ordered_delivery_hands_out_tickets_in_index_order_each_once():
     o = Ordered(watermark=2)
     items = {i: Item(i, f"t{i}", 0, 0) for i in (1, 2, 3, 4)}
