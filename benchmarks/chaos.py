@@ -95,7 +95,8 @@ def shapes_main(args) -> int:
     keep = Path(args.keep) if args.keep else None
     with tempfile.TemporaryDirectory(prefix="flowrl-shapes-") as d:
         workdir = keep or Path(d)
-        results = campaign(seeds, per, workdir, jobs=args.jobs, features=features, on_result=show, total=args.shapes)
+        results = campaign(seeds, per, workdir, jobs=args.jobs, features=features, on_result=show, total=args.shapes,
+                           holds=args.holds)
     refs = [r for r in results if r.schedule == "ref"]
     runs = [r for r in results if r.schedule != "ref"]
     count = lambda pred: sum(1 for r in runs if pred(r))
@@ -134,6 +135,8 @@ def main() -> int:
     ap.add_argument("--shapes", type=int, metavar="N", help="run N random shape x fault schedules instead")
     ap.add_argument("--per-shape", type=int, default=3, help="--shapes: schedules per random shape")
     ap.add_argument("--jobs", type=int, default=2, help="--shapes: shapes run in parallel")
+    ap.add_argument("--holds", action="store_true",
+                    help="--shapes: shapes with Hold nodes (tickets dropped with replace=True, like DAPO)")
     ap.add_argument("--keep", metavar="DIR", help="--shapes: keep every run directory under DIR")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="FILE")

@@ -44,6 +44,11 @@ SMALL = {"max_nodes": 6, "max_processes": 7, "steps": (10, 20)}
 
 FEATURES = Features.detect()
 PLAN = plan(SHAPE_SEEDS, PER_SHAPE, FEATURES, **SMALL)
+HOLD_SEEDS, HOLD_PER_SHAPE = [5, 12], 2
+"""Shapes with a `Hold` node (a DAPO-like filter whose held tickets are replaced): a join, a
+replicated sink and a stateful transform between them."""
+HOLD_PLAN = plan(HOLD_SEEDS, HOLD_PER_SHAPE, FEATURES, holds=True, **SMALL)
+HOLD_SCHEDULES = [s for _, scheds in HOLD_PLAN for s in scheds]
 SHAPES = {shape.seed: shape for shape, _ in PLAN}
 SCHEDULES = [s for _, scheds in PLAN for s in scheds]
 
@@ -60,7 +65,8 @@ class _Ctx:
 
 
 def run_in_process(shape, batch_id=lambda i: f"t-{i:06d}"):
-    """The shape's node classes called directly, ticket by ticket: what a perfect runtime does."""
+    """The shape's node classes called directly, ticket by ticket: what a perfect runtime does
+    (a replace drop that reaches a sink adds a ticket, at most `steps` in all)."""
     import flowrl
 
     objs = {}
@@ -69,15 +75,18 @@ def run_in_process(shape, batch_id=lambda i: f"t-{i:06d}"):
         objs[d.name] = cls(cls.Config.model_validate(d.config), _Ctx())
         asyncio.run(objs[d.name].setup())
     outcomes = {s: {} for s in shape.sinks}
-    for i in range(shape.steps):
-        out = {}
+    replaced, i = 0, 0
+    while i < shape.steps + replaced:
+        out, asks = {}, False
         for d in shape.nodes.values():
             node = objs[d.name]
             ins = {p: out[src] for p, src in d.inputs.items()}
-            if any(b is None for b in ins.values()):
-                out[d.name] = None
+            drops = [b for b in ins.values() if isinstance(b, flowrl.Drop)]
+            if drops:
+                out[d.name] = next((b for b in drops if b.replace), drops[0])
                 if d.sink:
                     outcomes[d.name][i] = "dropped"
+                    asks |= out[d.name].replace
                 continue
             if d.cls == "TicketSource":
                 ticket = flowrl.Ticket(batch_id=batch_id(i), index=i, attempt=0, min_policy_version=0,
@@ -87,19 +96,24 @@ def run_in_process(shape, batch_id=lambda i: f"t-{i:06d}"):
                 res = asyncio.run(node.join(ins))
             else:
                 res = asyncio.run(node.process(ins["in"], "in"))
+            if res is None:
+                res = flowrl.Drop("returned None")
             if d.sink:
                 outcomes[d.name][i] = "consumed"
             out[d.name] = res
+        replaced += asks and replaced < shape.steps
+        i += 1
     return {n: objs[n].state_dict() for n in shape.stateful}, outcomes
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_synthetic_nodes_run_in_process_give_exactly_the_models_states_and_outcomes(seed):
-    shape = random_shape(seed)
-    states, outcomes = run_in_process(shape)
-    expected = simulate(shape)
-    assert states == expected.states
-    assert outcomes == expected.outcomes
+    for shape in (random_shape(seed), random_shape(seed, holds=True)):
+        states, outcomes = run_in_process(shape)
+        expected = simulate(shape)
+        assert states == expected.states
+        assert outcomes == expected.outcomes  # over every ticket, the added ones too
+        assert all(len(o) == expected.total for o in outcomes.values())
 
 
 def test_every_generated_shape_is_a_graph_that_loads_and_passes_the_structure_checks():
@@ -195,6 +209,25 @@ def test_fault_free_run_of_a_random_shape_completes_with_the_models_ledger_and_s
 def test_random_faults_on_a_random_shape_keep_exactly_once_and_state_or_fail_naming_the_culprit(runs, schedule):
     res = runs[(schedule.shape_seed, schedule.id)]
     assert res.ok, res.explain(SHAPES[schedule.shape_seed])
+
+
+@pytest.fixture(scope="module")
+def hold_runs(tmp_path_factory):
+    jobs = int(os.environ.get("FLOWRL_CHAOS_JOBS", "2"))
+    results = campaign(HOLD_SEEDS, HOLD_PER_SHAPE, tmp_path_factory.mktemp("holds"), jobs=jobs, features=FEATURES,
+                       holds=True, **SMALL)
+    return {(r.shape, r.schedule): r for r in results}
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("schedule", ["ref", *HOLD_SCHEDULES],
+                         ids=["ref"] + [s.id for s in HOLD_SCHEDULES])
+def test_shapes_whose_tickets_are_held_and_replaced_keep_exactly_once_under_faults(hold_runs, schedule):
+    for seed in HOLD_SEEDS if schedule == "ref" else [schedule.shape_seed]:
+        shape = dict((sh.seed, sh) for sh, _ in HOLD_PLAN)[seed]
+        assert "replaced tickets" in shape.traits() and simulate(shape).total > shape.steps
+        res = hold_runs[(seed, "ref" if schedule == "ref" else schedule.id)]
+        assert res.ok, res.explain(shape)
 
 
 def test_the_time_bound_comes_from_the_graphs_own_timeouts():

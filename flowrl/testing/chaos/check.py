@@ -146,6 +146,9 @@ def compare_state(node: str, got: dict | None, want: dict) -> str | None:
     """None when equal bitwise; otherwise what differs, in ticket indices (missing, repeated, order)."""
     if got is None:
         return f"{node}: no state in the final checkpoint"
+    if "held" in want:  # a Hold node: the values it still holds at the end
+        return None if got.get("held") == want["held"] else \
+            f"{node}: holds {len(got.get('held', []))} batches at the end, the model {len(want['held'])}"
     if got.get("chain") == want["chain"] and got.get("count") == want["count"]:
         return None
     seen = list(got.get("indices", []))

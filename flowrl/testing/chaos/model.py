@@ -31,6 +31,12 @@ class Expected:
     states: dict[str, dict] = field(default_factory=dict)
     outcomes: dict[str, dict[int, str]] = field(default_factory=dict)
     reached: dict[str, list[int]] = field(default_factory=dict)
+    total: int = 0
+    """Tickets the run issues: the shape's steps plus one per replaced ticket."""
+
+
+DROP, REPLACE = "drop", "replace"
+"""Drop markers in the simulation: a plain drop, and one that asks for a replacement ticket."""
 
 
 def simulate(shape, batch_id: Callable[[int], str] = default_batch_id) -> Expected:
@@ -39,19 +45,24 @@ def simulate(shape, batch_id: Callable[[int], str] = default_batch_id) -> Expect
     chains = {name: N.EMPTY_CHAIN for name, d in shape.nodes.items() if d.stateful}
     counts = {name: 0 for name in chains}
     indices: dict[str, list[int]] = {name: [] for name in chains}
+    held: dict[str, list[np.ndarray]] = {name: [] for name, d in shape.nodes.items() if d.cls == "Hold"}
     for d in shape.nodes.values():
         out.reached[d.name] = []
         if d.sink:
             out.outcomes[d.name] = {}
-    for i in range(shape.steps):
+    replaced, i = 0, 0
+    while i < shape.steps + replaced:
         bid = batch_id(i)
-        value: dict[str, np.ndarray | None] = {}
+        value: dict[str, np.ndarray | str] = {}
+        asks = False  # a sink got a marker asking for a replacement
         for d in shape.nodes.values():  # topological order
             ins = [value[p] for p in d.inputs.values()]
-            if any(x is None for x in ins):
-                value[d.name] = None
+            markers = [x for x in ins if isinstance(x, str)]
+            if markers:
+                value[d.name] = REPLACE if REPLACE in markers else DROP
                 if d.sink:
                     out.outcomes[d.name][i] = "dropped"
+                    asks |= value[d.name] == REPLACE
                 continue
             out.reached[d.name].append(i)
             cfg = d.config
@@ -60,22 +71,38 @@ def simulate(shape, batch_id: Callable[[int], str] = default_batch_id) -> Expect
             elif d.cls == "Mix":
                 x = N.mix_values(ins[0], cfg.get("mul", 3), cfg.get("add", 1))
             elif d.cls == "Drop":
-                x = None if N.drops(cfg.get("seed", 0), bid, cfg.get("rate", 0.25)) else ins[0]
+                x = DROP if N.drops(cfg.get("seed", 0), bid, cfg.get("rate", 0.25)) else ins[0]
             elif d.cls == "Shrink":
                 x = ins[0][N.shrink_mask(ins[0], cfg.get("seed", 0))]
+            elif d.cls == "Hold":
+                if len(held[d.name]) < cfg.get("max_held", 2) and N.holds(cfg.get("seed", 0), bid, cfg.get("rate", 0.3)):
+                    held[d.name].append(ins[0])
+                    x = REPLACE
+                else:
+                    x, held[d.name] = np.concatenate([*held[d.name], ins[0]]), []
             elif d.cls == "Merge":
                 x = np.concatenate([value[d.inputs["a"]], value[d.inputs["b"]]])
             elif d.cls in ("Fold", "FoldSink", "LogSink"):
                 x = ins[0]
             else:
                 raise ValueError(f"node {d.name!r}: unknown synthetic class {d.cls!r}")
-            if d.stateful:
+            if isinstance(x, str):  # this node dropped the ticket
+                value[d.name] = x
+                continue
+            if d.stateful and d.cls != "Hold":
                 chains[d.name] = N.fold_state(chains[d.name], bid, x)
                 counts[d.name] += 1
                 indices[d.name].append(i)
             if d.sink:
                 out.outcomes[d.name][i] = "consumed"
             value[d.name] = x
+        if asks and replaced < shape.steps:  # the scheduler adds one ticket, at most `steps` in all
+            replaced += 1
+        i += 1
+    out.total = shape.steps + replaced
     for name, chain in chains.items():
-        out.states[name] = {"chain": chain, "count": counts[name], "indices": indices[name]}
+        if name in held:
+            out.states[name] = {"held": [h.tolist() for h in held[name]]}
+        else:
+            out.states[name] = {"chain": chain, "count": counts[name], "indices": indices[name]}
     return out

@@ -2,6 +2,10 @@
 
     TicketSource -> Mix -> Fold (stateful) -> Drop -> Merge.a ... -> FoldSink (stateful), LogSink
 
+`Hold` (stateful, like a DAPO filter) holds some tickets' batches and drops them with
+`replace=True`; the runtime then issues one more ticket, and the held values go out in front of
+the next batch the node passes on.
+
 Every batch is `x`: int64[size] plus `meta["ix"]`, the ticket index. Every output is a pure function
 of the input, so what each node should see is known from the graph alone (`flowrl.testing.chaos.model`
 computes it). A stateful node's state is a hash chain over (batch id, digest of the batch's content)
@@ -35,6 +39,11 @@ def drops(seed: int, batch_id: str, rate: float) -> bool:
     """Whether a `Drop` filter with this seed drops this batch (a hash, so it never changes)."""
     h = int.from_bytes(hashlib.blake2b(f"{seed}:{batch_id}".encode(), digest_size=8).digest(), "little")
     return (h % 10_000) < rate * 10_000
+
+
+def holds(seed: int, batch_id: str, rate: float) -> bool:
+    """Whether a `Hold` node with this seed holds this batch (a hash, other than `drops`')."""
+    return drops(seed + 7_919, batch_id, rate)
 
 
 def shrink_mask(x: np.ndarray, seed: int) -> np.ndarray:
@@ -110,6 +119,37 @@ class Shrink(flowrl.Node):
         return batch.select(shrink_mask(np.asarray(batch.tensors["x"]), self.config.seed))
 
 
+class Hold(flowrl.Node):
+    """Stateful filter: holds the batch of a ticket that `holds(seed, batch id, rate)` picks (at most
+    `max_held` in a row), dropping the ticket with `replace=True`; the next batch it passes on
+    carries every held value in front of its own."""
+
+    stateful = True
+
+    class Config(flowrl.NodeConfig):
+        seed: int = 0
+        rate: float = 0.3
+        max_held: int = 2
+
+    async def setup(self):
+        self.held: list[list[int]] = []
+
+    async def process(self, batch, port):
+        x = np.asarray(batch.tensors["x"])
+        if len(self.held) < self.config.max_held and holds(self.config.seed, batch.batch_id, self.config.rate):
+            self.held.append(x.tolist())
+            return flowrl.Drop("held", replace=True)
+        out = np.concatenate([np.asarray(h, dtype=np.int64) for h in self.held] + [x])
+        self.held = []
+        return batch.replace(tensors={"x": out})
+
+    def state_dict(self):
+        return {"held": [list(h) for h in self.held]}
+
+    def load_state_dict(self, state):
+        self.held = [list(h) for h in state["held"]]
+
+
 class Merge(flowrl.Join):
     """Join of two branches: x = concat(a.x, b.x)."""
 
@@ -174,5 +214,5 @@ class LogSink(flowrl.Sink):
 
 
 KINDS = {cls.__name__: f"{__name__}:{cls.__name__}"
-         for cls in (TicketSource, Mix, Drop, Shrink, Merge, Fold, FoldSink, LogSink)}
+         for cls in (TicketSource, Mix, Drop, Shrink, Hold, Merge, Fold, FoldSink, LogSink)}
 """Class name -> the `kind` string a graph file uses."""

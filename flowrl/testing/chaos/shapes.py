@@ -33,7 +33,7 @@ class NodeDef:
 
     @property
     def stateful(self) -> bool:
-        return self.cls in ("Fold", "FoldSink")
+        return self.cls in ("Fold", "FoldSink", "Hold")
 
     @property
     def sink(self) -> bool:
@@ -99,6 +99,8 @@ class Shape:
             out.append("drops")
         if any(d.cls == "Shrink" for d in ds):
             out.append("shrinks")
+        if any(d.cls == "Hold" for d in ds):
+            out.append("replaced tickets")
         if any(len(self.consumers(n)) > 1 for n in self.nodes):
             out.append("fan-out")
         if any(d.replicas > 1 and not d.sink for d in ds):
@@ -147,18 +149,19 @@ class Shape:
 
 
 def random_shape(seed: int, *, min_nodes: int = 3, max_nodes: int = 8, max_processes: int = 10,
-                 steps: tuple[int, int] = (10, 30), drops: bool = True) -> Shape:
-    """A random shape (the same for the same seed). `drops=False` leaves out `Drop` filters."""
+                 steps: tuple[int, int] = (10, 30), drops: bool = True, holds: bool = False) -> Shape:
+    """A random shape (the same for the same seed). `drops=False` leaves out `Drop` filters;
+    `holds=True` adds `Hold` nodes (tickets dropped with replace=True, like a DAPO filter's)."""
     rng = random.Random(seed)
     while True:
-        shape = _grow(rng, seed, min_nodes, max_nodes, drops)
+        shape = _grow(rng, seed, min_nodes, max_nodes, drops, holds)
         if min_nodes <= len(shape.nodes) <= max_nodes and shape.processes <= max_processes:
             shape.steps = rng.randint(*steps)
             shape.checkpoint_every = rng.randint(2, 5)
             return shape
 
 
-def _grow(rng: random.Random, seed: int, min_nodes: int, max_nodes: int, drops: bool) -> Shape:
+def _grow(rng: random.Random, seed: int, min_nodes: int, max_nodes: int, drops: bool, holds: bool = False) -> Shape:
     nodes: dict[str, NodeDef] = {}
     counter: dict[str, int] = {}
 
@@ -173,7 +176,7 @@ def _grow(rng: random.Random, seed: int, min_nodes: int, max_nodes: int, drops: 
     open_: list[str] = [add("TicketSource", {}, seed=rng.randrange(1000))]
     n_sinks = rng.choice((1, 1, 2, 2, 3))
     n_inner = rng.randint(max(1, min_nodes - 1 - n_sinks), max(1, max_nodes - 1 - n_sinks))
-    kinds = ["Mix", "Mix", "Fold", "Fold", "Shrink"] + (["Drop"] if drops else [])
+    kinds = ["Mix", "Mix", "Fold", "Fold", "Shrink"] + (["Drop"] if drops else []) + (["Hold", "Hold"] if holds else [])
     for _ in range(n_inner):
         op = rng.random()
         if len(open_) >= 2 and op < 0.5:  # join two open outputs
@@ -188,7 +191,8 @@ def _grow(rng: random.Random, seed: int, min_nodes: int, max_nodes: int, drops: 
         cls = rng.choice(kinds)
         config = {"Mix": lambda: {"mul": rng.randrange(2, 97), "add": rng.randrange(100)},
                   "Drop": lambda: {"seed": rng.randrange(1000), "rate": rng.choice((0.1, 0.25, 0.4))},
-                  "Shrink": lambda: {"seed": rng.randrange(1000)}}.get(cls, dict)()
+                  "Shrink": lambda: {"seed": rng.randrange(1000)},
+                  "Hold": lambda: {"seed": rng.randrange(1000), "rate": rng.choice((0.2, 0.35))}}.get(cls, dict)()
         open_.append(add(cls, {"in": src}, **config))
     while len(open_) > n_sinks:  # too many open outputs: join two
         a, b = rng.sample(open_, 2)

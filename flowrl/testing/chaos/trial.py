@@ -154,7 +154,7 @@ def run_shape(shape: Shape, run_dir: Path, schedule: Schedule | None = None, *, 
     else:
         outcome = "failed_clear" if names_the_culprit(result.stderr, list(shape.nodes)) else "failed_unclear"
     complete = outcome == "completed"
-    ledger = check_ledger(rows, shape.sinks, expected, shape.steps if complete else None).violations(complete)
+    ledger = check_ledger(rows, shape.sinks, expected, expected.total if complete else None).violations(complete)
     state: list[str] = []
     if complete:
         try:
@@ -162,8 +162,8 @@ def run_shape(shape: Shape, run_dir: Path, schedule: Schedule | None = None, *, 
         except Exception as e:  # noqa: BLE001 - an unreadable checkpoint is a finding, not a crash
             step, states = None, {}
             state.append(f"final checkpoint unreadable: {type(e).__name__}: {e}")
-        if shape.stateful and step != shape.steps:
-            state.append(f"final checkpoint is step {step}, want {shape.steps}")
+        if shape.stateful and step != expected.total:
+            state.append(f"final checkpoint is step {step}, want {expected.total}")
         for node in shape.stateful:
             want = (reference_states or {}).get(node) or expected.states[node]
             diff = compare_state(node, states.get(node), want)
