@@ -23,8 +23,8 @@ teaches nothing. The filter keeps the other groups whole, in order, and:
 Metrics: `dapo_groups_kept`, `dapo_groups_dropped` (sums), `dapo_kept_ratio` (mean),
 `dapo_tickets_per_batch` (mean, fill mode), `dapo_underfilled` (count), `dapo_groups_held` (gauge).
 Held groups are older than the ticket they train with: the batch's `policy_version` is its oldest
-sample's, so the sinks' `staleness` metric shows the true age (at most `max_batches - 1` steps more
-than `schedule.max_staleness`).
+sample's, so the sinks' `staleness` metric shows the true age (at most `max_batches` steps more
+than `schedule.max_staleness`: a surplus group waits for the next batch).
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ class DapoFilter(flowrl.Node):
         """Fill each batch to `groups` groups with the kept groups of later tickets (DAPO); false:
         pass on the smaller batch."""
         groups: int | None = Field(None, ge=1)
-        """Groups (prompts) per training batch when filling; None: the ticket's own prompt count."""
+        """Groups (prompts) per training batch when filling, at least the ticket's prompt count; None:
+        the ticket's own prompt count."""
         max_batches: int = Field(10, ge=1)
         """Tickets one training batch may gather groups from; then it goes on with what it has."""
 
@@ -64,7 +65,12 @@ class DapoFilter(flowrl.Node):
         kept = batch if f.dropped == 0 else batch.select(f.keep_samples) if f.kept else None
         if not self.config.fill:
             return kept
-        return self.fill(kept, batch, g, target=self.config.groups or batch.num_samples // g)
+        prompts = batch.num_samples // g
+        if self.config.groups is not None and self.config.groups < prompts:
+            raise ValueError(f"dapo_filter: groups={self.config.groups} is below the ticket's {prompts} prompts; the "
+                             "filter passes on one batch per ticket, so the surplus would pile up. Set groups >= "
+                             "schedule.batch_size, or leave it unset (the ticket's prompt count)")
+        return self.fill(kept, batch, g, target=self.config.groups or prompts)
 
     def fill(self, kept, batch, g: int, target: int):
         rec = self.ctx.recorder

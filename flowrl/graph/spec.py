@@ -188,7 +188,8 @@ class ScheduleSpec(StrictModel):
     run with an error naming the ticket, where it was stuck and the last error."""
     max_replaced: int | None = Field(None, ge=0)
     """Most tickets added in place of tickets dropped with `replace=True` (a DAPO filter holding
-    groups for a fuller batch); None: `steps`. Past it a replace drop is a plain drop (recorded)."""
+    groups for a fuller batch); None: 10 x `steps`. Past it a replace drop is a plain drop (a warning
+    and a `replace_refused` ledger row: the run makes one update fewer)."""
 
 
 class SupervisionSpec(StrictModel):

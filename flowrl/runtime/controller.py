@@ -455,6 +455,8 @@ class Controller:
         await self.send(proc, m.Wire())
 
     async def after_wired(self, proc: Proc, epoch: int) -> None:
+        if self.scheduler.steps != self.spec.schedule.steps:  # the end moved since its spec was written
+            await self.send(proc, m.Progress(complete_below=self.scheduler.complete_below, steps=self.scheduler.steps))
         if self.recovering is not None:
             if epoch == self.book.epoch:
                 await self.entered(proc)
@@ -580,6 +582,14 @@ class Controller:
                 if not self.failure and self.stateful:  # the final checkpoint: a finished run can be extended
                     with anyio.move_on_after(60):
                         await self.loop_until(lambda: (self.book.committed or {}).get("step") == self.scheduler.steps)
+                    if (self.book.committed or {}).get("step") != self.scheduler.steps:
+                        log.warning("the final checkpoint (step %d) was not committed within 60 s; the last "
+                                    "committed one is step %s", self.scheduler.steps,
+                                    (self.book.committed or {}).get("step"))
+                if self.scheduler.replace_refused:
+                    log.warning("%d tickets dropped with replace=True were not replaced (schedule.max_replaced=%d "
+                                "reached): the run made fewer updates than schedule.steps; raise max_replaced",
+                                self.scheduler.replace_refused, self.scheduler.max_replaced)
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):

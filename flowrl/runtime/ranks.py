@@ -22,6 +22,7 @@ import time
 from typing import TYPE_CHECKING
 
 from flowrl.node import REPLACE_MARK, Drop, is_replace
+from flowrl.runtime.contract import NodeContractError
 
 if TYPE_CHECKING:
     from flowrl.runtime.inputs import Item
@@ -52,6 +53,12 @@ def merge_outputs(outputs: list):
     from flowrl.transport import Batch
 
     kept = [o for o in outputs if not isinstance(o, Drop) and o is not None and o.num_samples]
+    held = [o for o in outputs if isinstance(o, Drop) and o.replace]
+    if held and (kept or len(held) < len(outputs)):
+        raise NodeContractError(
+            f"{len(held)} of {len(outputs)} ranks returned Drop(replace=True) (holding their shard for a later "
+            "ticket) and the others did not: a node that holds work across tickets must decide the same on every "
+            "rank. Decide from data every rank sees (all-reduce the decision), or run it with devices: 1")
     if not kept:
         drops = [o for o in outputs if isinstance(o, Drop)]
         return drops[0] if drops else Drop("every rank returned an empty batch")

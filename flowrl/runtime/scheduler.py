@@ -22,6 +22,7 @@ processes; the controller drives it and every event goes to the ledger.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -29,6 +30,8 @@ from flowrl.errors import FlowrlError
 from flowrl.runtime.indexset import IndexSet
 from flowrl.runtime.ledger import Ledger
 from flowrl.node import Ticket, is_replace
+
+log = logging.getLogger("flowrl.scheduler")
 
 
 class TicketExhausted(FlowrlError):
@@ -54,7 +57,7 @@ class Scheduler:
                  ticket_timeout_s: float, ledger: Ledger, run_id: str = "t", stateful_sinks=(),
                  max_attempts: int = 10, epoch: int = 0, max_replaced: int | None = None):
         self.base_steps, self.batch_size, self.k = steps, batch_size, max_staleness
-        self.max_replaced = steps if max_replaced is None else max_replaced
+        self.max_replaced = 10 * steps if max_replaced is None else max_replaced
         self.sinks = list(sinks)
         self.stateful_sinks = set(stateful_sinks)
         self.ticket_timeout_s = ticket_timeout_s
@@ -74,6 +77,7 @@ class Scheduler:
         self.replaced: dict[int, set[str]] = {}
         self.replaced_below = 0
         self.replace_refused = 0
+        self.issued_end = 0  # one past the highest index ever issued (the end may shrink in a rollback)
 
     # ids ------------------------------------------------------------------------------------
     def batch_id(self, index: int) -> str:
@@ -117,6 +121,7 @@ class Scheduler:
         while self.next_index < self.steps and self.version >= self.next_index - self.k:
             i = self.next_index
             self.next_index += 1
+            self.issued_end = max(self.issued_end, self.next_index)
             if i in self.complete:
                 continue
             previous = self.attempts.pop(i, None)
@@ -163,7 +168,7 @@ class Scheduler:
         completes the ticket; a second consumption by the same sink is a recorded duplicate."""
         bid = self.batch_id(index)
         seen = self.consumed_by.get(sink)
-        if seen is None or not 0 <= index < self.steps or not seen.add(index):
+        if seen is None or not 0 <= index < max(self.steps, self.issued_end) or not seen.add(index):
             self.ledger.write("duplicate_dropped", bid, attempt, node=sink, why="already consumed by this sink")
             return False
         if dropped_by is not None:
@@ -190,6 +195,9 @@ class Scheduler:
         if self.replaced_below + len(self.replaced) >= self.max_replaced:
             self.replace_refused += 1
             self.ledger.write("replace_refused", self.batch_id(index), attempt, limit=self.max_replaced)
+            log.warning("ticket %s was dropped with replace=True but schedule.max_replaced=%d tickets were added "
+                        "already: it is not replaced, so the run makes one update fewer", self.batch_id(index),
+                        self.max_replaced)
             return
         self.replaced[index] = sinks
         self.ledger.write("replaced", self.batch_id(index), attempt, steps=self.steps)
@@ -240,13 +248,15 @@ class Scheduler:
         stateless sinks consumed from `step` on stays consumed; stateful sinks' is rolled back."""
         self.epoch = epoch
         self.replaced_below, self.replaced, self.replace_marks = replaced_below, {}, {}
+        self.issued_end = step
         self.complete = IndexSet(step)
         for s in self.sinks:
             self.consumed_by[s] = IndexSet(step)
         net: dict[tuple[str, int], int] = {}
+        undo: dict[int, int] = {}  # replacements past the checkpoint: decided again, so undone
         for row in ledger_rows:
             event, node, bid = row.get("event"), row.get("node"), row.get("batch_id", "")
-            if node not in self.consumed_by or "-" not in bid:
+            if not isinstance(bid, str) or "-" not in bid:
                 continue
             try:
                 i = self.index_of(bid)
@@ -255,14 +265,19 @@ class Scheduler:
             if i < step:
                 continue
             delta = {"consumed": 1, "dropped": 1, "rolled_back": -1}.get(event, 0)
-            if delta:
+            if delta and node in self.consumed_by:
                 net[(node, i)] = net.get((node, i), 0) + delta
-            if event == "dropped" and row.get("replace") and node not in self.stateful_sinks:
-                self.replace_marks.setdefault(i, set()).add(node)
+                if event == "dropped" and row.get("replace") and node not in self.stateful_sinks:
+                    self.replace_marks.setdefault(i, set()).add(node)
+            if event in ("replaced", "replace_undone"):
+                undo[i] = undo.get(i, 0) + (1 if event == "replaced" else -1)
             if event == "issued":
                 self.attempts[i] = max(self.attempts.get(i, 0), row.get("attempt", 0))
             elif event == "reissued":
                 self.attempts[i] = max(self.attempts.get(i, 0), row.get("attempt", 0))
+        for i, n in sorted(undo.items()):
+            if n > 0:
+                self.ledger.write("replace_undone", self.batch_id(i), 0, reason="resume")
         for (node, i), n in sorted(net.items()):
             if n <= 0:
                 continue

@@ -118,7 +118,7 @@ class Worker(RankMember):
         self.seen = SinkSeen(spec.watermark, spec.consumed) if self.is_sink and not self.stateful else None
         sched = graph.schedule
         self.checkpoint_every, self.steps = sched.checkpoint_every, spec.steps or sched.steps
-        self.saved_at = -1
+        self.saved_at = (-1, -1)  # (epoch, step) of the last checkpoint saved
         if spec.world_size > 1:
             import torch.distributed as dist
 
@@ -210,7 +210,7 @@ class Worker(RankMember):
         from flowrl.runtime.checkpoints import file_name, save_state
 
         self.faults.on_checkpoint(step)
-        self.saved_at = step
+        self.saved_at = (self.fence.epoch, step)
         name = file_name(self.spec.log_name, step, self.fence.epoch)
         with self.recorder.span("checkpoint", step=step):
             save_state(Path(self.spec.run_dir) / "checkpoints" / name, self.node.state_dict(), step=step,
@@ -315,7 +315,7 @@ class Worker(RankMember):
         if steps == self.steps:
             return
         self.steps = steps
-        if self.ordered is not None and self.ordered.watermark == steps and self.saved_at != steps:
+        if self.ordered is not None and self.ordered.watermark == steps and self.saved_at != (self.fence.epoch, steps):
             await self.save_checkpoint(steps)
 
     def forget_below(self, index: int) -> None:
@@ -475,6 +475,13 @@ class Worker(RankMember):
         min_version = src.min_version if item.min_version is None else item.min_version
         pv = -1 if self.is_source else src.policy_version
         if isinstance(out, Drop):
+            if out.replace and item.drop is None and not self.stateful:
+                from flowrl.runtime.contract import NodeContractError
+
+                raise NodeContractError(
+                    f"node {self.spec.node!r} returned Drop(replace=True) but is not stateful: what it holds for a "
+                    "later ticket would be lost when it restarts. Set `stateful = True` and save what it holds "
+                    "in state_dict, or return a plain Drop")
             reason = out.reason if item.drop is not None else \
                 Drop(f"{self.spec.node}: {out.reason}", replace=out.replace).marker
             return Batch(batch_id=item.batch_id, attempt=item.attempt, index=item.index, min_version=min_version,

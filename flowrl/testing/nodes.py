@@ -213,10 +213,13 @@ class DropEvery(flowrl.Node):
         remainder: int = 1
         keep: int = 0
         empty: bool = False
+        replace: bool = False
+        """Drop with replace=True (a misuse: this node is not stateful, so it holds nothing)."""
 
     async def process(self, batch, port):
         if batch.index % self.config.every == self.config.remainder:
-            return batch.select([]) if self.config.empty else flowrl.Drop(f"index {batch.index}")
+            return batch.select([]) if self.config.empty else \
+                flowrl.Drop(f"index {batch.index}", replace=self.config.replace)
         return batch.select(slice(0, self.config.keep)) if self.config.keep else batch
 
 

@@ -102,3 +102,21 @@ def test_groups_of_different_widths_are_refused_with_the_fix():
     wide = wide.replace(tensors={**wide.tensors, "tokens": torch.zeros(4, 5, dtype=torch.int64)})
     with pytest.raises(ValueError, match="max_prompt_tokens"):
         call(node.process, wide, "in")
+
+
+def test_a_batch_smaller_than_the_ticket_is_refused_since_surplus_groups_would_pile_up():
+    node = make_node(DapoFilter, {"groups": 1}, name="dapo")
+    with pytest.raises(ValueError, match="groups=1 is below the ticket's 2 prompts"):
+        call(node.process, _batch([1.0, 0.0, 1.0, 0.0], 2), "in")
+
+
+def test_data_parallel_ranks_that_disagree_on_holding_a_ticket_are_an_error_not_a_half_batch():
+    from flowrl.runtime.contract import NodeContractError
+    from flowrl.runtime.ranks import merge_outputs
+
+    held = flowrl.Drop("held", replace=True)
+    with pytest.raises(NodeContractError, match="1 of 2 ranks returned Drop"):
+        merge_outputs([held, _batch([1.0, 0.0], 2)])
+    with pytest.raises(NodeContractError):
+        merge_outputs([held, flowrl.Drop("none")])
+    assert merge_outputs([held, held]) is held

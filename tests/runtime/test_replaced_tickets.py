@@ -30,7 +30,7 @@ nodes:
   dapo: {{kind: dapo_filter}}
   train: {{kind: "{N}:Rows", config: {{delay_s: {delay_s}}}}}
 edges: [groups -> dapo, dapo -> train]
-schedule: {{steps: {steps}, batch_size: 3, max_staleness: {k}, checkpoint_every: 4}}  # held groups at 4, 8, ...
+schedule: {{steps: {steps}, batch_size: 3, max_staleness: {k}, checkpoint_every: 5}}  # held groups at 5, 10, ...; the end is not a multiple
 supervision: {{heartbeat_s: 0.2, deadline_s: 2.0}}
 """)
     return path
@@ -61,7 +61,7 @@ def test_a_run_killed_while_groups_are_held_resumes_without_losing_or_repeating_
                             start_new_session=True)
     try:
         latest, deadline = run_dir / "checkpoints" / "latest.json", time.monotonic() + 90
-        while not (latest.exists() and json.loads(latest.read_text())["step"] >= 8):
+        while not (latest.exists() and json.loads(latest.read_text())["step"] >= 10):
             assert time.monotonic() < deadline, proc.stderr.read1().decode()[-2000:]
             time.sleep(0.05)  # polling progress on disk, not ordering events
         os.kill(proc.pid, signal.SIGKILL)  # the controller dies; its node processes notice and exit
@@ -75,3 +75,19 @@ def test_a_run_killed_while_groups_are_held_resumes_without_losing_or_repeating_
     seen = node_state(result.run_dir, "train")["seen"]
     assert len(seen) == 16 and all(len(rows) == 6 for _, rows in seen)
     assert [r for _, rows in seen for r in rows[::2]] == [r for r in range(72) if r % 3]
+
+
+def test_a_stateless_node_that_asks_for_replacements_fails_the_run_naming_it(tmp_path):
+    path = tmp_path / "graph.yaml"
+    path.write_text(f"""\
+nodes:
+  numbers: {{kind: "{N}:Numbers"}}
+  filter: {{kind: "{N}:DropEvery", config: {{every: 3, remainder: 1, replace: true}}}}
+  collect: {{kind: "{N}:Collect"}}
+edges: [numbers -> filter, filter -> collect]
+schedule: {{steps: 6, batch_size: 2}}
+supervision: {{heartbeat_s: 0.2, deadline_s: 2.0}}
+""")
+    result = run_graph(path, tmp_path / "run", timeout_s=90)
+    assert result.exit_code != 0
+    assert "'filter' returned Drop(replace=True) but is not stateful" in result.stderr

@@ -211,3 +211,35 @@ def test_resume_counts_the_replacements_of_the_checkpoint_and_those_stateless_si
     t = r.issuable()[0]
     r.consumed("actor", t.index, t.attempt, dropped_by=REPLACE)
     assert r.steps == 6
+
+
+def test_resume_undoes_the_replacements_past_its_checkpoint_in_the_ledger(ledger_path):
+    s = make(ledger_path, k=0, steps=4, sinks=("actor",), stateful=("actor",))
+    for i in range(4):
+        s.issuable()
+        s.consumed("actor", i, 0, dropped_by=REPLACE if i == 3 else None)
+        s.set_version(s.completed)
+    s.ledger.close()
+    r = make(ledger_path, k=0, steps=4, sinks=("actor",), stateful=("actor",))
+    r.resume(2, version=2, epoch=1, ledger_rows=read_jsonl(ledger_path))
+    events = rows(r)
+    net = sum(1 for e in events if e["event"] == "replaced") - sum(1 for e in events if e["event"] == "replace_undone")
+    assert net == 0 and r.steps == 4  # ticket 3 is the actor's to redo; its replacement is decided again
+
+
+def test_a_sink_may_still_report_a_ticket_above_an_end_a_rollback_moved_back(ledger_path):
+    s = make(ledger_path, k=0, steps=2, sinks=("actor", "logger"), stateful=("actor",))
+    for i in range(2):
+        s.issuable()
+        s.consumed("logger", i, 0, dropped_by=REPLACE if i == 1 else None)
+        s.consumed("actor", i, 0, dropped_by=REPLACE if i == 1 else None)
+        s.set_version(s.completed)
+    t = s.issuable()[0]
+    assert t.index == 2 and s.steps == 3
+    s.rollback(1, version=1, epoch=1, reason="actor/0/0 exited")
+    assert s.steps == 2  # ticket 1 is open again (the logger's replace mark on it stays)
+    s.consumed("logger", 2, 0)  # late, from before the rollback, above today's end: recorded, not lost
+    assert s.consumed_above("logger", 0) == [0, 1, 2]
+    s.issuable()
+    s.consumed("actor", 1, 1, dropped_by=REPLACE)
+    assert s.steps == 3 and s.consumed_above("logger", 0) == [0, 1, 2]
