@@ -41,6 +41,38 @@ def sockets_of(pids: dict[str, int]) -> dict[str, dict]:
     return out
 
 
+def spec_facts(path: Path) -> dict:
+    """What a process was told about its links (its secret key left out)."""
+    spec = json.loads(path.read_text())
+    return {k: spec[k] for k in ("host", "host_address", "inputs", "input_clients", "control", "curve_public")} | {
+        "control_key": bool(spec["control_key"]), "outputs": {o["edge"]: o["addresses"] for o in spec["outputs"]}}
+
+
+def probes(run_dir: Path, names, sockets: dict) -> dict:
+    """A stranger with made-up CURVE keys against every listener of each process that has a tcp
+    input, and against the tcp control channel; then the same with a producer's own keys (the
+    positive control): "refused" / "succeeded" (tests/curve_probe.py)."""
+    from tests.curve_probe import handshake
+
+    raw = {n: json.loads((run_dir / "procs" / f"{n}.json").read_text()) for n in names}
+    out = {}
+    for name, spec in raw.items():
+        if not any(a.startswith("tcp://") for a in spec["inputs"].values()):
+            continue
+        producer = next(s for s in raw.values() if s["curve_public"] in sum(spec["input_clients"].values(), []))
+        for listen in sockets[name]["listen"]:
+            address = f"tcp://{listen}"
+            out[f"{name} {address} stranger"] = handshake(address, spec["curve_public"])
+            out[f"{name} {address} producer"] = handshake(address, spec["curve_public"],
+                                                          (producer["curve_public"], producer["curve_secret"]), send=None)
+    remote = next((s for s in raw.values() if s["control"].startswith("tcp://")), None)
+    if remote is not None:
+        out[f"control {remote['control']} stranger"] = handshake(remote["control"], remote["control_key"])
+        out[f"control {remote['control']} node"] = handshake(remote["control"], remote["control_key"],
+                                                             (remote["curve_public"], remote["curve_secret"]), send=None)
+    return out
+
+
 def main(path: str) -> int:
     sc = json.loads(Path(path).read_text())
     facts: dict = {}
@@ -95,6 +127,8 @@ def run(sc: dict, facts: dict) -> None:
         wait_for(lambda: steps() >= 2, 120, "two steps")
         facts["sockets"] = sockets_of(pids)
         facts["controller_sockets"] = sockets_of({"controller": proc.pid})
+        facts["specs"] = specs = {name: spec_facts(run_dir / "procs" / f"{name}.json") for name in pids}
+        facts["probes"] = probes(run_dir, pids, facts["sockets"])
         if sc.get("kill"):
             name, at = sc["kill"]
             wait_for(lambda: steps() >= at, 240, f"step {at}")
