@@ -26,6 +26,7 @@ log = logging.getLogger("flowrl.replan")
 def move_off(c, lost: str) -> str | None:
     """Move every process of `lost` (c: the Controller). Returns None, or why the run must fail."""
     from flowrl.placement import make_plan
+    from flowrl.runtime.controller import free_port
 
     launcher = c.launcher
     gone = launcher.lost_node(lost)
@@ -55,7 +56,7 @@ def move_off(c, lost: str) -> str | None:
         ps = p.spec
         ps.host, ps.devices = e.host, list(e.devices)
         ps.cpu_cores = list(e.local_devices) if e.device_type == "cpu" else []
-        ps.env = dict(plan.env_for(e, master_port=int(ps.env.get("MASTER_PORT", 0)) or None))
+        ps.env = dict(plan.env_for(e, master_port=int(ps.env.get("MASTER_PORT") or free_port())))
         c.net.place(p.id, launcher.host_address(e.host))
         ps.host_address = c.net.where[p.id]
         moved[p.id] = e.host

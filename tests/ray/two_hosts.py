@@ -93,7 +93,13 @@ def run(sc: dict, facts: dict) -> None:
     from flowrl.testing import audit_ledger, read_jsonl
     from flowrl.testing.harness import flowrl_command, kill_group
     from tests.ray.conftest import alive
-    from tests.ray.test_launcher import assert_cluster_released_everything, host_of, node_processes, wait_for, wired
+    from tests.ray.test_launcher import (
+        assert_cluster_released_everything,
+        host_of,
+        node_processes,
+        wait_for,
+        wired,
+    )
 
     keep_on_loopback()
     temp_dir = tempfile.mkdtemp(prefix="frl-ray-")
@@ -127,7 +133,7 @@ def run(sc: dict, facts: dict) -> None:
         wait_for(lambda: steps() >= 2, 120, "two steps")
         facts["sockets"] = sockets_of(pids)
         facts["controller_sockets"] = sockets_of({"controller": proc.pid})
-        facts["specs"] = specs = {name: spec_facts(run_dir / "procs" / f"{name}.json") for name in pids}
+        facts["specs"] = {name: spec_facts(run_dir / "procs" / f"{name}.json") for name in pids}
         facts["probes"] = probes(run_dir, pids, facts["sockets"])
         if sc.get("kill"):
             name, at = sc["kill"]
