@@ -77,13 +77,18 @@ class Controller:
         self.publishers = [w.src for w in spec.weights]
         self.subscribers = [w.dst for w in spec.weights]
         self.secret = secrets.token_hex(16)
-        self.sockdir = make_sockdir()
         self.launcher = launcher
-        self.net = Network(spec, self.classes, self.sockdir, launcher.controller_address(),
-                           curve=spec.launcher.curve)
+        # where every process runs decides its links (addresses.py); a host the launcher cannot
+        # place fails the run here, before anything is made
+        self.net = Network(spec, self.classes, "", launcher.controller_address(), curve=spec.launcher.curve)
         for entry in plan.entries:
             self.net.place(f"{entry.node}/{entry.replica}/{entry.rank}", launcher.host_address(entry.host))
-        self.net.check_ranks(plan.groups())
+        try:
+            self.net.check_ranks(plan.groups())
+        except ValueError as e:
+            raise RunFailed(str(e)) from None
+        self.sockdir = make_sockdir()
+        self.net.sockdir = str(self.sockdir)
         self.bound: dict[tuple, str] = {}  # (node, replica, port) -> the address that consumer bound
         self.zctx, self.router = self.bind_control()
         self.control_addr = f"ipc://{self.sockdir}/control"
