@@ -26,10 +26,14 @@ keys, the controller only the run's processes' keys. The per-run secret proof st
 from __future__ import annotations
 
 import ipaddress
+import logging
 
 import zmq
 
+log = logging.getLogger("flowrl.controller")
+
 LOOPBACK = "127.0.0.1"
+CONTROL_DOMAIN = "flowrl-control"  # the control's ZAP domain (data channels have their own)
 
 
 def keypair() -> tuple[str, str]:
@@ -120,3 +124,63 @@ def apply_control_client(sock, proc_public: str, proc_secret: str, server_key: s
         sock.curve_serverkey = server_key.encode()
         sock.curve_publickey = proc_public.encode()
         sock.curve_secretkey = proc_secret.encode()
+
+
+def bind_control(net: Network):
+    """The controller's control ROUTER: ipc for its own host's processes (and `flowrl scale`);
+    when a process runs on another host, also tcp on the controller's host address with CURVE,
+    admitting only the keys of this run's processes. Returns (zmq.asyncio context, socket)."""
+    import zmq.asyncio
+
+    from flowrl.transport import CurveConfig, security
+    from flowrl.transport.sockets import shared_context
+
+    multi = net.multi_host
+    # CURVE's ZAP handler lives in the transport's process-wide context: share it then
+    zctx = zmq.asyncio.Context.shadow(shared_context().underlying) if multi else zmq.asyncio.Context()
+    router = zctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(f"ipc://{net.sockdir}/control")  # options are copied at bind: this endpoint has no CURVE
+    if multi:
+        if net.curve:
+            public, secret = net.control_keys
+            security.apply_server(router, CurveConfig(server_public=public, server_secret=secret,
+                                                      authorized_clients=tuple(k for k, _ in net.keys.values())),
+                                  CONTROL_DOMAIN)
+        router.bind(tcp_address(net.controller_address, "*"))
+        net.control_tcp = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        log.info("control channel on %s (%s)", net.control_tcp, "CURVE" if net.curve else "no CURVE")
+    return zctx, router
+
+
+def release_control(net: Network, zctx) -> None:
+    """After the ROUTER closed: the ZAP domain goes; a private context is ended (the shared one stays)."""
+    if net.control_tcp:
+        from flowrl.transport import security
+
+        security.release(CONTROL_DOMAIN)
+    else:
+        zctx.term()
+
+
+def input_security(spec, port: str, address: str) -> dict:
+    """ChannelConfig fields of a node's input: a tcp input (a producer on another host) binds its
+    host's address, as CURVE server with the process's keys, admitting the producers' keys only."""
+    from flowrl.transport import CurveConfig
+
+    if not address.startswith("tcp://"):
+        return {}
+    clients = spec.input_clients.get(port)
+    curve = None if clients is None else CurveConfig(
+        server_public=spec.curve_public, server_secret=spec.curve_secret, authorized_clients=tuple(clients))
+    return {"transport": "tcp", "allow_remote": True, "curve": curve}
+
+
+def output_curve(spec, key: str | None):
+    """CURVE client keys for a consumer on another host (`key`: its public key, from the controller)."""
+    from flowrl.transport import CurveConfig
+
+    if not key:
+        return None
+    return CurveConfig(server_public=key, client_public=spec.curve_public, client_secret=spec.curve_secret)

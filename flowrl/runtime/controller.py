@@ -34,7 +34,7 @@ import zmq.asyncio
 
 from flowrl.errors import FlowrlError
 from flowrl.runtime import messages as m
-from flowrl.runtime.addresses import Network, tcp_address
+from flowrl.runtime.addresses import Network, bind_control, release_control
 from flowrl.runtime.launcher import Launcher
 from flowrl.runtime.ledger import Ledger
 from flowrl.runtime.procs import NodeFailure, Proc, ProcTable
@@ -90,7 +90,7 @@ class Controller:
         self.sockdir = make_sockdir()
         self.net.sockdir = str(self.sockdir)
         self.bound: dict[tuple, str] = {}  # (node, replica, port) -> the address that consumer bound
-        self.zctx, self.router = self.bind_control()
+        self.zctx, self.router = bind_control(self.net)
         self.control_addr = f"ipc://{self.sockdir}/control"
         self.inventory = inventory
         from flowrl.runtime.scaling import write_control_file
@@ -126,31 +126,6 @@ class Controller:
             self.resume_from(resume)
 
     # set-up -----------------------------------------------------------------------------------
-    def bind_control(self):
-        """The control ROUTER: ipc for this host's processes (and `flowrl scale`); when a process runs
-        on another host, also tcp on this host's cluster address with CURVE, admitting only the
-        keys of this run's processes (addresses.py)."""
-        from flowrl.transport import CurveConfig, security
-        from flowrl.transport.sockets import shared_context
-
-        multi = self.net.multi_host
-        # CURVE's ZAP handler lives in the transport's process-wide context: share it then
-        zctx = zmq.asyncio.Context.shadow(shared_context().underlying) if multi else zmq.asyncio.Context()
-        router = zctx.socket(zmq.ROUTER)
-        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        router.setsockopt(zmq.LINGER, 0)
-        router.bind(f"ipc://{self.sockdir}/control")  # options are copied at bind: this endpoint has no CURVE
-        if multi:
-            if self.net.curve:
-                public, secret = self.net.control_keys
-                security.apply_server(router, CurveConfig(server_public=public, server_secret=secret,
-                                                          authorized_clients=tuple(k for k, _ in self.net.keys.values())),
-                                      "flowrl-control")
-            router.bind(tcp_address(self.net.controller_address, "*"))
-            self.net.control_tcp = router.getsockopt_string(zmq.LAST_ENDPOINT)
-            log.info("control channel on %s (%s)", self.net.control_tcp, "CURVE" if self.net.curve else "no CURVE")
-        return zctx, router
-
     def address(self, node: str, replica: int, port: str) -> str:
         return self.bound.get((node, replica, port)) or self.net.input_address(node, replica, port)
 
@@ -682,12 +657,7 @@ class Controller:
         self.ledger.close()
         (self.run_dir / "control.json").unlink(missing_ok=True)
         self.router.close(linger=0)
-        if self.net.control_tcp:  # the context is the transport's shared one (bind_control)
-            from flowrl.transport import security
-
-            security.release("flowrl-control")  # the shared context stays (its ZAP thread with it)
-        else:
-            self.zctx.term()
+        release_control(self.net, self.zctx)
         shutil.rmtree(self.sockdir, ignore_errors=True)
 
     def kill_all(self) -> None:

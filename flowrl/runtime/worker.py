@@ -27,7 +27,7 @@ import zmq
 import zmq.asyncio
 
 from flowrl.runtime import messages as m
-from flowrl.runtime.addresses import apply_control_client
+from flowrl.runtime.addresses import apply_control_client, input_security, output_curve
 from flowrl.runtime.faults import FaultInjector
 from flowrl.runtime.inputs import Fence, Item, JoinBuffer, Ordered, OutputCache, SinkSeen, VersionGate
 from flowrl.node import Drop, Ticket
@@ -161,31 +161,13 @@ class Worker(RankMember):
                 rx = Receiver(ChannelConfig(capacity_messages=cap, capacity_bytes=cap_bytes,
                                             link_capacity_messages=max(1, cap // 2) if cap > 2 else None,
                                             credit_idle_s=2.0, peer_timeout_s=self.peer_timeout_s,
-                                            secret=self.channel_secret, **self.input_security(port, address)),
+                                            secret=self.channel_secret, **input_security(spec, port, address)),
                               name=f"{spec.node}.{port}")
                 await rx.bind(address)
                 self.receivers[port] = rx
 
-    def input_security(self, port: str, address: str) -> dict:
-        """A tcp input (a producer on another host): bound to this host's address, CURVE server
-        with this process's keys, admitting only the producers' keys the controller named."""
-        from flowrl.transport import CurveConfig
-
-        if not address.startswith("tcp://"):
-            return {}
-        clients = self.spec.input_clients.get(port)
-        curve = None if clients is None else CurveConfig(
-            server_public=self.spec.curve_public, server_secret=self.spec.curve_secret,
-            authorized_clients=tuple(clients))
-        return {"transport": "tcp", "allow_remote": True, "curve": curve}
-
     def output_curve(self, key: str | None):
-        """CURVE client keys for a consumer on another host (its public key from the controller)."""
-        from flowrl.transport import CurveConfig
-
-        if not key:
-            return None
-        return CurveConfig(server_public=key, client_public=self.spec.curve_public, client_secret=self.spec.curve_secret)
+        return output_curve(self.spec, key)
 
     async def wire(self, routes: dict | None = None) -> None:
         """Connect our outputs (the controller says so once every consumer reported READY, with

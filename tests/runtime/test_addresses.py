@@ -109,11 +109,11 @@ def test_a_tcp_data_channel_refuses_a_client_without_a_producers_curve_key():
 
 
 def test_the_control_channel_over_tcp_never_hands_a_strangers_message_to_the_controller(tmp_path):
-    from flowrl.runtime.controller import Controller
+    from flowrl.runtime.addresses import bind_control, release_control
 
     net = network(tmp_path, {"numbers/0/0": "127.0.0.1", "scale/0/0": "127.0.0.2"})
     (tmp_path / "socks").mkdir()
-    zctx, router = Controller.bind_control(types.SimpleNamespace(net=net, sockdir=tmp_path / "socks"))
+    zctx, router = bind_control(net)
     sync = zmq.Socket.shadow(router.underlying)
     try:
         assert net.control_tcp.startswith("tcp://127.0.0.1:")
@@ -122,10 +122,8 @@ def test_the_control_channel_over_tcp_never_hands_a_strangers_message_to_the_con
         assert handshake(net.control_tcp, net.control_keys[0], net.keys["scale/0/0"], send=b"hello") == "succeeded"
         assert sync.poll(5000) and sync.recv_multipart()[-1] == b"hello"
     finally:
-        from flowrl.transport import security
-
         router.close(0)
-        security.release("flowrl-control")
+        release_control(net, zctx)
 
 
 def test_the_weight_store_on_another_hosts_address_listens_there_only_and_refuses_a_client_without_the_secret():
