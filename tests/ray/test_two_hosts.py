@@ -10,6 +10,10 @@ network namespace this test makes (`unshare -n`; every packet stays in it). The 
   are re-planned onto host-a, the ledger and the live view say so);
 - leaves no process, actor or socket folder behind.
 
+And the other way round: the trainers (stateful, and the weights' publisher) on the host that is
+lost move to the other one, every stateful node rolls back to the last checkpoint, the weight
+store moves with the actor, and the run still ends exactly once with every version published.
+
 The scenario runs in tests/ray/two_hosts.py (inside the namespace); this file asserts on what it saw.
 Needs the `ray` extra and `unshare` + `ip` (root, or unprivileged user namespaces).
 """
@@ -112,4 +116,26 @@ def test_ppo_split_over_two_hosts_learns_over_tcp_and_curve_and_survives_kill_9_
     assert facts["audit"] == {"exactly_once": True, "issued": STEPS, "lost": [], "duplicated": []}
     rewards = facts["rewards"]
     assert len(rewards) == STEPS and max(rewards[-15:]) >= 0.9, [round(r, 2) for r in rewards[::10]]
+    assert facts["left_alive"] == [] and facts["cluster_released"] is True and facts["sockdirs_left"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_losing_the_trainers_host_moves_actor_and_critic_rolls_back_and_weights_follow_the_publisher(tmp_path):
+    steps = 30
+    trainers_on_b = {**HOST_OF, "actor": "host-b", "critic": "host-b", "prompts": "host-a", "rollout": "host-a",
+                     "reward": "host-a"}
+    hosts = [f"nodes.{node}.host={host}" for node, host in trainers_on_b.items()]
+    facts = run_scenario(tmp_path, {
+        "graph": str(ROOT / "graphs" / "ppo.yaml"),
+        "overrides": ["launcher.type=ray", f"schedule.steps={steps}", "schedule.checkpoint_every=5", *hosts],
+        "processes": 6, "timeout_s": 200, "kill": None, "remove_at_step": 10}, timeout_s=280)
+    assert facts["rc"] == 0, facts["stderr"]
+    assert facts["specs"]["actor.0.0"]["host_address"] == "127.0.0.2"
+    assert facts["specs"]["critic.0.0"]["inputs"]["in"].startswith("tcp://127.0.0.2:")  # fed by reference on host-a
+    assert facts["replanned"][0]["moved"] == {"actor/0/0": "host-a", "critic/0/0": "host-a"}
+    assert facts["recoveries"], "moving the trainers rolls every stateful node back"
+    assert set(facts["hosts_after"].values()) == {"host-a"}
+    assert facts["audit"] == {"exactly_once": True, "issued": steps, "lost": [], "duplicated": []}
+    assert facts["versions"][-1] == steps - 1  # the moved actor published every version, the rollout took them
     assert facts["left_alive"] == [] and facts["cluster_released"] is True and facts["sockdirs_left"] == []

@@ -166,6 +166,8 @@ def run(sc: dict, facts: dict) -> None:
         facts["replanned"] = [r for r in ledger if r["event"] == "replanned"]
         facts["node_down"] = [r["node"] for r in ledger if r["event"] == "node_down"]
         facts["rewards"] = [r["reward_mean"] for r in read_jsonl(metrics) if "reward_mean" in r]
+        facts["versions"] = [r.get("policy_version") for r in read_jsonl(metrics)]
+        facts["recoveries"] = [r for r in ledger if r["event"] == "recovery"]
         facts["status"] = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").exists() else None
         wait_for(lambda: not alive(ours), 20, "every node process and actor to be gone")
         facts["left_alive"] = alive(ours)
