@@ -139,8 +139,8 @@ class RayCluster:
         ray = import_ray()
         if address.startswith("ray://"):
             raise RayClusterError(
-                f"launcher address {address!r} is a Ray Client address; flowrl's data and control channels are "
-                "ipc in this release, so the controller must run on a node of the cluster: run flowrl there "
+                f"launcher address {address!r} is a Ray Client address; the controller must run on a node of the "
+                "cluster (node processes connect back to its control address on the cluster network): run flowrl there "
                 "with launcher.address=auto (or the GCS address HOST:PORT)")
         if ray.is_initialized():  # one cluster per process: reuse it when it is the one asked for
             current = ray.get_runtime_context().gcs_address

@@ -216,6 +216,10 @@ class LauncherSpec(StrictModel):
     address: str | None = None
     """Ray cluster (`ray` only): `auto` (the one on this machine), its GCS `HOST:PORT`, or null to
     start a private one on 127.0.0.1 for the run."""
+    curve: bool = True
+    """CURVE (encryption + per-process keys) on the tcp channels and control between hosts (ray,
+    docs/multi-host.md). Turn it off only inside a network you trust: the per-run secret then
+    still keeps strangers out, but batches travel in the clear."""
 
 
 class MetricsSpec(StrictModel):

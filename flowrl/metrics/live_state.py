@@ -106,4 +106,5 @@ def build_live_state(hub: MetricsHub, now: float) -> dict[str, Any]:
     state["edges"] = [{"edge": name, **vals} for name, vals in sorted(edges.items())]
     state["restarts"] = int(sum(restarts.values()))
     state["rejected_snapshots"] = hub.rejected
+    state["replanned"] = list(getattr(hub, "replans", []))[-3:]
     return state

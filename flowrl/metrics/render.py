@@ -148,6 +148,7 @@ def plain_line(state: dict[str, Any], graph: Any = None) -> str:
         parts.append("q " + " ".join(queues))
     restarted = [f"{n['node']} {n['restarts']}" for n in state.get("nodes", []) if n.get("restarts")]
     parts.append(f"restarts {state.get('restarts', 0)}" + (f" ({', '.join(restarted)})" if restarted else ""))
+    parts += [f"replanned {text}" for text in state.get("replanned") or []]
     return " | ".join(parts)
 
 
@@ -178,6 +179,8 @@ def rich_view(state: dict[str, Any], graph: Any = None, title: str | None = None
         ("   restarts ", "dim"), str(state.get("restarts", 0)))
     parts: list[Any] = [Text(title, style="bold")] if title else []
     parts.append(head)
+    for text in state.get("replanned") or []:
+        parts.append(Text.assemble(("replanned ", "bold yellow"), text))
     rows = node_rows(state, graph)
     gpu = any(n.get("gpu_utilization_percent") is not None for n in rows)
     nodes = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1, 0, 0))

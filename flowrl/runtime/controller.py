@@ -34,6 +34,7 @@ import zmq.asyncio
 
 from flowrl.errors import FlowrlError
 from flowrl.runtime import messages as m
+from flowrl.runtime.addresses import Network, bind_control, release_control
 from flowrl.runtime.launcher import Launcher
 from flowrl.runtime.ledger import Ledger
 from flowrl.runtime.procs import NodeFailure, Proc, ProcTable
@@ -76,13 +77,21 @@ class Controller:
         self.publishers = [w.src for w in spec.weights]
         self.subscribers = [w.dst for w in spec.weights]
         self.secret = secrets.token_hex(16)
+        self.launcher = launcher
+        # where every process runs decides its links (addresses.py); a host the launcher cannot
+        # place fails the run here, before anything is made
+        self.net = Network(spec, self.classes, "", launcher.controller_address(), curve=spec.launcher.curve)
+        for entry in plan.entries:
+            self.net.place(f"{entry.node}/{entry.replica}/{entry.rank}", launcher.host_address(entry.host))
+        try:
+            self.net.check_ranks(plan.groups())
+        except ValueError as e:
+            raise RunFailed(str(e)) from None
         self.sockdir = make_sockdir()
-        self.zctx = zmq.asyncio.Context()
-        self.router = self.zctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.router.setsockopt(zmq.LINGER, 0)
+        self.net.sockdir = str(self.sockdir)
+        self.bound: dict[tuple, str] = {}  # (node, replica, port) -> the address that consumer bound
+        self.zctx, self.router = bind_control(self.net)
         self.control_addr = f"ipc://{self.sockdir}/control"
-        self.router.bind(self.control_addr)
         self.inventory = inventory
         from flowrl.runtime.scaling import write_control_file
 
@@ -118,7 +127,35 @@ class Controller:
 
     # set-up -----------------------------------------------------------------------------------
     def address(self, node: str, replica: int, port: str) -> str:
-        return f"ipc://{self.sockdir}/{node}.{replica}.{port}"
+        return self.bound.get((node, replica, port)) or self.net.input_address(node, replica, port)
+
+    def routes_for(self, proc: Proc) -> dict:
+        """edge -> [[address, CURVE key], ...] of each consumer replica, as bound now (for Wire)."""
+        out = {}
+        for route in proc.spec.outputs:
+            e = next(e for e in self.spec.edges if str(e) == route.edge)
+            out[route.edge] = [[a, self.net.server_key(e.dst, r, a)] for r in range(self.spec.nodes[e.dst].replicas)
+                               for a in [self.address(e.dst, r, e.dst_port)]]
+        return out
+
+    async def on_bound(self, proc: Proc, inputs: dict | None) -> None:
+        """A consumer reported the addresses it bound: a restart binds them again; a consumer that
+        moved (re-plan) or got another port is reached there by every wired producer."""
+        ps = proc.spec
+        for port, address in (inputs or {}).items():
+            if port not in ps.inputs or not isinstance(address, str):
+                continue
+            key = (ps.node, ps.replica, port)
+            old = self.bound.get(key)
+            self.bound[key] = ps.inputs[port] = address
+            if old is None or old == address:
+                continue
+            for e in [e for e in self.spec.edges if e.dst == ps.node and e.dst_port == port]:
+                for p in self.procs.of_node(e.src):
+                    if p.ready and p.down_since is None:  # it got Wire already (or gets these routes in it)
+                        await self.send(p, m.Connect(edge=str(e), address=address,
+                                                     key=self.net.server_key(ps.node, ps.replica, address) or None))
+                        await self.send(p, m.Disconnect(edge=str(e), address=old))
 
     def build_procs(self) -> None:
         master_ports: dict[tuple, int] = {}
@@ -133,7 +170,11 @@ class Controller:
         spec = self.spec
         cls = self.classes[entry.node]
         node = spec.nodes[entry.node]
+        pid = f"{entry.node}/{entry.replica}/{entry.rank}"
+        if pid not in self.net.where:  # a replica added by `flowrl scale`
+            self.net.place(pid, self.launcher.host_address(entry.host))
         inputs = {p: self.address(entry.node, entry.replica, p) for p in cls.inputs}
+        clients = {p: c for p in cls.inputs for c in [self.net.input_clients(entry.node, entry.replica, p)] if c is not None}
         outputs = [OutputRoute(edge=str(e), port=e.src_port,
                                addresses=[self.address(e.dst, r, e.dst_port) for r in range(spec.nodes[e.dst].replicas)],
                                capacity=e.capacity, capacity_bytes=e.capacity_bytes)
@@ -143,14 +184,16 @@ class Controller:
                            for r in range(entry.world_size)] if entry.world_size > 1 else [])
         return ProcSpec(node=entry.node, kind=node.kind, replica=entry.replica, replicas=node.replicas,
                         rank=entry.rank, world_size=entry.world_size, incarnation=0, run_dir=str(self.run_dir),
-                        graph_file=str(self.run_dir / "graph.yaml"), control=self.control_addr, inputs=inputs,
+                        graph_file=str(self.run_dir / "graph.yaml"), control=self.net.control_address(pid), inputs=inputs,
                         outputs=outputs, env=env, device_type=entry.device_type, devices=list(entry.devices),
                         cpu_cores=list(entry.local_devices) if entry.device_type == "cpu" else [],
                         is_sink=entry.node in self.sinks, is_source=entry.node in self.sources,
                         faults=self.faults, heartbeat_s=spec.supervision.heartbeat_s, secret=self.secret,
                         serving_dtype=next((spec.nodes[w.dst].dtype for w in spec.weights if w.src == entry.node), None),
                         sys_path=[p for p in sys.path if p and os.path.isdir(p)], rank_addresses=rank_addresses,
-                        host=getattr(entry, "host", None))
+                        host=getattr(entry, "host", None), host_address=self.net.where[pid],
+                        curve_public=self.net.keys[pid][0], curve_secret=self.net.keys[pid][1],
+                        control_key=self.net.control_key(pid), input_clients=clients)
 
     def resume_from(self, record: dict) -> None:
         """Continue a run whose controller died, from its committed checkpoint."""
@@ -272,6 +315,13 @@ class Controller:
             await self.flush_tickets()
 
     def restart(self, proc: Proc) -> None:
+        if self.launcher.is_lost(proc.spec.host):  # its whole host left: its processes move (replan.py)
+            from flowrl.runtime.replan import move_off
+
+            why = move_off(self, proc.spec.host)
+            if why:
+                self.fail(proc, why)
+                return
         proc.spec.incarnation += 1
         self.prepare_start(proc)
         self.supervisor.launch(proc)
@@ -382,6 +432,7 @@ class Controller:
             proc.ready = True
             proc.pid = msg.pid
             proc.store_port = msg.store_port
+            await self.on_bound(proc, msg.inputs)
             if self.hub:
                 self.hub.set("node_up", 1, node=proc.spec.node, replica=str(proc.spec.replica), across="min")
             await self.after_ready(proc)
@@ -450,9 +501,9 @@ class Controller:
             if all(p.ready for p in self.procs):
                 self.started = True
                 for p in self.procs:
-                    await self.send(p, m.Wire())
+                    await self.send(p, m.Wire(routes=self.routes_for(p)))
             return
-        await self.send(proc, m.Wire())
+        await self.send(proc, m.Wire(routes=self.routes_for(proc)))
 
     async def after_wired(self, proc: Proc, epoch: int) -> None:
         if self.scheduler.steps != self.spec.schedule.steps:  # the end moved since its spec was written
@@ -495,7 +546,7 @@ class Controller:
         sup = self.spec.supervision
         for rank, p in enumerate(self.sync_members):
             await self.send(p, m.Sync(sync_epoch=self.sync_epoch, version=version, rank=rank,
-                                      world_size=len(self.sync_members), store=["127.0.0.1", pub.store_port],
+                                      world_size=len(self.sync_members), store=[pub.spec.host_address, pub.store_port],
                                       timeout_s=max(30.0, sup.deadline_s * 4)))
 
     # steps and checkpoints ----------------------------------------------------------------------
@@ -629,7 +680,7 @@ class Controller:
         self.ledger.close()
         (self.run_dir / "control.json").unlink(missing_ok=True)
         self.router.close(linger=0)
-        self.zctx.term()
+        release_control(self.net, self.zctx)
         shutil.rmtree(self.sockdir, ignore_errors=True)
 
     def kill_all(self) -> None:

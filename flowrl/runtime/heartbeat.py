@@ -9,6 +9,7 @@ import time
 import zmq
 
 from flowrl.runtime import messages as m
+from flowrl.runtime.addresses import apply_control_client
 from flowrl.runtime.procspec import ProcSpec
 
 
@@ -30,6 +31,7 @@ class Heartbeat(threading.Thread):
         sock.setsockopt(zmq.IDENTITY, f"{self.spec.proc_id}#{self.spec.incarnation}#hb".encode())
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 16)
+        apply_control_client(sock, self.spec.curve_public, self.spec.curve_secret, self.spec.control_key)
         sock.connect(self.spec.control)
         while True:
             if os.getppid() != self.parent:  # our launcher is gone: nobody will stop us

@@ -66,6 +66,23 @@ class Launcher(ABC):
     def close(self) -> None:
         pass
 
+    # where processes run (flowrl/runtime/addresses.py decides links from these) ---------------
+    def host_address(self, host: str | None) -> str:
+        """The cluster address of a plan host: what its processes bind. One machine: loopback."""
+        return "127.0.0.1"
+
+    def controller_address(self) -> str:
+        """The cluster address of the controller's own host."""
+        return "127.0.0.1"
+
+    def is_lost(self, host: str | None) -> bool:
+        """True when `host` has left the cluster (its processes must move: flowrl/runtime/replan.py)."""
+        return False
+
+    def inventory(self):
+        """The hosts that are there now, as a placement Inventory (for a re-plan)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot re-plan")
+
 
 # ---------------------------------------------------------------------------------------------
 def run_child(spec_path: str, log_path: str, stdin_fd: int | None = None) -> None:

@@ -11,6 +11,7 @@ Events (field `event`), each with `batch_id`, `attempt` and `t`:
     checkpoint    {step, epoch}             a consistent checkpoint committed (batch_id "-")
     recovery      {epoch, step, reason}     every stateful node rolled back to checkpoint `step`
     node_down, resumed, weights, failed     what happened to processes, resume, weight digests
+    replanned     {host, moved}             a lost host's processes moved: {process id: new host}
 
 Exactly once: for every issued ticket and every sink node, consumed + dropped - rolled_back == 1.
 Rows are written with one `write` each (a line survives a kill whole or not at all) and fsynced

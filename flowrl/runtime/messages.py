@@ -61,6 +61,7 @@ class Ready:
 
     pid: int
     store_port: int | None = None
+    inputs: dict | None = None  # input port -> the address it bound (a tcp port is chosen at bind)
 
 
 @message("wired", "node -> controller")
@@ -165,7 +166,10 @@ class Error:
 # controller -> node -----------------------------------------------------------------------------
 @message("wire", "controller -> node")
 class Wire:
-    """Every consumer is ready: connect the outputs, then take input."""
+    """Every consumer is ready: connect the outputs, then take input. `routes`: edge -> the
+    [address, CURVE server key or ""] of each consumer replica, as they bound them."""
+
+    routes: dict | None = None
 
 
 @message("ticket", "controller -> node")
@@ -219,6 +223,7 @@ class Connect:
 
     edge: str
     address: str
+    key: str | None = None  # the replica's CURVE public key (tcp between hosts)
 
 
 @message("disconnect", "controller -> node")

@@ -1,7 +1,9 @@
 """What the controller tells a node process about itself, written as JSON before it starts.
 
-One file per process start (`RUN_DIR/procs/<node>.<replica>.<rank>.json`): the worker reads it,
-so nothing but a path crosses the process boundary at start-up.
+One file per process start (`RUN_DIR/procs/<node>.<replica>.<rank>.json`, 0600 in the 0700 run
+directory): the local launchers hand the worker its path. The ray launcher hands the text itself
+through the actor call, which the worker reads from its stdin (`FLOWRL_SPEC_STDIN=1`), so the keys
+in it are never written on another host.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class OutputRoute:
     addresses: list[str]  # one per consumer replica
     capacity: int = 4
     capacity_bytes: int = 1 << 30
+    keys: dict[str, str] = field(default_factory=dict)  # tcp address -> that consumer's CURVE public key
 
 
 @dataclass
@@ -54,6 +57,11 @@ class ProcSpec:
     secret: str = ""  # the run's control-plane secret (the file is readable by its owner only)
     sys_path: list[str] = field(default_factory=list)  # the controller's import path, for user node modules
     steps: int = 0  # tickets the run issues now (0: the graph's schedule.steps); grows with replaced tickets
+    host_address: str = "127.0.0.1"  # this host's cluster address: tcp inputs and the weight store bind here
+    curve_public: str = ""  # this process's CURVE key pair (per run), for tcp inputs, outputs and control
+    curve_secret: str = ""
+    control_key: str | None = None  # the controller's CURVE public key when `control` is tcp
+    input_clients: dict[str, list[str]] = field(default_factory=dict)  # tcp input port -> producer keys it admits
 
     @property
     def proc_id(self) -> str:
@@ -69,6 +77,10 @@ class ProcSpec:
 
     @classmethod
     def read(cls, path: str | Path) -> "ProcSpec":
-        data = json.loads(Path(path).read_text())
+        return cls.from_json(Path(path).read_text())
+
+    @classmethod
+    def from_json(cls, text: str) -> "ProcSpec":
+        data = json.loads(text)
         data["outputs"] = [OutputRoute(**o) for o in data["outputs"]]
         return cls(**data)

@@ -43,13 +43,16 @@ class FlowrlNodeProcess:
         self.started = threading.Event()
         self.exited = threading.Event()
 
-    def start(self, argv: list[str], log_path: str, env: dict[str, str], cwd: str | None = None) -> int:
-        """Start the child (in `cwd` when this host has it); returns its PID on this host."""
+    def start(self, argv: list[str], log_path: str, env: dict[str, str], cwd: str | None = None,
+              stdin: str | None = None) -> int:
+        """Start the child (in `cwd` when this host has it), `stdin` written to its standard input
+        (its ProcSpec: keys that must not be written to a file here); returns its PID on this host."""
 
         def run() -> None:
             try:
                 with open(log_path, "ab") as log:
-                    self.popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    self.popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                                  stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                                                   env={**os.environ, **env}, start_new_session=True,
                                                   cwd=cwd if cwd and os.path.isdir(cwd) else None,
                                                   preexec_fn=_die_with_parent)
@@ -59,6 +62,12 @@ class FlowrlNodeProcess:
                 self.started.set()
                 self.exited.set()
                 return
+            if stdin is not None:
+                try:
+                    self.popen.stdin.write(stdin.encode())
+                    self.popen.stdin.close()
+                except OSError:
+                    pass  # it died at once: wait() says how
             self.started.set()
             self.code = self.popen.wait()
             self.exited.set()

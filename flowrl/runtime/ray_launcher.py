@@ -16,11 +16,15 @@ shows up in `poll()` as killed by SIGKILL; the cause Ray gave is logged.
 
 Where a process runs: the entry's `host` in the ProcSpec (when the controller writes it), else the
 run's plan.json. A host that is not a Ray node (`localhost`, from a plan on this machine's cores)
-means the controller's own Ray node. Data and control channels are ipc in this release, so every
-node process must run on the controller's machine; a host elsewhere is refused with that reason.
+means the controller's own Ray node. Its links follow from the Ray nodes' addresses
+(`host_address`, flowrl/runtime/addresses.py): ipc within a machine, tcp + CURVE between machines.
+The ProcSpec travels in the actor call (the worker reads it from stdin), so its keys are never
+written on the process's host.
 
-A lost Ray node: a restart that finds its node gone is a failed start (exit 1, the reason in the
-process's log), so the supervisor's policy ends the run naming the node; re-planning is not done.
+A lost Ray node: `is_lost(host)` tells the controller, which moves the node's processes to the
+remaining hosts (flowrl/runtime/replan.py) or fails the run naming the host. A moved process asks
+Ray for its GPUs but for no CPU share (the host's CPUs are taken by the plan's own processes; it
+time-shares the cores the re-plan gave it).
 
 Clean ends: `close()` kills every actor this launcher created (each takes its child with it), then
 leaves the cluster, and stops it when it started it. Actors are owned by the controller's Ray
@@ -50,11 +54,12 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1", None)
 class RayProcessHandle(ProcessHandle):
     """A node process started by a `FlowrlNodeProcess` actor. Never blocks on Ray."""
 
-    def __init__(self, actor, proc_id: str, node: RayNode, argv: list[str], log_path: str, env: dict, cwd: str):
+    def __init__(self, actor, proc_id: str, node: RayNode, argv: list[str], log_path: str, env: dict, cwd: str,
+                 stdin: str | None = None):
         self.actor = actor
         self.proc_id = proc_id
         self.node = node
-        self.start_ref = actor.start.remote(argv, log_path, env, cwd)
+        self.start_ref = actor.start.remote(argv, log_path, env, cwd, stdin)
         self.wait_ref = actor.wait.remote()
         self._pid: int | None = None
         self.code: int | None = None
@@ -174,8 +179,7 @@ class RayLauncher(Launcher):
         if node is None and host in self.seen:
             lost = self.seen[host]
             raise RunFailed(f"Ray node {host!r} ({lost.address}, node id {lost.node_id[:8]}) is gone, so {proc_id} "
-                            "cannot restart on it; moving its processes to another host is not done yet: bring "
-                            "the node back and resume the run (flowrl run --resume RUN_DIR)")
+                            "cannot restart on it")
         if node is None and host not in LOCAL_HOSTS:
             raise RunFailed(f"the plan puts {proc_id} on host {host!r}, which is not a node of the Ray cluster "
                             f"(nodes: {', '.join(sorted(self.nodes)) or 'none'}); plan against the cluster with "
@@ -183,11 +187,35 @@ class RayLauncher(Launcher):
         node = node or self.local
         if node is None:
             raise RunFailed("the controller does not run on a node of the Ray cluster; run flowrl on a cluster node")
-        if self.local is not None and node.address != self.local.address:
-            raise RunFailed(f"the plan puts {proc_id} on host {node.name!r} ({node.address}), another machine than the "
-                            f"controller's ({self.local.address}); flowrl's data and control channels are ipc in this "
-                            "release, so every node process must run on the controller's machine")
         return node
+
+    # where processes run (for addresses.py and replan.py) ------------------------------------------
+    def host_address(self, host: str | None) -> str:
+        return self.node_for(host, f"a process on {host}").address
+
+    def controller_address(self) -> str:
+        if self.local is None:
+            raise RunFailed("the controller does not run on a node of the Ray cluster; run flowrl on a cluster node")
+        return self.local.address
+
+    def refresh(self) -> None:
+        self.nodes = {n.name: n for n in self.cluster.nodes()}
+        self.seen.update(self.nodes)
+
+    def is_lost(self, host: str | None) -> bool:
+        if host not in self.seen:
+            return False
+        self.refresh()
+        return host not in self.nodes
+
+    def lost_node(self, host: str) -> RayNode:
+        return self.seen[host]
+
+    def inventory(self):
+        from flowrl.placement.ray_inventory import RayInventory
+
+        self.refresh()
+        return RayInventory.from_nodes(list(self.nodes.values()), self.cluster.address or "ray")
 
     def check_fits(self, entries: dict) -> None:
         """Every process has a Ray node, and each node offers the CPUs and GPUs its processes ask for
@@ -224,7 +252,8 @@ class RayLauncher(Launcher):
     def start(self, spec_path: Path, log_path: Path) -> ProcessHandle:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        spec = json.loads(Path(spec_path).read_text())
+        text = Path(spec_path).read_text()
+        spec = json.loads(text)
         key = (spec["node"], spec["replica"], spec["rank"])
         proc_id = "/".join(map(str, key))
         fresh = spec["run_dir"] not in self.plans
@@ -233,9 +262,9 @@ class RayLauncher(Launcher):
             self.check_fits(entries)
         entry = entries.get(key)
         host = spec.get("host") or (entry or {}).get("host")
+        moved = entry is not None and host != entry["host"]  # re-planned onto another host (replan.py)
         if spec.get("incarnation", 0) > 0:  # a restart: is its Ray node still there?
-            self.nodes = {n.name: n for n in self.cluster.nodes()}
-            self.seen.update(self.nodes)
+            self.refresh()
             try:
                 node = self.node_for(host, proc_id)
             except RunFailed as e:  # inside the controller's loop: a failed start, judged by its policy
@@ -243,11 +272,15 @@ class RayLauncher(Launcher):
                 return FailedStart(str(log_path), str(e))
         else:
             node = self.node_for(host, proc_id)  # before the loop: RunFailed ends the run with the reason
+        res = self.resources(entry, entries)
+        if moved:
+            res = {"num_cpus": 0, **({"num_gpus": len(spec["devices"])} if spec["device_type"] == "cuda" else {})}
         actor = self.actor_cls.options(
-            **self.resources(entry, entries), max_concurrency=4, max_restarts=0,
+            **res, max_concurrency=4, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node.node_id, soft=False)).remote()
         argv = [sys.executable, "-m", "flowrl.runtime.worker", str(spec_path)]
-        handle = RayProcessHandle(actor, proc_id, node, argv, str(log_path), self.env, os.getcwd())
+        handle = RayProcessHandle(actor, proc_id, node, argv, str(log_path), {**self.env, "FLOWRL_SPEC_STDIN": "1"},
+                                  os.getcwd(), stdin=text)
         self.handles = [h for h in self.handles if h.code is None] + [handle]
         log.info("%s -> Ray node %s (%s)", proc_id, node.name, node.node_id[:8])
         return handle

@@ -120,15 +120,16 @@ def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=N
     print(f"flowrl: run {spec.name} -> {run_dir}", flush=True)
     summary = graph_summary(spec, plan)
     view = _live_view(hub, summary, quiet, run_dir)
-    controller = Controller(spec, plan, run_dir, launcher_obj, faults=list(faults), resume=resume, hub=hub, inventory=inventory,
-                            on_tick=lambda c: view.update(), summary=summary)
+    controller = None
     code = 0
-    try:
+    try:  # the controller places every process first: a host it cannot place is a RunFailed too
+        controller = Controller(spec, plan, run_dir, launcher_obj, faults=list(faults), resume=resume, hub=hub,
+                                inventory=inventory, on_tick=lambda c: view.update(), summary=summary)
         with view:
             anyio.run(controller.run)
     except RunFailed as e:
         _print_err(f"flowrl: run failed: {e}")
-        code = 128 + controller.interrupted if controller.interrupted else 1
+        code = 128 + controller.interrupted if controller is not None and controller.interrupted else 1
     except KeyboardInterrupt:
         code = 130
     finally:

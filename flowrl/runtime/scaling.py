@@ -44,6 +44,9 @@ async def scale(controller, node: str, replicas: int) -> str:
                          "scale stateless nodes (rollout, reward, reference), or use devices: N")
     if not 1 <= replicas <= 256:
         raise ScaleError(f"replicas must be between 1 and 256, got {replicas}")
+    if c.net.multi_host:
+        raise ScaleError("this run spans several hosts; scaling it while it runs is not supported yet (new replicas "
+                         "would need CURVE keys its consumers and control admit): set replicas in the graph and resume")
     if c.recovering is not None:
         raise ScaleError("the run is recovering from a failure; try again in a moment")
     old = spec.nodes[node].replicas

@@ -25,10 +25,11 @@ class WeightsClient:
     bucket_bytes = 32 << 20
 
     def __init__(self, node, *, publisher: bool, device: str, recorder, faults, secret: str,
-                 serving_dtype: str | None = None, ready_timeout_s: float = 600.0):
+                 serving_dtype: str | None = None, ready_timeout_s: float = 600.0, host: str = "127.0.0.1"):
         self.node, self.publisher, self.device = node, publisher, device
         self.recorder, self.faults, self.secret = recorder, faults, secret
         self.serving_dtype = serving_dtype
+        self.host = host  # this host's cluster address: the publisher's store and every gloo socket bind here
         self.ready_timeout_s = ready_timeout_s
         self.pub = None
         self.sub = None
@@ -38,7 +39,7 @@ class WeightsClient:
 
             self.pub = WeightPublisher(node.weights, device=device, bucket_bytes=self.bucket_bytes,
                                        serving_dtype=None if serving_dtype == "float32" else serving_dtype,
-                                       store_host="127.0.0.1", secret=secret)
+                                       store_host=host, secret=secret)
 
     @property
     def store_port(self) -> int | None:
@@ -55,6 +56,7 @@ class WeightsClient:
 
             self.sub = WeightSubscriber(self.node.weights(), device=self.device, bucket_bytes=self.bucket_bytes,
                                         version=0)
+            self.sub.local_host = self.host
             self.sub.fence(self.fenced)
         return self.sub
 

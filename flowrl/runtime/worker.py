@@ -27,6 +27,7 @@ import zmq
 import zmq.asyncio
 
 from flowrl.runtime import messages as m
+from flowrl.runtime.addresses import apply_control_client, input_security, output_curve
 from flowrl.runtime.faults import FaultInjector
 from flowrl.runtime.inputs import Fence, Item, JoinBuffer, Ordered, OutputCache, SinkSeen, VersionGate
 from flowrl.node import Drop, Ticket
@@ -51,6 +52,7 @@ class Worker(RankMember):
         self.ctl = self.ctx.socket(zmq.DEALER)
         self.ctl.setsockopt(zmq.IDENTITY, f"{spec.proc_id}#{spec.incarnation}".encode())
         self.ctl.setsockopt(zmq.LINGER, 2000)
+        apply_control_client(self.ctl, spec.curve_public, spec.curve_secret, spec.control_key)
         self.ctl.connect(spec.control)
         self.receivers: dict = {}
         self.senders: list = []  # (route, Sender)
@@ -134,7 +136,7 @@ class Worker(RankMember):
         if (cls.publishes_weights and spec.rank == 0) or cls.subscribes_weights:  # a trainer's rank 0 publishes
             self.weights = WeightsClient(self.node, publisher=cls.publishes_weights, device=device,
                                          recorder=self.recorder, faults=self.faults, secret=spec.secret,
-                                         serving_dtype=spec.serving_dtype,
+                                         serving_dtype=spec.serving_dtype, host=spec.host_address,
                                          ready_timeout_s=graph.supervision.process_timeout_s)
         if cls.subscribes_weights and spec.epoch > 0:
             self.version = -1  # after a rollback only the publisher's restored weights count
@@ -160,23 +162,31 @@ class Worker(RankMember):
                 rx = Receiver(ChannelConfig(capacity_messages=cap, capacity_bytes=cap_bytes,
                                             link_capacity_messages=max(1, cap // 2) if cap > 2 else None,
                                             credit_idle_s=2.0, peer_timeout_s=self.peer_timeout_s,
-                                            secret=self.channel_secret), name=f"{spec.node}.{port}")
+                                            secret=self.channel_secret, **input_security(spec, port, address)),
+                              name=f"{spec.node}.{port}")
                 await rx.bind(address)
                 self.receivers[port] = rx
 
-    async def wire(self) -> None:
-        """Connect our outputs (the controller says so once every consumer reported READY), then
-        start taking input: nothing is processed before its results have somewhere to go."""
+    def output_curve(self, key: str | None):
+        return output_curve(self.spec, key)
+
+    async def wire(self, routes: dict | None = None) -> None:
+        """Connect our outputs (the controller says so once every consumer reported READY, with
+        the addresses they bound), then start taking input: nothing is processed before its
+        results have somewhere to go."""
         from flowrl.transport import ChannelConfig, Sender
 
         if self.wired:
             return
         for route in self.spec.outputs:
+            if routes and route.edge in routes:
+                route.addresses = [a for a, _ in routes[route.edge]]
+                route.keys = {a: k for a, k in routes[route.edge] if k}
             cfg = ChannelConfig(capacity_messages=route.capacity, capacity_bytes=route.capacity_bytes,
-                                peer_timeout_s=self.peer_timeout_s, secret=self.channel_secret)
+                                peer_timeout_s=self.peer_timeout_s, secret=self.channel_secret, allow_remote=True)
             tx = Sender(cfg, name=route.edge.split("->")[1].strip())  # channels are named by their consumer port
             for address in route.addresses:
-                await tx.connect(address)
+                await tx.connect(address, curve=self.output_curve(route.keys.get(address)))
             self.senders.append((route, tx))
         self.wired = True
         log.info("wired %.2f s after start", time.monotonic() - self.t_start)
@@ -290,7 +300,7 @@ class Worker(RankMember):
             self.forget_below(msg.complete_below)
             await self.extend_to(msg.steps)
         elif isinstance(msg, m.Wire):
-            await self.wire()
+            await self.wire(msg.routes)
         elif isinstance(msg, (m.Connect, m.Disconnect)):
             await self.rewire(msg)
         elif isinstance(msg, m.Stop):
@@ -303,7 +313,9 @@ class Worker(RankMember):
                 continue
             if isinstance(msg, m.Connect) and msg.address not in route.addresses:
                 route.addresses.append(msg.address)
-                await tx.connect(msg.address, wait=False)
+                if msg.key:
+                    route.keys[msg.address] = msg.key
+                await tx.connect(msg.address, wait=False, curve=self.output_curve(msg.key))
             elif isinstance(msg, m.Disconnect) and msg.address in route.addresses:
                 route.addresses.remove(msg.address)
                 for batch in await tx.disconnect(msg.address):  # not acknowledged there: to the others
@@ -584,7 +596,8 @@ class Worker(RankMember):
         if self.cls.publishes_weights:
             self.publish_snapshot()  # version 0 (or the checkpoint's), before anything can ask for it
         store_port = self.weights.store_port if self.weights is not None else None
-        await self.send_ctl(m.Ready(pid=os.getpid(), store_port=store_port))
+        await self.send_ctl(m.Ready(pid=os.getpid(), store_port=store_port,
+                                    inputs={port: rx.address for port, rx in self.receivers.items()}))
         self.faults.arm(self.spec.incarnation)
         try:
             async with anyio.create_task_group() as tg:
@@ -661,7 +674,10 @@ def edge_labels(graph, node: str) -> tuple[dict[str, str], dict[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    spec = ProcSpec.read(argv[0])
+    if os.environ.get("FLOWRL_SPEC_STDIN") == "1":  # the ray launcher: the spec (with keys) came in memory
+        spec = ProcSpec.from_json(sys.stdin.read())
+    else:
+        spec = ProcSpec.read(argv[0])
     for entry in reversed([os.getcwd(), *spec.sys_path]):  # user node modules resolve as for the controller
         if entry not in sys.path:
             sys.path.insert(0, entry)

@@ -31,7 +31,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from flowrl.transport import codec, security, shm, sockets, wire
 from flowrl.transport.batch import Batch
-from flowrl.transport.config import ChannelConfig
+from flowrl.transport.config import ChannelConfig, CurveConfig
 from flowrl.transport.endpoints import endpoint_for, scheme_of
 from flowrl.transport.errors import BrokenChannel, ChannelClosed, DecodeError
 from flowrl.transport.link import ENV_ALLOWANCE, Entry, Link
@@ -52,6 +52,7 @@ class Sender:
         self._id = secrets.token_hex(6)
         self._secret = None if self.config.secret is None else self.config.secret.get_secret_value()
         self._links: dict[str, Link] = {}
+        self._curves: dict = {}  # address -> CurveConfig of that replica (replicas on other hosts have their own keys)
         self._seq = 0
         self._pending: dict[int, Entry] = {}   # waiting to be re-sent, by sequence number
         self._returned: list[Batch] = []
@@ -67,13 +68,16 @@ class Sender:
                        credit_waits=0, credit_wait_s=0.0, shm=0, shm_bytes=0)
 
     # ------------------------------------------------------------------------------- public API
-    async def connect(self, address: str, *, wait: bool = True) -> None:
+    async def connect(self, address: str, *, wait: bool = True, curve: CurveConfig | None = None) -> None:
         """Add the consumer replica at `address`. With `wait`, return once it answered (at most
-        `peer_timeout_s`, else BrokenChannel)."""
+        `peer_timeout_s`, else BrokenChannel). `curve`: this replica's CURVE keys (its own server
+        key; default `config.curve`), for a channel whose replicas run on several hosts."""
         self._check_open()
         if address in self._links:
             raise ValueError(f"sender {self.name!r} is already connected to {address}")
-        endpoint_for(address, self.config, self.name).check_connect(address)
+        if curve is not None:
+            self._curves[address] = curve
+        endpoint_for(address, self.config.model_copy(update={"curve": self._curve(address)}), self.name).check_connect(address)
         self._open_link(address, 0)
         if not self._tasks:
             self._tasks.append(asyncio.create_task(self._tick_loop()))
@@ -90,6 +94,7 @@ class Sender:
     async def disconnect(self, address: str) -> list[Batch]:
         """Stop using the replica at `address`; returns what was sent there and not acknowledged."""
         link = self._links.pop(address, None)
+        self._curves.pop(address, None)
         if link is None:
             raise ValueError(f"sender {self.name!r} is not connected to {address}")
         entries = sorted(link.unacked.values(), key=lambda e: e.seq)
@@ -332,7 +337,7 @@ class Sender:
     def _open_link(self, address: str, epoch: int) -> Link:
         rid = f"{self._id}.{epoch}".encode()
         sock = sockets.dealer(self.config, rid)
-        security.apply_client(sock, self.config.curve)
+        security.apply_client(sock, self._curve(address))
         mon = None if scheme_of(address) == "inproc" else sockets.monitor(sock, zmq.EVENT_DISCONNECTED)
         sock.connect(address)
         link = self._links[address] = Link(address, epoch, rid)
@@ -344,6 +349,9 @@ class Sender:
         link.pump.on_send_error = lambda e, frames: self._on_send_error(link, e)
         self._send_hello(link)
         return link
+
+    def _curve(self, address: str) -> CurveConfig | None:
+        return self._curves.get(address, self.config.curve)
 
     def _close_link(self, link: Link, state: str) -> None:
         if link.dead:

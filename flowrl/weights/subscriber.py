@@ -81,6 +81,7 @@ class WeightSubscriber:
         self._epoch = self._rank = self._world = None
         self._round, self._failed, self._staging_holds_version = 0, False, False
         self._fence = 0  # epochs below this are stale (see fence)
+        self.local_host: str | None = None  # this host's cluster address for gloo (default: the one that reaches the store)
         self.seconds = self.commit_seconds = 0.0  # the last broadcast's and the last copy-out's durations
 
     def _allocate(self, layout: Layout) -> None:
@@ -126,7 +127,7 @@ class WeightSubscriber:
             if self._group is None:
                 self._group = WeightGroup.join(epoch=self._epoch, rank=self._rank, world_size=self._world,
                                                store=self._store.child("pg"), timeout_s=self.timeout_s,
-                                               device=self.device, host=local_address(self._store_host))
+                                               device=self.device, host=self.local_host or local_address(self._store_host))
             self._staging_holds_version = False
             self._version_tensor.fill_(-1)
             self.seconds = self._group.broadcast([self._version_tensor, *self.staging], on_bucket=self.fault_hook)

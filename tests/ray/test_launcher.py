@@ -97,10 +97,11 @@ def test_a_plan_that_needs_more_cpus_than_its_ray_node_offers_is_refused_before_
     launcher.check_fits({k: v for k, v in entries.items() if k[0] == "a"})  # one core's worth fits
 
 
-def test_a_host_on_another_machine_is_refused_while_channels_are_ipc():
+def test_a_host_on_another_machine_is_placed_there_and_its_links_use_its_ray_node_address():
     launcher = launcher_on([A, FAR], A.node_id)
-    with pytest.raises(RunFailed, match=r"'far' \(10.0.0.9\), another machine .* channels are ipc"):
-        launcher.node_for("far", "x/0/0")
+    assert launcher.node_for("far", "x/0/0") is FAR
+    assert launcher.host_address("far") == "10.0.0.9"
+    assert launcher.host_address("localhost") == launcher.controller_address() == "127.0.0.1"
 
 
 def test_make_launcher_refuses_a_ray_client_address_with_the_reason():
@@ -236,6 +237,8 @@ def test_a_lost_ray_node_is_named_when_a_process_cannot_restart_on_it():
     launcher.nodes = {"host-a": A}  # host-b left the cluster
     with pytest.raises(RunFailed, match=r"Ray node 'host-b' \(127.0.0.1, node id bbbbbbbb\) is gone, so x/0/0 cannot"):
         launcher.node_for("host-b", "x/0/0")
+    launcher.cluster._nodes = [A]
+    assert launcher.is_lost("host-b") and not launcher.is_lost("host-a") and not launcher.is_lost("localhost")
 
 
 LOST = f"""\
@@ -253,7 +256,7 @@ launcher: {{type: ray, address: "ADDRESS"}}
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_removing_a_ray_node_fails_the_run_naming_the_lost_host_and_leaves_nothing(ray_cluster, tmp_path):
+def test_removing_a_ray_node_moves_its_processes_to_a_host_that_is_left_exactly_once(ray_cluster, tmp_path):
     import psutil
 
     from flowrl.ray_cluster import loopback_node_args
@@ -262,7 +265,7 @@ def test_removing_a_ray_node_fails_the_run_naming_the_lost_host_and_leaves_nothi
     node_c = cluster.add_node(**loopback_node_args(num_cpus=1, node_name="host-c",
                                                    temp_dir=cluster.head_node.get_temp_dir_path()))
     graph = tmp_path / "g.yaml"
-    graph.write_text(LOST.replace("ADDRESS", cluster.address))
+    graph.write_text(LOST.replace("ADDRESS", cluster.address).replace("1000", "30"))
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(flowrl_command(graph, run_dir, extra=["--inventory", f"ray:{cluster.address}"]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -271,13 +274,21 @@ def test_removing_a_ray_node_fails_the_run_naming_the_lost_host_and_leaves_nothi
         pids = node_processes(run_dir)
         ours = set(pids.values()) | {psutil.Process(p).ppid() for p in pids.values()}
         cluster.remove_node(node_c)  # the whole host goes: raylet, its workers, the actor, the node process
+        moved = wait_for(lambda: (p := node_processes(run_dir)).get("scale.0.0") not in (None, pids["scale.0.0"]) and p,
+                         90, "scale to start again on another host")
+        ours |= set(moved.values()) | {psutil.Process(p).ppid() for p in moved.values()}
         out, err = proc.communicate(timeout=90)
     finally:
         kill_group(proc.pid)
         proc.wait()
-    assert proc.returncode == 1, err[-3000:]
-    assert "flowrl: run failed: node 'scale'" in err and "Traceback" not in err, err[-3000:]
-    assert "Ray node 'host-c' (127.0.0.1" in err and "is gone" in err, err[-3000:]
+    assert proc.returncode == 0, err[-3000:]
+    ledger = read_jsonl(run_dir / "ledger.jsonl")
+    replans = [r for r in ledger if r["event"] == "replanned"]
+    assert len(replans) == 1 and replans[0]["host"] == "host-c", replans
+    assert replans[0]["moved"]["scale/0/0"] in ("host-a", "host-b")
+    assert "replanned host-c lost: scale/0/0 -> host-" in out  # the live view says so
+    audit = audit_ledger(ledger)
+    assert audit.exactly_once and len(audit.issued) == 30, (audit.lost, audit.duplicated)
     wait_for(lambda: not alive(ours), 10, "every node process and actor to be gone")
     assert_cluster_released_everything()
 
