@@ -162,7 +162,8 @@ class VLLMEngine(RolloutEngine):
         if self.committed is not None:
             for name, tensor in staged:
                 self.committed[name].copy_(tensor)
-        self.unusable = None
+        if self.unusable is not None and {n for n, _ in staged} >= {_engine_name(k) for k in self.staging}:
+            self.unusable = None  # every weight replaced: nothing mixed is left (a partial update is not enough)
         self.llm.reset_prefix_cache()
         self.version = version
 
