@@ -65,6 +65,11 @@ class VLLMEngineSpec(_Spec):
     enable_prefix_caching: bool = False
     """Reuse KV blocks of shared prefixes (GRPO's samples share their prompt). Caches are reset at
     every weight load."""
+    on_reload_error: Literal["restore", "fail"] = "restore"
+    """When loading a version raises partway: ``restore`` reloads the previous version from a host
+    copy (one more copy of the weights in RAM) and the engine goes on generating with it;
+    ``fail`` keeps no copy and the engine refuses to generate until a whole version has loaded.
+    Either way the node's version does not advance and the runtime orders a new sync."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """More keyword arguments for ``vllm.LLM(...)``, passed as they are (checked by vLLM)."""
 

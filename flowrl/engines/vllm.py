@@ -16,6 +16,15 @@ them, then ``load_weights`` streams them into the engine through the worker's
 gate/up and re-packs kernels as a fresh load would -- and resets the prefix cache. 0.02-0.2 s for
 the tiny example model on CPU.
 
+A version lands whole or not at all. ``load_weights`` first takes in every tensor it is given and
+checks names and shapes (a bad or broken source fails before the engine is touched); if vLLM's
+reload then raises partway, the worker undoes the half-done layerwise state and the engine
+reloads the previous version from a host copy of it (``on_reload_error: restore``, the default:
+one more copy of the weights in host RAM), then raises: the node's version does not advance, the
+runtime reports the failed sync and orders a new one. If the restore fails too (or with
+``on_reload_error: fail``, which keeps no copy) the engine refuses to generate until a version
+loads completely, so nothing is ever sampled from mixed weights.
+
 Sampling: each prompt is one request with ``n`` completions and its own seed, so
 a batch is reproducible for a given seed and prompts do not share random draws. Log-probs are
 vLLM's ``processed_logprobs``: after temperature, and (unlike flowrl's convention) after top-p, so
@@ -91,6 +100,14 @@ class VLLMEngine(RolloutEngine):
         kwargs.update(spec.extra)
         self.llm = vllm.LLM(**kwargs)
         self.staging = _staging_tensors(self.model_spec, device=device, dtype=engine_dtype)
+        # the version the engine holds, kept on the host to restore after a failed reload
+        self.committed: dict[str, torch.Tensor] | None = None
+        if spec.on_reload_error == "restore":
+            self.committed = {_engine_name(k): v.to("cpu", copy=True) for k, v in self.staging.items()}
+        self.unusable: str | None = None
+        """Why the engine holds mixed weights (a reload and its restore failed), else None."""
+        self.reload_faults: list[int] = []
+        """Tests: the next reloads raise after this many tensors went in (one entry per reload)."""
         self._warm_up()
 
     # generation -----------------------------------------------------------------------------
@@ -107,6 +124,9 @@ class VLLMEngine(RolloutEngine):
     def generate(self, prompts: torch.Tensor, sampling: Sampling, *, seed: int) -> Generation:
         from vllm.inputs import TokensPrompt
 
+        if self.unusable is not None:
+            raise EngineUnusableError(f"the vLLM engine holds mixed weights and cannot generate: {self.unusable}; "
+                                      "it generates again once a whole version has loaded (or the node restarts)")
         rows = prompts.tolist()
         if sampling.temperature <= 0:  # vLLM decodes greedily with n = 1: repeat the request instead
             rows = [r for r in rows for _ in range(sampling.n)]
@@ -134,14 +154,56 @@ class VLLMEngine(RolloutEngine):
         return self.staging
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        named = [(_engine_name(name), tensor) for name, tensor in named_tensors]
-        if self.tensor_parallel_size == 1:
-            weights: Any = iter(named)  # in-process worker: tensors are read where they lie
-        else:
-            weights = [(n, t.detach().cpu()) for n, t in named]  # crosses to the worker processes
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        staged = self._stage(named_tensors)  # every tensor in hand and checked before the engine changes
+        try:
+            self._reload(staged)
+        except Exception as e:  # noqa: BLE001 - restored (or marked unusable), then raised again
+            self._recover(e, version)
+        if self.committed is not None:
+            for name, tensor in staged:
+                self.committed[name].copy_(tensor)
+        if self.unusable is not None and {n for n, _ in staged} >= {_engine_name(k) for k in self.staging}:
+            self.unusable = None  # every weight replaced: nothing mixed is left (a partial update is not enough)
         self.llm.reset_prefix_cache()
         self.version = version
+
+    def _stage(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        """``(engine name, tensor)`` of the whole version; unknown names and wrong shapes are errors."""
+        staged = []
+        for name, tensor in named_tensors:
+            dst = self.staging.get(name if name.startswith(PREFIX) else PREFIX + name)
+            if dst is None:
+                raise KeyError(f"weight {name!r} is not a parameter of the rollout model (names look like "
+                               f"{next(iter(self.staging))!r}); nothing was loaded")
+            if tuple(dst.shape) != tuple(tensor.shape):
+                raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} does not match the rollout's "
+                                 f"{tuple(dst.shape)}; trainer and rollout must build the same model. Nothing was loaded")
+            staged.append((_engine_name(name), tensor))
+        return staged
+
+    def _reload(self, staged: list[tuple[str, torch.Tensor]]) -> None:
+        if self.tensor_parallel_size == 1:
+            weights: Any = iter(staged)  # in-process worker: tensors are read where they lie
+        else:
+            weights = [(n, t.detach().cpu()) for n, t in staged]  # crosses to the worker processes
+        fail_after = self.reload_faults.pop(0) if self.reload_faults else None
+        self.llm.collective_rpc("flowrl_reload", kwargs={"weights_iterator": weights, "fail_after": fail_after})
+
+    def _recover(self, error: Exception, version: int) -> None:
+        """A reload of ``version`` raised partway: reload the committed version, then raise."""
+        what = f"loading version {version} into the vLLM engine failed partway ({type(error).__name__}: {error})"
+        if self.committed is None:
+            self.unusable = what
+            raise WeightLoadError(f"{what}; on_reload_error=fail: the engine refuses to generate until a "
+                                  f"whole version loads (still labelled version {self.version})") from error
+        try:
+            self._reload(list(self.committed.items()))
+        except Exception as again:  # noqa: BLE001
+            self.unusable = f"{what}, and restoring version {self.version} failed too ({again})"
+            raise WeightLoadError(f"{self.unusable}; the engine refuses to generate until a whole version "
+                                  "loads") from error
+        self.llm.reset_prefix_cache()
+        raise WeightLoadError(f"{what}; the engine was restored to version {self.version}, bitwise") from error
 
     def engine_weights(self) -> dict[str, torch.Tensor]:
         """The weights the engine computes with (vLLM names, fused q/k/v and gate/up), rank 0."""
@@ -166,6 +228,14 @@ class VLLMEngine(RolloutEngine):
                 core.shutdown()
             self.llm = None
             gc.collect()
+
+
+class WeightLoadError(RuntimeError):
+    """A version did not load; the message says which version the engine holds now."""
+
+
+class EngineUnusableError(RuntimeError):
+    """The engine holds mixed weights (a reload and its restore failed): it refuses to generate."""
 
 
 def _engine_name(name: str) -> str:

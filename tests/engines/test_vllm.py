@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("vllm")
 
 from flowrl.engines import Sampling, build_engine  # noqa: E402
-from flowrl.engines.vllm import fuse_like_engine  # noqa: E402
+from flowrl.engines.vllm import EngineUnusableError, WeightLoadError, fuse_like_engine  # noqa: E402
 from flowrl.engines.vllm_worker import digest  # noqa: E402
 from flowrl.models import build_model, token_logprobs  # noqa: E402
 from flowrl.tasks import EOS, PAD, build_task  # noqa: E402
@@ -70,3 +70,50 @@ def test_loaded_weights_are_bitwise_the_trainers_at_every_version(engine, tiny_l
         assert engine.version == version
     after = engine.generate(PROMPTS, sampling(temperature=0.0), seed=0).tokens
     assert not torch.equal(before, after)  # greedy output moved with the weights
+
+
+def randomise(staging, seed):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # what the runtime does: receive a new version into the staging tensors
+        for t in staging.values():
+            t.copy_(torch.randn(t.shape, generator=gen) * 0.2)
+
+
+def test_a_version_that_fails_in_the_middle_of_the_engines_reload_leaves_the_previous_one_bitwise(engine):
+    staging, packed = engine.weights(), engine.packed_modules()
+    randomise(staging, 10)
+    engine.load_weights(staging.items(), 10)
+    v10 = engine.engine_digest()
+    greedy = engine.generate(PROMPTS, sampling(temperature=0.0), seed=0).tokens
+    randomise(staging, 11)
+    engine.reload_faults = [2]  # vLLM's reload raises with the embedding and layer 0's q in, its k and v not
+    with pytest.raises(WeightLoadError, match=r"after \d+ tensors.*restored to version 10"):
+        engine.load_weights(staging.items(), 11)
+    assert engine.version == 10 and engine.engine_digest() == v10
+    assert torch.equal(engine.generate(PROMPTS, sampling(temperature=0.0), seed=0).tokens, greedy)
+    # a source that breaks while being read fails before the engine is touched
+    def broken():
+        for i, item in enumerate(staging.items()):
+            if i == 3:
+                raise ConnectionError("the broadcast broke")
+            yield item
+    with pytest.raises(ConnectionError):
+        engine.load_weights(broken(), 11)
+    assert engine.version == 10 and engine.engine_digest() == v10
+    # the same version sent again lands whole
+    engine.load_weights(staging.items(), 11)
+    assert engine.engine_digest() == digest(fuse_like_engine({k: v.clone() for k, v in staging.items()}, packed))
+
+
+def test_if_the_restore_fails_too_the_engine_refuses_to_generate_until_a_whole_version_loads(engine):
+    staging, packed = engine.weights(), engine.packed_modules()
+    randomise(staging, 12)
+    engine.reload_faults = [4, 2]  # the reload and then the restore raise partway
+    with pytest.raises(WeightLoadError, match="restoring version .* failed too"):
+        engine.load_weights(staging.items(), 12)
+    with pytest.raises(EngineUnusableError, match="mixed weights"):
+        engine.generate(PROMPTS, sampling(), seed=0)
+    engine.load_weights(staging.items(), 12)
+    assert engine.version == 12 and engine.unusable is None
+    assert engine.engine_digest() == digest(fuse_like_engine({k: v.clone() for k, v in staging.items()}, packed))
+    assert_layout(engine.generate(PROMPTS, sampling(), seed=0), 12, 7, 6)
