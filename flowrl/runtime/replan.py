@@ -26,7 +26,7 @@ log = logging.getLogger("flowrl.replan")
 def move_off(c, lost: str) -> str | None:
     """Move every process of `lost` (c: the Controller). Returns None, or why the run must fail."""
     from flowrl.placement import make_plan
-    from flowrl.runtime.controller import free_port
+    from flowrl.runtime.wiring import free_port
 
     launcher = c.launcher
     gone = launcher.lost_node(lost)

@@ -13,11 +13,14 @@ it is stopped; nothing it held is lost, and a batch it was finishing is at worst
 the consumers drop. Each change is a `scaled` row in the ledger.
 
 The client speaks the control plane: `RUN_DIR/control.json` (readable by the run's user only)
-holds the controller's address and the run's secret.
+holds the controller's address and the run's secret. The controller's side is `ScaleClient`
+(mixed into `Controller`): it answers requests on the control socket and forgets removed
+processes once they are gone.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import time
 from pathlib import Path
@@ -61,7 +64,7 @@ async def scale(controller, node: str, replicas: int) -> str:
             raise ScaleError("; ".join(f"{f.code}: {f.message}" for f in errors))
         entries = [e for e in plan.entries if e.node == node and e.replica >= old]
         spec.nodes[node].replicas = replicas
-        from flowrl.runtime.controller import free_port
+        from flowrl.runtime.wiring import free_port
 
         ports: dict[int, int] = {}
         for entry in entries:
@@ -107,6 +110,39 @@ async def _rewire(c, node: str, replica: int, *, add: bool) -> None:
             if proc.wired:
                 msg = m.Connect if add else m.Disconnect
                 await c.send(proc, msg(edge=str(e), address=address))
+
+
+class ScaleClient:
+    """The controller's scaling half: `flowrl scale` requests and the retirement of removed processes."""
+
+    async def on_client(self, identity: bytes, data: bytes) -> None:
+        """A request from `flowrl scale` (or `flowrl.scale`): answered on the same socket."""
+        import zmq
+
+        try:
+            msg = m.decode(data)
+        except m.ControlError:
+            self.rejected += 1
+            return
+        if not isinstance(msg, m.Scale) or not hmac.compare_digest(msg.k or "", self.secret):
+            self.rejected += 1
+            return
+        try:
+            reply = m.Scaled(ok=True, message=await scale(self, msg.node, msg.replicas))
+        except ScaleError as e:
+            reply = m.Scaled(ok=False, message=str(e))
+        try:
+            await self.router.send_multipart([identity, m.encode(reply)])
+        except zmq.ZMQError:
+            pass
+
+    def retire_stopped(self) -> None:
+        """Forget processes removed by `flowrl scale` once they are gone."""
+        for proc in [p for p in self.procs if p.retired and not p.alive and p.handle]:
+            del self.procs.procs[proc.id]
+            self.sync_members = [p for p in self.sync_members if p is not proc]
+            if self.hub:
+                self.hub.forget(proc.spec.node, proc.spec.replica)
 
 
 def write_control_file(run_dir: Path, address: str, secret: str) -> None:

@@ -11,6 +11,14 @@ queue and handled in order, so weight swaps, checkpoints and rollbacks always fa
 calls into the node. What to do with each arrival is decided by the input policies of the node's
 shape (`inputs.py`): fence (recovery epochs), version gate (subscribers), join buffer, in-order
 delivery with an output cache (stateful nodes), and once-only consumption (sinks).
+
+The worker's work is split by responsibility into mixins of `Worker`; this module keeps start-up
+(devices, setup, READY, wiring), the loops that fill and drain the event queue, and the lifetime:
+
+    DataPath      an arrival through the input policies to the node and out (datapath.py)
+    OrderTaker    the controller's orders: tickets, epochs, progress, rewiring, stop (orders.py)
+    NodeState     checkpoint save/load, weight snapshots and weight sync (nodestate.py)
+    RankMember    data parallelism: the leader's fan-out and gather, a follower's shards (ranks.py)
 """
 
 from __future__ import annotations
@@ -29,9 +37,11 @@ import zmq.asyncio
 from flowrl.runtime import messages as m
 from flowrl.runtime.addresses import apply_control_client, input_security, output_curve
 from flowrl.runtime.faults import FaultInjector
-from flowrl.runtime.inputs import Fence, Item, JoinBuffer, Ordered, OutputCache, SinkSeen, VersionGate
-from flowrl.node import Drop, Ticket
+from flowrl.runtime.inputs import Fence, JoinBuffer, Ordered, OutputCache, SinkSeen, VersionGate
+from flowrl.runtime.datapath import DataPath
 from flowrl.runtime.heartbeat import Heartbeat
+from flowrl.runtime.nodestate import NodeState
+from flowrl.runtime.orders import OrderTaker
 from flowrl.runtime.procspec import ProcSpec
 from flowrl.runtime.ranks import SHARD, RankMember
 
@@ -45,7 +55,7 @@ def bind_devices(spec: ProcSpec) -> None:
         os.sched_setaffinity(0, spec.cpu_cores)
 
 
-class Worker(RankMember):
+class Worker(DataPath, OrderTaker, NodeState, RankMember):
     def __init__(self, spec: ProcSpec):
         self.spec = spec
         self.ctx = zmq.asyncio.Context()
@@ -202,31 +212,6 @@ class Worker(RankMember):
             self.tg.start_soon(self.input_loop, port, rx)
         await self.send_ctl(m.Wired(epoch=self.fence.epoch))
 
-    # checkpoints ----------------------------------------------------------------------------
-    def load_checkpoint(self, path: str) -> None:
-        from flowrl.runtime.checkpoints import load_state
-
-        state = load_state(Path(path))
-        self.node.load_state_dict(state["node"])
-        if self.cls.publishes_weights:
-            self.version = state.get("version", 0)
-            self.nctx.policy_version = self.version
-
-    def is_checkpoint_step(self, watermark: int) -> bool:
-        return watermark == self.steps or (self.checkpoint_every > 0 and watermark % self.checkpoint_every == 0)
-
-    async def save_checkpoint(self, step: int) -> None:
-        """Save the state as of watermark `step` (every ticket < step applied, none after)."""
-        from flowrl.runtime.checkpoints import file_name, save_state
-
-        self.faults.on_checkpoint(step)
-        self.saved_at = (self.fence.epoch, step)
-        name = file_name(self.spec.log_name, step, self.fence.epoch)
-        with self.recorder.span("checkpoint", step=step):
-            save_state(Path(self.spec.run_dir) / "checkpoints" / name, self.node.state_dict(), step=step,
-                       epoch=self.fence.epoch, version=self.version)
-        await self.send_ctl(m.Checkpointed(step=step, epoch=self.fence.epoch, file=name, version=max(self.version, 0)))
-
     # loops ----------------------------------------------------------------------------------
     async def control_loop(self) -> None:
         while True:
@@ -286,301 +271,6 @@ class Worker(RankMember):
                 await self.send_metrics()  # what it recorded since the last heartbeat (the last spans)
                 return
 
-    # control orders -------------------------------------------------------------------------
-    async def on_control(self, msg) -> None:
-        if isinstance(msg, m.TicketMsg):
-            ticket = Ticket(batch_id=msg.batch_id, index=msg.index, attempt=msg.attempt,
-                            min_policy_version=msg.min_policy_version, size=msg.size, epoch=msg.epoch)
-            await self.on_arrival((None, ticket, None))
-        elif isinstance(msg, m.Sync):
-            await self.weight_sync(msg)
-        elif isinstance(msg, m.Epoch):
-            await self.enter_epoch(msg)
-        elif isinstance(msg, m.Progress):
-            self.forget_below(msg.complete_below)
-            await self.extend_to(msg.steps)
-        elif isinstance(msg, m.Wire):
-            await self.wire(msg.routes)
-        elif isinstance(msg, (m.Connect, m.Disconnect)):
-            await self.rewire(msg)
-        elif isinstance(msg, m.Stop):
-            self.stopping = True
-
-    async def rewire(self, msg) -> None:
-        """A consumer replica was added or removed (`flowrl scale`)."""
-        for route, tx in self.senders:
-            if route.edge != msg.edge:
-                continue
-            if isinstance(msg, m.Connect) and msg.address not in route.addresses:
-                route.addresses.append(msg.address)
-                if msg.key:
-                    route.keys[msg.address] = msg.key
-                await tx.connect(msg.address, wait=False, curve=self.output_curve(msg.key))
-            elif isinstance(msg, m.Disconnect) and msg.address in route.addresses:
-                route.addresses.remove(msg.address)
-                for batch in await tx.disconnect(msg.address):  # not acknowledged there: to the others
-                    await tx.send(batch)
-
-    async def extend_to(self, steps: int) -> None:
-        """The run's end moved (replaced tickets): its final checkpoint is at the new end; if this
-        node got there before it heard, it saves now (its state is the state after `steps`)."""
-        if steps == self.steps:
-            return
-        self.steps = steps
-        if self.ordered is not None and self.ordered.watermark == steps and self.saved_at != (self.fence.epoch, steps):
-            await self.save_checkpoint(steps)
-
-    def forget_below(self, index: int) -> None:
-        if self.cache is not None:
-            self.cache.forget_below(index)
-        if self.joins is not None:
-            self.joins.forget_below(index)
-
-    async def enter_epoch(self, msg: m.Epoch) -> None:
-        """A stateful node restarted somewhere: drop everything of the old epoch, roll back."""
-        if msg.epoch <= self.fence.epoch:  # an order sent again: we are there already, nothing changes
-            await self.send_ctl(m.Recovered(epoch=self.fence.epoch))
-            return
-        stale = [(r, b, "recovery") for _, b, r in self.gate.clear()]
-        if self.joins is not None:
-            stale += self.joins.clear()
-        for r, b, why in stale:
-            await self.discard(r, b, why)
-        if self.stateful:
-            for item in self.ordered.reset(msg.watermark):  # already acked when buffered
-                await self.send_ctl(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why="recovery"))
-            self.cache and self.cache.clear()
-            if msg.checkpoint:
-                self.load_checkpoint(msg.checkpoint)
-            else:  # nothing committed yet: back to the state right after setup
-                self.node = self.cls(self.config, self.nctx)
-                await self.node.setup()
-                self.version = 0
-            if self.cls.publishes_weights:
-                self.publish_snapshot()
-        if self.seen is not None:
-            self.seen.reset(msg.watermark, msg.consumed)
-        if self.cls.subscribes_weights:
-            self.version = -1  # hold every batch until the publisher's restored weights arrive
-        held = self.fence.enter(msg.epoch)
-        await self.send_ctl(m.Recovered(epoch=msg.epoch))
-        if self.stateful and not msg.checkpoint:
-            await self.save_checkpoint(msg.watermark)
-        for arrival in held:
-            await self.on_arrival(arrival)
-
-    # data -----------------------------------------------------------------------------------
-    async def on_arrival(self, arrival) -> None:
-        """One batch (port, batch, rx) or ticket (None, ticket, None) from the event queue."""
-        port, work, rx = arrival
-        if port == SHARD:
-            await self.on_shard(work, rx)
-            return
-        verdict = self.fence.classify(work.epoch)
-        if verdict == "stale":
-            if rx is not None:
-                await self.discard(rx, work, "stale epoch")
-            return
-        if verdict == "future":
-            self.fence.future.append(arrival)
-            return
-        if rx is not None and self.cls.subscribes_weights and work.drop is None \
-                and not self.gate.admits(work.min_version, self.version):
-            self.gate.hold(arrival)  # generated later, once the weights arrive
-            return
-        if rx is not None and work.drop is None and self.cls.requires:
-            problem = missing_tensors(work, self.cls.requires)
-            if problem:
-                self.recorder.count("batches_rejected", 1, edge=self.input_labels.get(port, port))
-                log.warning("rejected batch %s on %s: %s", work.batch_id, port, problem)
-                await self.discard(rx, work, f"invalid: {problem}")
-                return
-        if rx is None:
-            item = Item(work.index, work.batch_id, work.attempt, work.epoch, None, work,
-                        min_version=work.min_policy_version)
-        elif self.is_join:
-            item, drops = self.joins.offer(port, work, rx)
-            for r, b, why in drops:
-                await self.discard(r, b, why)
-            if item is None:
-                return
-        else:
-            item = Item.of_batch(port, work, rx)
-        await self.admit(item)
-
-    async def admit(self, item: Item) -> None:
-        if self.ordered is not None:
-            verdict = self.ordered.offer(item)
-            if verdict != "buffered":
-                await self.replay(item) if verdict == "replay" else await self.discard_item(item, "duplicate")
-                return
-            await self.ack(item)  # buffered work gives its credit back now: order never blocks a channel
-            while (nxt := self.ordered.next_ready()) is not None:
-                await self.run(nxt)
-                self.ordered.done(nxt.index)
-                if self.is_checkpoint_step(self.ordered.watermark):
-                    await self.save_checkpoint(self.ordered.watermark)
-            return
-        if self.seen is not None and not self.seen.first_time(item.index):
-            await self.discard_item(item, "already consumed by this sink")
-            return
-        await self.run(item)
-        await self.ack(item)
-
-    async def replay(self, item: Item) -> None:
-        """A ticket this stateful node already applied: send its output again, state untouched."""
-        cached = self.cache.get(item.index) if self.cache is not None else None
-        await self.ack(item)
-        if cached is None:
-            await self.send_ctl(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why="already applied"))
-            return
-        await self.emit({p: b if isinstance(b, Drop) else b.replace(attempt=item.attempt) for p, b in cached.items()},
-                        item)
-
-    async def run(self, item: Item) -> None:
-        """Call the node once for `item` and send what it returned (or the drop marker)."""
-        from flowrl.runtime.contract import outputs_of
-
-        if self.step == 0 and item.drop is None:
-            log.info("first batch %.2f s after start (at %.6f)", time.monotonic() - self.t_start, time.time())
-        if item.drop is not None:  # a drop marker passes through without a call, on every output
-            result = Drop(item.drop) if self.is_sink else {p: Drop(item.drop) for p in self.cls.outputs}
-            if self.dp:
-                await self.tell_followers(item)  # they follow every ticket, drops too
-        else:
-            method = "generate" if self.is_source else "join" if self.is_join else "process"
-            self.busy = (item.batch_id, time.monotonic())
-            try:
-                await self.faults.on_batch(self.step)
-                self.step += 1
-                with self.recorder.span("compute", batch_id=item.batch_id):
-                    if self.is_source:
-                        result = await self.node.generate(item.batch)
-                    elif self.is_join:
-                        result = await self.node.join(item.parts)
-                    elif self.dp:
-                        result = await self.run_ranks(item, method)
-                    else:
-                        result = await self.node.process(item.batch, item.port)
-            except BaseException:
-                self.failed_on = item.batch_id  # named on the last-error line
-                raise
-            finally:
-                self.busy = None
-            if self.is_sink:
-                result = None
-            else:
-                result = outputs_of(result, node=self.spec.node, method=method, ports=self.cls.outputs)
-        if self.is_sink:
-            await self.consume(item, result if isinstance(result, Drop) else None)
-            return
-        outputs = {p: self.stamp(b, item) for p, b in result.items()}
-        await self.emit(outputs, item)
-        if self.cache is not None:
-            self.cache.put(item.index, outputs)
-
-    def stamp(self, out, item: Item):
-        """Outputs carry the routing facts of the work they came from."""
-        from flowrl.transport import Batch
-
-        src = item.batch if item.parts is None else next(iter(item.parts.values()))
-        min_version = src.min_version if item.min_version is None else item.min_version
-        pv = -1 if self.is_source else src.policy_version
-        if isinstance(out, Drop):
-            if out.replace and item.drop is None and not self.stateful:
-                from flowrl.runtime.contract import NodeContractError
-
-                raise NodeContractError(
-                    f"node {self.spec.node!r} returned Drop(replace=True) but is not stateful: what it holds for a "
-                    "later ticket would be lost when it restarts. Set `stateful = True` and save what it holds "
-                    "in state_dict, or return a plain Drop")
-            reason = out.reason if item.drop is not None else \
-                Drop(f"{self.spec.node}: {out.reason}", replace=out.replace).marker
-            return Batch(batch_id=item.batch_id, attempt=item.attempt, index=item.index, min_version=min_version,
-                         epoch=item.epoch, drop=reason[:1000], policy_version=pv)
-        return out.replace(batch_id=item.batch_id, attempt=item.attempt, index=item.index, min_version=min_version,
-                           epoch=item.epoch, policy_version=out.policy_version if out.policy_version >= 0 else pv)
-
-    async def emit(self, outputs: dict, item: Item) -> None:
-        for route, tx in self.senders:
-            batch = outputs[route.port]
-            forged = self.faults.forged(batch)
-            if forged is not None:
-                await tx.send(forged)
-            if await self.faults.on_send(route.addresses, batch):
-                continue
-            with self.recorder.span("wait_credit", batch_id=batch.batch_id):
-                await tx.send(batch)
-            label = self.output_labels.get(route.edge, route.edge)
-            self.recorder.count("channel_bytes", batch.nbytes, edge=label)
-            self.recorder.count("channel_messages", 1, edge=label)
-
-    async def consume(self, item: Item, dropped: Drop | None) -> None:
-        batch = item.batch if item.parts is None else next(iter(item.parts.values()))
-        pv = batch.policy_version
-        staleness = self.version - pv if pv >= 0 and dropped is None else 0
-        if dropped is None:
-            self.recorder.max("staleness", staleness)
-            self.recorder.observe("staleness", staleness)
-        await self.send_ctl(m.Consumed(batch_id=item.batch_id, attempt=item.attempt, index=item.index,
-                                       epoch=item.epoch, policy_version=pv, staleness=staleness,
-                                       dropped_by=dropped.reason if dropped else None, metrics=self.recorder.drain()))
-        if self.cls.publishes_weights:
-            self.version += 1
-            self.nctx.policy_version = self.version
-            self.publish_snapshot()
-            await self.send_ctl(m.Published(version=self.version, epoch=self.fence.epoch, **self.weights.digest()))
-
-    def publish_snapshot(self) -> None:
-        """Trainers: copy the weights out for the next broadcast. On a data-parallel trainer the
-        full tensors are gathered from every rank, so the other ranks take part at the same point."""
-        if self.weights is not None:
-            self.weights.snapshot(self.version)
-        else:
-            drain = getattr(self.node.weights(), "drain", None)
-            if drain is not None:
-                drain()
-
-    async def ack(self, item: Item) -> None:
-        for rx, batch in item.acks:
-            await rx.ack(batch)
-        item.acks = []
-
-    async def discard(self, rx, batch, why: str) -> None:
-        await rx.ack(batch)
-        await self.send_ctl(m.Duplicate(batch_id=batch.batch_id, attempt=batch.attempt, why=why))
-
-    async def discard_item(self, item: Item, why: str) -> None:
-        await self.ack(item)
-        await self.send_ctl(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why=why))
-
-    # weights --------------------------------------------------------------------------------
-    async def weight_sync(self, order: m.Sync) -> None:
-
-        self.busy = (f"weight sync v{order.version}", time.monotonic())
-        try:
-            received = await self.weights.sync(order, self.version)
-        except Exception as e:  # noqa: BLE001 - reported; the controller forms a new epoch
-            from flowrl.weights import LayoutMismatchError
-
-            await self.send_ctl(m.SyncFailed(sync_epoch=order.sync_epoch, error=str(e)[:2000],
-                                             permanent=isinstance(e, LayoutMismatchError)))
-            return
-        finally:
-            self.busy = None
-        if not self.cls.publishes_weights:
-            self.version = received
-            self.nctx.policy_version = received
-        await self.send_ctl(m.Synced(version=received, sync_epoch=order.sync_epoch, **self.weights.digest()))
-        for arrival in self.gate.release(self.version):
-            await self.on_arrival(arrival)
-        if self.is_observer:
-            self.busy = (f"observe v{received}", time.monotonic())
-            try:
-                await self.node.observe(received)
-            finally:
-                self.busy = None
-
     # lifetime -------------------------------------------------------------------------------
     async def run_node(self) -> int:
         try:
@@ -639,18 +329,6 @@ class Worker(RankMember):
             await self.send_ctl(m.Error(where=where, type=info["type"], message=info["message"], file=info["file"],
                                         line=info["line"], batch_id=batch_id, traceback=info["traceback"]))
 
-
-def missing_tensors(batch, requires: dict) -> str | None:
-    """What a batch lacks of a node's declared input, or None."""
-    from flowrl.transport.dtypes import dtype_name
-
-    for name, dtype in requires.items():
-        t = batch.tensors.get(name)
-        if t is None:
-            return f"no tensor {name!r} (has {sorted(batch.tensors)[:8]})"
-        if dtype is not None and dtype_name(t) != dtype:
-            return f"tensor {name!r} is {dtype_name(t)}, the node takes {dtype}"
-    return None
 
 
 def edge_labels(graph, node: str) -> tuple[dict[str, str], dict[str, str]]:
