@@ -48,12 +48,16 @@ class FlowrlNodeProcess:
         """Start the child (in `cwd` when this host has it), `stdin` written to its standard input
         (its ProcSpec: keys that must not be written to a file here); returns its PID on this host."""
 
+        child_env = {**os.environ, **env}
+        if env.get("FLOWRL_RAY_GPUS") == "1":  # the GPUs Ray gave this actor: the node process uses those
+            child_env["FLOWRL_RAY_CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
         def run() -> None:
             try:
                 with open(log_path, "ab") as log:
                     self.popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                                   stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
-                                                  env={**os.environ, **env}, start_new_session=True,
+                                                  env=child_env, start_new_session=True,
                                                   cwd=cwd if cwd and os.path.isdir(cwd) else None,
                                                   preexec_fn=_die_with_parent)
             except OSError as e:

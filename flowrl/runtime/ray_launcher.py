@@ -279,8 +279,8 @@ class RayLauncher(Launcher):
             **res, max_concurrency=4, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node.node_id, soft=False)).remote()
         argv = [sys.executable, "-m", "flowrl.runtime.worker", str(spec_path)]
-        handle = RayProcessHandle(actor, proc_id, node, argv, str(log_path), {**self.env, "FLOWRL_SPEC_STDIN": "1"},
-                                  os.getcwd(), stdin=text)
+        env = {**self.env, "FLOWRL_SPEC_STDIN": "1", **({"FLOWRL_RAY_GPUS": "1"} if res.get("num_gpus") else {})}
+        handle = RayProcessHandle(actor, proc_id, node, argv, str(log_path), env, os.getcwd(), stdin=text)
         self.handles = [h for h in self.handles if h.code is None] + [handle]
         log.info("%s -> Ray node %s (%s)", proc_id, node.name, node.node_id[:8])
         return handle
