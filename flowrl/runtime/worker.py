@@ -243,8 +243,15 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
         while True:
             try:
                 batch = await rx.recv()
-            except (ChannelClosed, EndOfStream):
-                return
+            except (ChannelClosed, EndOfStream) as e:
+                # producers end their streams only when the run stops; an input that ends while the
+                # node is still working would leave it waiting forever: fail, and be restarted
+                with anyio.move_on_after(2.0):
+                    while not self.stopping:
+                        await anyio.sleep(0.1)
+                if self.stopping:
+                    return
+                raise RuntimeError(f"input {port!r} ended while the run goes on ({type(e).__name__}: {e})") from e
             except BrokenChannel as e:  # every producer gone for a while: they are being restarted
                 log.warning("input %s: %s; waiting for producers", port, e)
                 continue
