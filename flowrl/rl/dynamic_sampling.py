@@ -9,9 +9,9 @@ forward and backward pass and teaches nothing, and it shrinks the effective batc
 al. 2025, section 3.2). Samples of one prompt are contiguous: rows ``[g*G, (g+1)*G)`` are group
 ``g`` (the built-in rollout's `repeat_interleave` layout).
 
-:class:`DynamicSampling` keeps the running counts and says how many groups a batch still lacks
-(`need`). The `dapo_filter` node fills the batch back up with the kept groups of later tickets
-and drops the tickets it holds with `replace=True`, so the scheduler asks the source for more.
+The `dapo_filter` node (nodes/dapo.py) keeps the running counts, fills the batch back up with the
+kept groups of later tickets and drops the tickets it holds with `replace=True`, so the scheduler
+asks the source for more.
 """
 
 from __future__ import annotations
@@ -44,22 +44,3 @@ def filter_groups(scores: torch.Tensor, group_size: int, min_std: float = 0.0) -
     groups = keep.nonzero().squeeze(1)
     samples = (groups[:, None] * group_size + torch.arange(group_size)[None]).reshape(-1)
     return GroupFilter(groups, samples, int(keep.sum()), int((~keep).sum()))
-
-
-class DynamicSampling:
-    """Counts over a run, and the shortfall of each batch against a target number of groups."""
-
-    def __init__(self, target_groups: int | None = None, min_std: float = 0.0):
-        self.target_groups, self.min_std = target_groups, min_std
-        self.seen = self.kept = self.dropped = self.empty_batches = 0
-
-    def __call__(self, scores: torch.Tensor, group_size: int) -> tuple[GroupFilter, int]:
-        """The filter of one batch and `need`: groups missing to reach the target (the batch's own
-        group count when no target is set)."""
-        f = filter_groups(scores, group_size, self.min_std)
-        self.seen += f.kept + f.dropped
-        self.kept += f.kept
-        self.dropped += f.dropped
-        self.empty_batches += f.kept == 0
-        target = self.target_groups if self.target_groups is not None else f.kept + f.dropped
-        return f, max(0, target - f.kept)

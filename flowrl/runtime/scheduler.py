@@ -271,9 +271,7 @@ class Scheduler:
                     self.replace_marks.setdefault(i, set()).add(node)
             if event in ("replaced", "replace_undone"):
                 undo[i] = undo.get(i, 0) + (1 if event == "replaced" else -1)
-            if event == "issued":
-                self.attempts[i] = max(self.attempts.get(i, 0), row.get("attempt", 0))
-            elif event == "reissued":
+            if event in ("issued", "reissued"):
                 self.attempts[i] = max(self.attempts.get(i, 0), row.get("attempt", 0))
         for i, n in sorted(undo.items()):
             if n > 0:

@@ -5,7 +5,7 @@ import torch
 
 import flowrl
 from flowrl.nodes.dapo import DapoFilter
-from flowrl.rl.dynamic_sampling import DynamicSampling, filter_groups
+from flowrl.rl.dynamic_sampling import filter_groups
 from tests.node_harness import call, make_node, metrics_row
 
 
@@ -30,14 +30,6 @@ def test_a_std_threshold_drops_nearly_uniform_groups_and_bad_shapes_are_refused(
     assert filter_groups(scores, 4, min_std=0.1).keep_groups.tolist() == [1]
     with pytest.raises(ValueError, match="does not split into groups of 3"):
         filter_groups(scores, 3)
-
-
-def test_the_running_counts_and_the_shortfall_against_a_target():
-    sampler = DynamicSampling(target_groups=4)
-    _, need = sampler(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0]), 2)
-    assert need == 2 and (sampler.seen, sampler.kept, sampler.dropped) == (4, 2, 2)
-    _, need = sampler(torch.zeros(8), 2)
-    assert need == 4 and sampler.empty_batches == 1 and sampler.dropped == 6
 
 
 def _batch(scores, g, index=1, version=5):
