@@ -296,15 +296,20 @@ class MetricsHub:
             self.trace.instant(name, int(self._clock() * 1e6), {k: str(v) for k, v in args.items()})
 
     # --- one row per step ----------------------------------------------------------------------
+    def clock(self) -> float:
+        """The hub's clock (what `end_step(now=...)` takes)."""
+        return self._clock()
+
     def end_step(self, step: int, policy_version: int | None = None,
-                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Reduce the window since the previous step into one row, append it to metrics.jsonl."""
+                 extra: dict[str, Any] | None = None, now: float | None = None) -> dict[str, Any]:
+        """Reduce the window since the previous step into one row, append it to metrics.jsonl.
+        `now`: when the step ended (`clock()` then), if the row is written later; default: now."""
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"end_step(step={step}) after MetricsHub.close(); the run "
                                    f"directory {self.run_dir} is already finalised")
             self.ingest(self.recorder.drain())
-            now = self._clock()
+            now = self._clock() if now is None else now
             step_time = max(now - self._last_end, 1e-9)
             self.ratios = self.node_ratios(max(self.ratio_window_s, step_time))
             row = rows.build_row(self._series.values(), self.ratios)

@@ -133,6 +133,7 @@ class Controller(Wiring, Restarts, WeightOrders, Tickets, ScaleClient):
         self.interrupted = None
         self.started = False
         self.last_progress, self.progress_sent, self.steps_sent = 0.0, -1, sched.steps
+        self.last_row: dict | None = None  # the last step's row, written once the nodes have stopped
         if resume:
             self.resume_from(resume)
 
@@ -308,6 +309,9 @@ class Controller(Wiring, Restarts, WeightOrders, Tickets, ScaleClient):
         while any(p.alive for p in self.procs) and time.monotonic() < deadline:
             with anyio.move_on_after(0.05):  # the last metrics each node sends on its way out
                 await self.receive_one(only=m.Heartbeat)
+        if self.hub and self.last_row is not None:  # the last step's row, with those last metrics in it
+            self.hub.end_step(**self.last_row)
+            self.last_row = None
         for proc in self.procs:
             if proc.handle:
                 proc.handle.stop(1.0)

@@ -44,8 +44,11 @@ class Tickets:
         if self.hub:
             from flowrl.metrics import write_status
 
-            self.hub.end_step(step=sched.completed, policy_version=sched.version,
-                              extra={"staleness_max": msg.staleness})
+            row = dict(step=sched.completed, policy_version=sched.version, extra={"staleness_max": msg.staleness})
+            if sched.done:  # the last row waits for what nodes report on their way out (shutdown)
+                self.last_row = {**row, "now": self.hub.clock()}
+            else:
+                self.hub.end_step(**row)
             write_status(self.run_dir, self.hub.live_state(), phase="running", graph=self.summary)
         self.maybe_commit()
         if self.scheduler.steps != self.steps_sent:  # a replaced ticket: nodes learn the new end first

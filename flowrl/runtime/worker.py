@@ -23,6 +23,7 @@ The worker's work is split by responsibility into mixins of `Worker`; this modul
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -308,6 +309,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
         await self.send_ctl(m.Ready(pid=os.getpid(), store_port=store_port,
                                     inputs={port: rx.address for port, rx in self.receivers.items()}))
         self.faults.arm(self.spec.incarnation)
+        self.watch_dump_signal()
         try:
             async with anyio.create_task_group() as tg:
                 self.tg = tg
@@ -337,6 +339,38 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
                     with anyio.move_on_after(1):
                         await rx.aclose()
         return 0
+
+    def watch_dump_signal(self) -> None:
+        """SIGUSR1 (`flowrl dump RUN_DIR`, or `kill -USR1 PID`) writes what this process waits on into
+        its log: every task's stack, every channel's counters, the input policies' queues."""
+        import asyncio
+        import signal
+
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, lambda: log.warning("%s", self.dump_state()))
+
+    def dump_state(self) -> str:
+        import asyncio
+        import io
+
+        out = io.StringIO()
+        busy = f"{self.busy[0]} for {time.monotonic() - self.busy[1]:.1f}s" if self.busy else "no"
+        print(f"state dump of {self.spec.proc_id} (incarnation {self.spec.incarnation}): epoch {self.fence.epoch}, "
+              f"version {self.version}, step {self.step}, busy {busy}, stopping {self.stopping}", file=out)
+        if self.ordered is not None:
+            print(f"  in order: watermark {self.ordered.watermark}, buffered {sorted(self.ordered.buffer)[:8]}", file=out)
+        print(f"  held for weights: {[a[1].batch_id for a in self.gate.waiting][:8]}; "
+              f"future epochs: {len(self.fence.future)}", file=out)
+        if self.joins is not None:
+            print(f"  join parts: { {b: (a, i, sorted(ps)) for b, (a, i, ps) in list(self.joins.parts.items())[:8]} }", file=out)
+        channels = [*self.receivers.values(), *([self.rank_rx] if self.rank_rx else []),
+                    *(tx for _, tx in self.senders), *self.rank_tx.values()]
+        for ch in channels:
+            print(f"  channel {ch.statistics()}", file=out)
+        for task in asyncio.all_tasks():
+            print(f"  task {task.get_name()}:", file=out)
+            task.print_stack(limit=12, file=out)
+        return out.getvalue()
 
     async def report_error(self, where: str, e: BaseException) -> None:
         from flowrl.runtime.contract import describe_error

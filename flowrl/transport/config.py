@@ -133,9 +133,11 @@ class ChannelConfig(_Model):
     """Most bytes one producer link may hold, and so the largest message it may send (a `need` above
     it is refused). None: all of `capacity_bytes`. See `link_capacity_messages`."""
     credit_idle_s: float | None = Field(None, gt=0)
-    """A link that holds granted credit and sends nothing for this long loses its link (its producer,
-    if alive, starts a new one and re-sends what was not acknowledged), so its credit returns to the
-    others. None: 2 x `peer_timeout_s`, and at least 10 s (see `credit_idle`)."""
+    """A link that holds granted credit and sends nothing for this long, while another link waits for
+    credit, loses its link (its producer, if alive, starts a new one and re-sends what was not
+    acknowledged), so its credit goes to the one that waits. Nobody waiting: nothing is taken (a
+    producer busy computing between batches keeps its link). None: 2 x `peer_timeout_s`, and at
+    least 10 s (see `credit_idle`)."""
 
     @model_validator(mode="after")
     def _timeouts(self):

@@ -25,10 +25,12 @@ def test_ppo_with_two_rank_actor_and_critic_learns_with_half_of_every_batch_per_
     rows = [r for r in result.metrics if "reward_mean" in r]
     assert max(r["reward_mean"] for r in rows[-15:]) >= 0.9, [round(r["reward_mean"], 2) for r in rows[::10]]
     # 32 prompts x 4 samples per step: each rank of the actor trains on 64 of the 128 samples
-    halves = [(r["actor/rank_samples/0"], r["actor/rank_samples/1"]) for r in rows if "actor/rank_samples/1" in r]
-    # (under load a rank's count can land in the next step's row: compare the run's totals)
-    assert halves and all(a % 64 == 0 and b % 64 == 0 for a, b in halves)
-    assert sum(a for a, _ in halves) == sum(b for _, b in halves) >= 64 * 80
+    halves = [(r.get("actor/rank_samples/0", 0), r.get("actor/rank_samples/1", 0)) for r in rows]
+    # (under load a rank's count can land in the next step's row: compare the run's totals; the last
+    # row waits for what the ranks report on their way out)
+    assert all(a % 64 == 0 and b % 64 == 0 for a, b in halves)
+    if not any(r["event"] == "node_down" for r in result.ledger):  # a restarted rank's last counts die with it
+        assert sum(a for a, _ in halves) == sum(b for _, b in halves) == 64 * 90
 
 
 @pytest.mark.timeout(300)
