@@ -59,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="print the live state of a running job")
     st.add_argument("run_dir", metavar="RUN_DIR")
     st.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
+    st.add_argument("--dump", action="store_true",
+                    help="ask every node process of the run on this host to write what it waits on (its tasks' "
+                         "stacks, its channels' counters, its input queues) into its log under RUN_DIR/logs")
 
     sc = sub.add_parser("scale", help="add or remove replicas of a stateless node while the run goes on")
     sc.add_argument("run_dir", metavar="RUN_DIR")
@@ -132,6 +135,10 @@ def _dispatch(args) -> int:
 
         return report.main(args.run_dir)
     if args.command == "status":
+        if args.dump:
+            from flowrl.runtime.dump import dump_processes
+
+            return dump_processes(args.run_dir)
         from flowrl.metrics import show_status
 
         return show_status(args.run_dir, follow=args.follow)

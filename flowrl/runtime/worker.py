@@ -341,7 +341,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
         return 0
 
     def watch_dump_signal(self) -> None:
-        """SIGUSR1 (`flowrl dump RUN_DIR`, or `kill -USR1 PID`) writes what this process waits on into
+        """SIGUSR1 (`flowrl status RUN_DIR --dump`, or `kill -USR1 PID`) writes what this process waits on into
         its log: every task's stack, every channel's counters, the input policies' queues."""
         import asyncio
         import signal
@@ -368,8 +368,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
         for ch in channels:
             print(f"  channel {ch.statistics()}", file=out)
         for task in asyncio.all_tasks():
-            print(f"  task {task.get_name()}:", file=out)
-            task.print_stack(limit=12, file=out)
+            print(f"  task {task.get_name()}: {await_chain(task.get_coro())}", file=out)
         return out.getvalue()
 
     async def report_error(self, where: str, e: BaseException) -> None:
@@ -403,6 +402,34 @@ def edge_labels(graph, node: str) -> tuple[dict[str, str], dict[str, str]]:
     return inputs, outputs
 
 
+def await_chain(coro) -> str:
+    """Where a coroutine waits: each coroutine it awaits, innermost last, then what that one awaits."""
+    steps = []
+    for _ in range(64):
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None) or getattr(coro, "ag_frame", None)
+        if frame is None:
+            break
+        steps.append(f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})")
+        nxt = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None) or getattr(coro, "ag_await", None)
+        if nxt is None or not (hasattr(nxt, "cr_frame") or hasattr(nxt, "gi_frame") or hasattr(nxt, "ag_frame")):
+            if nxt is not None:
+                steps.append(f"waits on {type(nxt).__name__}")
+            break
+        coro = nxt
+    return " -> ".join(steps) or repr(coro)
+
+
+def write_pid_file(spec: ProcSpec) -> None:
+    """`procs/<process>.pid` in the run directory: what `flowrl status --dump` signals (on this host)."""
+    import json
+    import socket
+
+    path = Path(spec.run_dir) / "procs" / f"{spec.log_name}.pid"
+    with contextlib.suppress(OSError):  # a run directory this host cannot write (another host's)
+        path.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "proc": spec.proc_id,
+                                    "incarnation": spec.incarnation}))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if os.environ.get("FLOWRL_SPEC_STDIN") == "1":  # the ray launcher: the spec (with keys) came in memory
@@ -415,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     bind_devices(spec)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec.proc_id} %(levelname)s %(name)s: %(message)s",
                         force=True)
+    write_pid_file(spec)
     heartbeat = Heartbeat(spec)
     worker = Worker(spec)
     heartbeat.worker = worker
