@@ -29,6 +29,9 @@ class DataPath:
         """One batch (port, batch, rx) or ticket (None, ticket, None) from the event queue."""
         port, work, rx = arrival
         if port == SHARD:
+            if self.fence.classify(work.epoch) == "future":  # the leader entered a recovery epoch first
+                self.fence.future.append(arrival)
+                return
             await self.on_shard(work, rx)
             return
         verdict = self.fence.classify(work.epoch)

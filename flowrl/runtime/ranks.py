@@ -116,8 +116,11 @@ class RankMember:
         from flowrl.transport import Batch
 
         await rx.ack(shard)
-        if shard.epoch != self.fence.epoch:
-            return  # work of another recovery epoch: the leader does not wait for it
+        route = dict(batch_id=shard.batch_id, attempt=shard.attempt, index=shard.index, epoch=shard.epoch)
+        if shard.epoch < self.fence.epoch:  # the leader has yet to hear of the recovery: it waits for an
+            if shard.drop is None:          # answer, and its result is fenced off downstream anyway
+                await self.rank_tx[0].send(Batch(meta={"_rank": self.spec.rank}, drop="older epoch", **route))
+            return
         result = None
         if shard.drop is None:
             port = shard.meta.get("_port") or self.cls.inputs[0]
@@ -135,7 +138,6 @@ class RankMember:
                 self.busy = None
             if not self.is_sink:
                 result = outputs_of(out, node=self.spec.node, method="process", ports=self.cls.outputs)[self.cls.outputs[0]]
-            route = dict(batch_id=shard.batch_id, attempt=shard.attempt, index=shard.index, epoch=shard.epoch)
             if isinstance(result, Drop):
                 reply = Batch(meta={"_rank": self.spec.rank}, drop=result.marker, **route)
             elif result is None:

@@ -47,6 +47,62 @@ def reference(tmp_path_factory):
     return result
 
 
+class _Tx:
+    def __init__(self):
+        self.sent = []
+
+    async def send(self, batch):
+        self.sent.append(batch)
+
+
+class _Rx:
+    def __init__(self):
+        self.acked = []
+
+    async def ack(self, batch):
+        self.acked.append(batch.batch_id)
+
+
+def _follower(epoch: int):
+    """A follower rank's shard handling alone (no process, no node)."""
+    from types import SimpleNamespace
+
+    from flowrl.runtime.datapath import DataPath
+    from flowrl.runtime.inputs import Fence
+    from flowrl.runtime.ranks import RankMember
+
+    class Follower(DataPath, RankMember):
+        pass
+
+    f = Follower()
+    f.fence, f.rank_tx, f.spec = Fence(epoch), {0: _Tx()}, SimpleNamespace(rank=1)
+    return f
+
+
+def test_a_follower_answers_a_shard_of_an_older_epoch_and_holds_one_of_a_newer_epoch():
+    """The leader waits for every rank's answer: a follower already in the recovery epoch answers an
+    older shard with a drop (its leader, still in the old epoch, would otherwise wait forever); a
+    shard of an epoch the follower has not entered yet waits for it instead of being lost."""
+    import anyio
+
+    from flowrl.runtime.ranks import SHARD
+
+    async def main():
+        f, rx = _follower(2), _Rx()
+        old = Batch(tensors={"x": np.arange(4)}, batch_id="t-000007", attempt=1, index=7, epoch=1)
+        await f.on_arrival((SHARD, old, rx))
+        (answer,) = f.rank_tx[0].sent
+        assert (answer.batch_id, answer.attempt, answer.epoch, answer.drop, answer.meta["_rank"]) == \
+            ("t-000007", 1, 1, "older epoch", 1)
+        assert rx.acked == ["t-000007"]
+        newer = Batch(tensors={"x": np.arange(4)}, batch_id="t-000008", index=8, epoch=3)
+        await f.on_arrival((SHARD, newer, rx))
+        assert rx.acked == ["t-000007"] and len(f.rank_tx[0].sent) == 1  # held, not run, not lost
+        assert [a[1].batch_id for a in f.fence.enter(3)] == ["t-000008"]
+
+    anyio.run(main)
+
+
 @pytest.mark.timeout(180)
 def test_every_rank_processes_half_of_every_batch(reference):
     assert reference.audit(["collect"]).exactly_once
