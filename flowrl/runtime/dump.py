@@ -29,11 +29,13 @@ def dump_processes(run_dir: str | Path) -> int:
         if info.get("host") != host:
             print(f"  {info.get('proc', path.stem)}: on host {info.get('host')}, not here; skipped")
             continue
-        try:  # only a flowrl process that is still this one (pids are reused)
-            cmd = " ".join(psutil.Process(pid).cmdline())
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        try:  # only the flowrl process that wrote the file (pids are reused; SIGUSR1 ends most others)
+            target = psutil.Process(pid)
+            cmd, started = " ".join(target.cmdline()), target.create_time()
+            written = path.stat().st_mtime
+        except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
             continue
-        if "flowrl" not in cmd:
+        if "flowrl" not in cmd or not written - 600 <= started <= written + 1:
             continue
         try:
             psutil.Process(pid).send_signal(signal.SIGUSR1)

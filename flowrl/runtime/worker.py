@@ -442,6 +442,10 @@ def main(argv: list[str] | None = None) -> int:
     bind_devices(spec)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec.proc_id} %(levelname)s %(name)s: %(message)s",
                         force=True)
+    import signal
+
+    # until the event loop answers it (after setup), a dump request must not end the process
+    signal.signal(signal.SIGUSR1, lambda *_: log.warning("state dump of %s: still starting (setup)", spec.proc_id))
     write_pid_file(spec)
     heartbeat = Heartbeat(spec)
     worker = Worker(spec)
