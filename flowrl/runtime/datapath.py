@@ -61,6 +61,11 @@ class DataPath:
             for r, b, why in drops:
                 await self.discard(r, b, why)
             if item is None:
+                # a held part gives its credit back now, as buffered work does: otherwise parts of
+                # different tickets held on each port (after a re-issue reorders them) can use up
+                # both ports' credit while each waits for a partner behind the other's (a deadlock).
+                # A join that dies loses nothing: its restart re-issues the open tickets.
+                await rx.ack(work)
                 return
         else:
             item = Item.of_batch(port, work, rx)

@@ -86,3 +86,45 @@ def test_output_cache_forgets_what_every_sink_has():
     c.put(2, "two")
     c.forget_below(2)
     assert c.get(1) is None and c.get(2) == "two"
+
+
+def test_a_join_gives_a_held_parts_credit_back_at_once_so_reordered_parts_cannot_deadlock_it():
+    """After a re-issue the parts of tickets 7, 8 can sit on port a while 9, 10 sit on port b: had
+    they kept their credit (2 per link), neither producer could send the partner the other waits
+    for (seen in the shape x fault campaign). Held parts are acknowledged on arrival; the joined
+    item still acknowledges them (idempotent) and a restart of the join re-issues open tickets."""
+    from types import SimpleNamespace
+
+    import anyio
+
+    from flowrl.runtime.datapath import DataPath
+
+    class Rx:
+        def __init__(self):
+            self.acked = []
+
+        async def ack(self, batch):
+            self.acked.append(batch.batch_id)
+
+    class JoinNode(DataPath):
+        is_join = True
+
+        def __init__(self):
+            self.fence, self.joins, self.admitted = Fence(0), JoinBuffer(("a", "b")), []
+            self.cls = SimpleNamespace(subscribes_weights=False, requires=None)
+
+        async def admit(self, item):
+            self.admitted.append(item.batch_id)
+
+    async def main():
+        node, rx_a, rx_b = JoinNode(), Rx(), Rx()
+        for i in (7, 8):
+            await node.on_arrival(("a", b(i, attempt=1), rx_a))
+        for i in (9, 10):
+            await node.on_arrival(("b", b(i, attempt=1), rx_b))
+        assert rx_a.acked == ["t-000007", "t-000008"] and rx_b.acked == ["t-000009", "t-000010"]
+        assert node.admitted == []
+        await node.on_arrival(("b", b(7, attempt=1), rx_b))
+        assert node.admitted == ["t-000007"]
+
+    anyio.run(main)
