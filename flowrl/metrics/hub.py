@@ -309,7 +309,7 @@ class MetricsHub:
                 raise RuntimeError(f"end_step(step={step}) after MetricsHub.close(); the run "
                                    f"directory {self.run_dir} is already finalised")
             self.ingest(self.recorder.drain())
-            now = self._clock() if now is None else now
+            now = self._clock() if now is None or now < self._last_end else now
             step_time = max(now - self._last_end, 1e-9)
             self.ratios = self.node_ratios(max(self.ratio_window_s, step_time))
             row = rows.build_row(self._series.values(), self.ratios)

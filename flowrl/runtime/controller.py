@@ -309,9 +309,7 @@ class Controller(Wiring, Restarts, WeightOrders, Tickets, ScaleClient):
         while any(p.alive for p in self.procs) and time.monotonic() < deadline:
             with anyio.move_on_after(0.05):  # the last metrics each node sends on its way out
                 await self.receive_one(only=m.Heartbeat)
-        if self.hub and self.last_row is not None:  # the last step's row, with those last metrics in it
-            self.hub.end_step(**self.last_row)
-            self.last_row = None
+        self.write_last_row()  # the last step's row, with those last metrics in it
         for proc in self.procs:
             if proc.handle:
                 proc.handle.stop(1.0)

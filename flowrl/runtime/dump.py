@@ -26,6 +26,8 @@ def dump_processes(run_dir: str | Path) -> int:
             pid = int(info["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
+        if pid <= 1:
+            continue
         if info.get("host") != host:
             print(f"  {info.get('proc', path.stem)}: on host {info.get('host')}, not here; skipped")
             continue
@@ -38,7 +40,7 @@ def dump_processes(run_dir: str | Path) -> int:
         if "flowrl" not in cmd or not written - 600 <= started <= written + 1:
             continue
         try:
-            psutil.Process(pid).send_signal(signal.SIGUSR1)
+            target.send_signal(signal.SIGUSR1)  # psutil checks it is still the process it looked at
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
         sent.append(info.get("proc", path.stem))

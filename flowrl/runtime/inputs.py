@@ -56,9 +56,10 @@ class Fence:
         return "future" if epoch > self.epoch else "ok"
 
     def enter(self, epoch: int) -> list:
-        """Enter `epoch`; returns held arrivals that now belong to it (the rest stay held)."""
+        """Enter `epoch`; returns held arrivals that now belong to it and those of an epoch it skipped
+        (stale now: the caller's fence check drops and acks them); newer ones stay held."""
         self.epoch = epoch
-        now = [f for f in self.future if f[1].epoch == epoch]
+        now = [f for f in self.future if f[1].epoch <= epoch]
         self.future = [f for f in self.future if f[1].epoch > epoch]
         return now
 

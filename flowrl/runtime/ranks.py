@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from flowrl.runtime.inputs import Item
 
 SHARD = "__rank_shard__"  # the pseudo input port on which a follower rank gets its shards
+FENCED = "older epoch"  # a follower's answer to a shard of the epoch it left (its leader has yet to hear)
 
 
 def split_groups(batch, parts: int) -> list:
@@ -89,18 +90,31 @@ class RankMember:
             outputs.append(await self.gather(item, r))
         if self.is_sink:
             return None
+        if any(isinstance(o, Drop) and o.reason == FENCED for o in outputs):  # a rank is in a newer
+            return {self.cls.outputs[0]: Drop(FENCED)}  # recovery epoch: this ticket is replayed there
         merged = merge_outputs(outputs)
         return {self.cls.outputs[0]: merged}
 
     async def gather(self, item: Item, rank: int):
-        """The result of `rank` for `item` (results of older work are dropped)."""
-        while True:
-            out = await self.rank_rx.recv()
-            await self.rank_rx.ack(out)
-            if out.batch_id == item.batch_id and out.attempt == item.attempt and out.meta.get("_rank") == rank:
-                if out.drop is not None:
-                    return Drop(out.drop.removeprefix(REPLACE_MARK), replace=is_replace(out.drop))
-                return out.replace(meta={k: v for k, v in out.meta.items() if k != "_rank"})
+        """The result of `rank` for `item`. Replies of other ranks for the same item are kept for
+        their turn (they may come in any order); results of older work are dropped."""
+        replies = self.rank_replies
+        key = (item.batch_id, item.attempt)
+        for k in [k for k in replies if k[:2] != key]:
+            del replies[k]
+        out = replies.pop((*key, rank), None)
+        while out is None:
+            got = await self.rank_rx.recv()
+            await self.rank_rx.ack(got)
+            if (got.batch_id, got.attempt) != key:
+                continue
+            if got.meta.get("_rank") == rank:
+                out = got
+            else:
+                replies[(*key, got.meta.get("_rank"))] = got
+        if out.drop is not None:
+            return Drop(out.drop.removeprefix(REPLACE_MARK), replace=is_replace(out.drop))
+        return out.replace(meta={k: v for k, v in out.meta.items() if k != "_rank"})
 
     async def tell_followers(self, item: Item) -> None:
         from flowrl.transport import Batch
@@ -118,8 +132,8 @@ class RankMember:
         await rx.ack(shard)
         route = dict(batch_id=shard.batch_id, attempt=shard.attempt, index=shard.index, epoch=shard.epoch)
         if shard.epoch < self.fence.epoch:  # the leader has yet to hear of the recovery: it waits for an
-            if shard.drop is None:          # answer, and its result is fenced off downstream anyway
-                await self.rank_tx[0].send(Batch(meta={"_rank": self.spec.rank}, drop="older epoch", **route))
+            if shard.drop is None:          # answer (and drops the ticket, which the new epoch replays)
+                await self.rank_tx[0].send(Batch(meta={"_rank": self.spec.rank}, drop=FENCED, **route))
             return
         result = None
         if shard.drop is None:

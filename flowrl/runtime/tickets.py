@@ -45,6 +45,7 @@ class Tickets:
             from flowrl.metrics import write_status
 
             row = dict(step=sched.completed, policy_version=sched.version, extra={"staleness_max": msg.staleness})
+            self.write_last_row()  # one deferred before (a rollback moved the end back): written now
             if sched.done:  # the last row waits for what nodes report on their way out (shutdown)
                 self.last_row = {**row, "now": self.hub.clock()}
             else:
@@ -56,6 +57,17 @@ class Tickets:
                 self.summary["total_steps"] = self.scheduler.steps  # the live view's "step i/N"
             await self.progress()
         await self.flush_tickets()
+
+    def write_last_row(self) -> None:
+        """The deferred row of the last step, if any (a metrics file that cannot be written is logged,
+        never a reason to leave node processes running)."""
+        row, self.last_row = self.last_row, None
+        if row is None or not self.hub:
+            return
+        try:
+            self.hub.end_step(**row)
+        except Exception as e:  # noqa: BLE001
+            log.warning("the last metrics row (step %s) was not written: %s", row.get("step"), e)
 
     def maybe_commit(self) -> None:
         step = self.book.committable(self.scheduler.complete_below)

@@ -167,6 +167,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
         self.dp = spec.world_size > 1
         self.rank_rx = None
         self.rank_tx: dict[int, object] = {}
+        self.rank_replies: dict[tuple, object] = {}  # the leader's follower replies not yet gathered
         if self.dp:
             if self.is_source or self.is_join or len(cls.outputs) > 1:
                 raise ValueError(f"node {spec.node!r}: data parallelism (devices: {spec.world_size}) splits each batch "
@@ -454,7 +455,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = anyio.run(worker.run_node)
     finally:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the loop's handler went with the loop
         worker.ctl.close(linger=1000)
+        with contextlib.suppress(OSError):
+            (Path(spec.run_dir) / "procs" / f"{spec.log_name}.pid").unlink()
     return code
 
 

@@ -129,3 +129,38 @@ def test_a_dead_rank_restarts_its_group_and_every_state_matches_a_fault_free_run
     for n in ("norm", "collect"):
         for rank in (0, 1):
             assert node_state(result.run_dir, n, rank=rank) == node_state(reference.run_dir, n, rank=rank)
+
+
+def test_the_leader_gathers_replies_of_three_ranks_whatever_their_order():
+    """Rank 2 answering before rank 1 used to be thrown away while waiting for rank 1, and the
+    leader then waited for it forever."""
+    from types import SimpleNamespace
+
+    import anyio
+
+    from flowrl.runtime.inputs import Item
+    from flowrl.runtime.ranks import RankMember
+
+    class RankRx:
+        def __init__(self, replies):
+            self.replies = list(replies)
+
+        async def recv(self):
+            return self.replies.pop(0)
+
+        async def ack(self, batch):
+            pass
+
+    def reply(rank, bid="t-000003", attempt=0):
+        return Batch(tensors={"x": np.full(2, rank)}, batch_id=bid, attempt=attempt, index=3, meta={"_rank": rank})
+
+    async def main():
+        leader = RankMember()
+        leader.spec, leader.rank_replies = SimpleNamespace(rank=0, world_size=3), {}
+        leader.rank_rx = RankRx([reply(1, "t-000002"), reply(2), reply(1, attempt=1), reply(1)])
+        item = Item(3, "t-000003", 0, 0, "in", None)
+        one, two = await leader.gather(item, 1), await leader.gather(item, 2)
+        assert one.tensors["x"].tolist() == [1, 1] and two.tensors["x"].tolist() == [2, 2]
+        assert "_rank" not in one.meta and leader.rank_replies == {}
+
+    anyio.run(main)

@@ -15,6 +15,9 @@ def test_fence_drops_older_epochs_and_holds_newer_ones_until_entered():
     f.future += [("in", b(3, epoch=2), None), ("in", b(4, epoch=3), None)]
     held = f.enter(2)
     assert [a[1].index for a in held] == [3] and [a[1].index for a in f.future] == [4]
+    f.future.append(("in", b(5, epoch=4), None))
+    # an epoch skipped over (3): what waited for it comes back, stale now, to be dropped and acked
+    assert [a[1].index for a in f.enter(5)] == [4, 5] and f.future == []
 
 
 def test_version_gate_releases_batches_once_the_weights_arrive():
