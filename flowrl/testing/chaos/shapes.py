@@ -135,6 +135,8 @@ class Shape:
                     "ticket_timeout_s": t.ticket_timeout_s, "checkpoint_every": self.checkpoint_every}
         supervision = {"heartbeat_s": t.heartbeat_s, "deadline_s": t.deadline_s,
                        "startup_timeout_s": t.startup_timeout_s, "stop_timeout_s": 2.0}
+        if any(d.cls == "Hold" for d in self.nodes.values()):  # the model's bound on added tickets
+            schedule["max_replaced"] = self.steps
         if features.max_attempts:
             schedule["max_attempts"] = t.max_attempts
         if features.keep_checkpoints:
