@@ -25,7 +25,7 @@ def test_ppo_with_two_rank_actor_and_critic_learns_with_half_of_every_batch_per_
     rows = [r for r in result.metrics if "reward_mean" in r]
     assert max(r["reward_mean"] for r in rows[-15:]) >= 0.9, [round(r["reward_mean"], 2) for r in rows[::10]]
     # 32 prompts x 4 samples per step: each rank of the actor trains on 64 of the 128 samples
-    halves = [(r.get("actor/rank_samples/0", 0), r.get("actor/rank_samples/1", 0)) for r in rows]
+    halves = [(r.get("actor/rank_samples/0", 0), r.get("actor/rank_samples/1", 0)) for r in result.metrics]
     # (under load a rank's count can land in the next step's row: compare the run's totals; the last
     # row waits for what the ranks report on their way out)
     assert all(a % 64 == 0 and b % 64 == 0 for a, b in halves)
