@@ -420,14 +420,17 @@ def await_chain(coro) -> str:
     return " -> ".join(steps) or repr(coro)
 
 
-def write_pid_file(spec: ProcSpec) -> None:
+def pid_file(spec: ProcSpec) -> Path:
     """`procs/<process>.pid` in the run directory: what `flowrl status --dump` signals (on this host)."""
+    return Path(spec.run_dir) / "procs" / f"{spec.log_name}.pid"
+
+
+def write_pid_file(spec: ProcSpec) -> None:
     import json
     import socket
 
-    path = Path(spec.run_dir) / "procs" / f"{spec.log_name}.pid"
     with contextlib.suppress(OSError):  # a run directory this host cannot write (another host's)
-        path.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "proc": spec.proc_id,
+        pid_file(spec).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "proc": spec.proc_id,
                                     "incarnation": spec.incarnation}))
 
 
@@ -458,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the loop's handler went with the loop
         worker.ctl.close(linger=1000)
         with contextlib.suppress(OSError):
-            (Path(spec.run_dir) / "procs" / f"{spec.log_name}.pid").unlink()
+            pid_file(spec).unlink()
     return code
 
 

@@ -447,7 +447,7 @@ class Receiver:
                 peer.last_data = max(peer.last_data, now - self.config.heartbeat_s)
         if self._blocked:  # credit is reclaimed for links that wait for it, never for nobody
             for peer in [p for p in self._peers.values() if now - p.last_data > self._credit_idle_s
-                         and self._pool.sits_on_credit(p.rid) and self._blocked - {p.rid}]:
+                         and self._pool.sits_on_credit(p.rid) and self._blocked != {p.rid}]:
                 self._reclaim(peer, now)
         for peer in self._peers.values():
             peer.dirty = True
