@@ -189,9 +189,12 @@ def test_replicas_of_a_stateful_node_are_an_error_unless_the_class_says_how_they
     assert codes(merging) == set()
 
 
-def test_a_trainer_without_a_weight_subscriber_is_a_warning(a100):
+def test_a_trainer_nobody_samples_from_is_a_warning_and_a_subscriber_without_weights_an_error(a100):
+    alone = plan_of("  trainer: {kind: R:Trainer}", a100)
+    assert codes(alone) == {("no-weight-subscriber", "trainer")} and not alone.errors
+    # a subscriber no weights: edge feeds waits at its version gate for ever once the trainer publishes
     plan = plan_of("  trainer: {kind: R:Trainer}\n  gen: {kind: R:Subscriber}", a100)
-    assert codes(plan) == {("no-weight-subscriber", "trainer")} and "trainer -> gen" in plan.warnings[0].message
+    assert codes(plan) == {("unfed-subscriber", "gen")} and "weights: [trainer -> gen]" in plan.errors[0].message
 
 
 def test_bf16_on_a100_next_to_fp16_on_v100_passes(tmp_path):
