@@ -63,15 +63,39 @@ class ComputeThread:
             out = fn(*args, **kwargs)
             return await out if inspect.isawaitable(out) else out
 
-        async def runner() -> Any:
-            out = fn(*args, **kwargs)
-            return await out if inspect.isawaitable(out) else out
+        caller = asyncio.get_running_loop()
+        done = caller.create_future()
+        task: list = []
 
-        future = asyncio.run_coroutine_threadsafe(runner(), self._loop)
+        def finish(result: Any = None, error: BaseException | None = None) -> None:
+            if not done.done():
+                done.set_exception(error) if error is not None else done.set_result(result)
+
+        def reply(t: asyncio.Task) -> None:
+            error = None if t.cancelled() else t.exception()
+            if t.cancelled():
+                error = asyncio.CancelledError()
+            caller.call_soon_threadsafe(finish, None if error is not None else t.result(), error)
+
+        def start() -> None:  # on the compute thread: a plain function answers at once, a coroutine as a task
+            try:
+                out = fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                caller.call_soon_threadsafe(finish, None, e)
+                return
+            if inspect.isawaitable(out):
+                t = asyncio.ensure_future(out)
+                task.append(t)
+                t.add_done_callback(reply)
+            else:
+                caller.call_soon_threadsafe(finish, out)
+
+        self._loop.call_soon_threadsafe(start)
         try:
-            return await asyncio.wrap_future(future)
+            return await done
         except asyncio.CancelledError:
-            future.cancel()
+            if task:
+                self._loop.call_soon_threadsafe(task[0].cancel)
             raise
 
     def stack(self) -> list[traceback.FrameSummary]:
