@@ -53,6 +53,10 @@ supervision: {{heartbeat_s: 0.2, deadline_s: 3.0}}
 """
 
 
+class RunEnded(Exception):
+    """The run ended while a move or a wait was still to come (a sequence longer than the run)."""
+
+
 class ElasticRun:
     """`flowrl run` of `graph_text` in a child process, with the moves of an operator."""
 
@@ -99,8 +103,7 @@ class ElasticRun:
             if predicate():
                 return
             if self.proc.poll() is not None:
-                raise AssertionError(f"the run ended (exit {self.proc.returncode}) while waiting for {what}: "
-                                     f"{self.stderr()[-1500:]}")
+                raise RunEnded(f"the run ended (exit {self.proc.returncode}) while waiting for {what}")
             time.sleep(0.05)  # polling the run's files for a state, not ordering events by time
         raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
@@ -137,6 +140,8 @@ class ElasticRun:
         out = subprocess.run([sys.executable, "-m", "flowrl", "scale", str(self.run_dir), f"{NODE}={replicas}"],
                              capture_output=True, text=True, timeout=60, cwd=ROOT, env=self.env())
         if out.returncode != 0:
+            if self.proc.poll() is not None:
+                raise RunEnded(f"the run ended (exit {self.proc.returncode}) before flowrl scale {NODE}={replicas}")
             raise AssertionError(f"flowrl scale {NODE}={replicas} failed: {out.stderr.strip()}")
         return out.stdout.strip()
 
@@ -252,11 +257,15 @@ def run_sequence(seed: int, root: Path, *, steps: int = 80, bound_s: float = 120
                 res.played += 1
                 if op.then == "progress":
                     run.wait_progress(2)
+        except RunEnded:
+            pass  # the run reached its end before the sequence did: what was played is counted
+        except AssertionError as e:
+            res.error = str(e)[:500]
+        if not res.error:
             t_last = time.monotonic()
             result = run.finish(bound_s)
             res.after_last_op_s = time.monotonic() - t_last
-        except AssertionError as e:
-            res.error = str(e)[:500]
+        else:  # a move failed or a wait timed out: the run is stopped, the row says why
             result = run.finish(1)
     res.seconds = time.monotonic() - t0
     res.exit_code = result.exit_code
