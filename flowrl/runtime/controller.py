@@ -125,6 +125,8 @@ class Controller(Wiring, Restarts, WeightOrders, Tickets, ScaleClient):
         self.sync_epoch = 0
         self.sync_failures = 0
         self.sync_members: list[Proc] = []
+        self.sync_identities: frozenset[bytes] = frozenset()  # who the current sync epoch was formed of
+        self.retiring: list[Proc] = []  # removed replicas still stopping whose id a new replica took
         self.pending_tickets: list = []
         self.source_rr = 0
         self.stuck_at: dict[str, str] = {}  # batch id -> the process last seen busy with it
@@ -208,13 +210,17 @@ class Controller(Wiring, Restarts, WeightOrders, Tickets, ScaleClient):
             proc.ready = True
             proc.pid = msg.pid
             proc.store_port = msg.store_port
+            if proc.retired:  # removed by `flowrl scale` while it (re)started: its Stop found no one
+                await self.send(proc, m.Stop())
+                return
             await self.on_bound(proc, msg.inputs)
             if self.hub:
                 self.hub.set("node_up", 1, node=proc.spec.node, replica=str(proc.spec.replica), across="min")
             await self.after_ready(proc)
         elif isinstance(msg, m.Wired):
             proc.wired = True
-            await self.after_wired(proc, msg.epoch)
+            if not proc.retired:
+                await self.after_wired(proc, msg.epoch)
         elif isinstance(msg, m.Consumed):
             await self.on_consumed(proc, msg)
         elif isinstance(msg, (m.Published, m.Synced, m.SyncFailed)):
@@ -246,10 +252,11 @@ class Controller(Wiring, Restarts, WeightOrders, Tickets, ScaleClient):
             else:  # it was starting when the rollback began: it rolls back now
                 await self.send(proc, self.epoch_order(proc, self.book.epoch))
             return
-        if proc in self.weight_procs():
-            if all(p.ready and p.wired for p in self.weight_procs()):
+        if proc in self.weight_procs():  # it joins the next epoch, with every other member now starting
+            if all(p.ready and p.wired for p in self.weight_procs() if p.down_since is None):
                 await self.new_sync_epoch()
-        if proc.spec.incarnation > 0 and proc.spec.rank == 0:  # a restarted stateless node: what it held goes out again
+        if proc.spec.incarnation > proc.first_incarnation and proc.spec.rank == 0:
+            # a restarted stateless node: what it held goes out again
             self.pending_tickets = []
             await self.reissue(self.scheduler.reissue_open, f"{proc.id} restarted")
         await self.flush_tickets()

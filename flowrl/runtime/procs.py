@@ -29,6 +29,9 @@ class Proc:
     last_signature: tuple | None = None  # the previous incarnation's error (type, message, file, line, ticket)
     busy: tuple | None = None  # (batch_id, seconds) inside one node call, from the heartbeat thread
     retired: bool = False  # removed by `flowrl scale`: stopping, not a failure
+    retired_at: float | None = None  # when it was removed (it is stopped by PID if it outstays its grace)
+    terminated: bool = False  # a removed process that outstayed its grace got SIGTERM
+    first_incarnation: int = 0  # a replica added again while its removed predecessor still ran starts above it
     version: int = -1  # weights version it holds (subscribers)
     store_port: int | None = None  # publishers: their TCPStore
     pid: int | None = None

@@ -40,6 +40,8 @@ class Restarts:
             await self.begin_recovery(f"{proc.id} {why}")
         elif self.recovering is not None:
             self.recovering.update(p.id for p in self.rank_group(proc))
+        else:  # weight sync goes on without it (and its rank group); it joins a new epoch once wired again
+            await self.follow_members()
 
     def rank_group(self, proc: Proc) -> list[Proc]:
         return [p for p in self.procs.of_node(proc.spec.node) if p.spec.replica == proc.spec.replica]
@@ -72,7 +74,7 @@ class Restarts:
         self.ledger.write("recovery", "-", 0, epoch=epoch, step=step, reason=reason)
         log.warning("recovery epoch %d: every stateful node back to step %d (%s)", epoch, step, reason)
         self.pending_tickets = []
-        self.sync_members = []
+        self.sync_members, self.sync_identities = [], frozenset()
         self.recovering = {p.id for p in self.procs}
         self.recovery_started = self.last_epoch_order = time.monotonic()
         for proc in self.procs:

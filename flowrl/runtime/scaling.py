@@ -10,7 +10,12 @@ next weight-sync epoch (subscribers get the current weights before any batch: th
 and its producers connect to it — from then on it takes work like the others. Removing one: its
 producers disconnect first and send whatever it had not acknowledged to the other replicas, then
 it is stopped; nothing it held is lost, and a batch it was finishing is at worst a duplicate that
-the consumers drop. Each change is a `scaled` row in the ledger.
+the consumers drop. Weight sync forms a new epoch without it at once (`follow_members`), so the
+trainer never waits for a replica that is going. A removed process that was (re)starting gets its
+Stop when it reports READY; one that has not stopped after `retire_grace_s` is stopped by PID
+(SIGTERM, then SIGKILL). A replica added again while its removed predecessor still stops takes
+over its id as a later incarnation (the predecessor is killed). Each change is a `scaled` row in
+the ledger.
 
 The client speaks the control plane: `RUN_DIR/control.json` (readable by the run's user only)
 holds the controller's address and the run's secret. The controller's side is `ScaleClient`
@@ -22,11 +27,15 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
+import signal
 import time
 from pathlib import Path
 
 from flowrl.errors import FlowrlError
 from flowrl.runtime import messages as m
+
+log = logging.getLogger("flowrl.controller")
 
 
 class ScaleError(FlowrlError):
@@ -70,6 +79,10 @@ async def scale(controller, node: str, replicas: int) -> str:
         for entry in entries:
             c.plan.entries.append(entry)
             proc = Proc(spec=c.proc_spec(entry, ports.setdefault(entry.replica, free_port())))
+            gone = c.procs.procs.get(proc.id)
+            if gone is not None:  # removed a moment ago and still stopping: it goes now, and nothing it
+                c.displace_retired(gone)  # still says is taken for the new one's (a later incarnation)
+                proc.spec.incarnation = proc.first_incarnation = gone.spec.incarnation + 1
             c.prepare_start(proc)
             c.procs.add(proc)
             c.supervisor.launch(proc)
@@ -77,14 +90,14 @@ async def scale(controller, node: str, replicas: int) -> str:
             await _rewire(c, node, r, add=True)
     else:
         spec.nodes[node].replicas = replicas
+        c.plan.entries = [e for e in c.plan.entries if not (e.node == node and e.replica >= replicas)]
         for r in range(old - 1, replicas - 1, -1):
             await _rewire(c, node, r, add=False)
             for proc in [p for p in c.procs.of_node(node) if p.spec.replica == r]:
-                await c.send(proc, m.Stop())
-                proc.retired = True
+                proc.retired, proc.retired_at = True, time.monotonic()
+                await c.send(proc, m.Stop())  # not there (restarting)? it gets Stop at its READY
         c.retire_stopped()
-        if node in c.subscribers:
-            await c.new_sync_epoch()
+        await c.follow_members()  # weight sync goes on without them at once, not when they are gone
     if c.summary is not None:
         c.summary.setdefault("nodes", {})[node] = replicas
     c.ledger.write("scaled", "-", 0, node=node, replicas=replicas, was=old)
@@ -136,13 +149,42 @@ class ScaleClient:
         except zmq.ZMQError:
             pass
 
+    def retire_grace_s(self) -> float:
+        """How long a removed process may take to stop on its own: a weight-sync collective it was
+        in ends within its timeout, then it takes its Stop. Its producers handed whatever it had not
+        acknowledged to the other replicas, so stopping it later loses nothing."""
+        return self.sync_timeout_s() + self.spec.supervision.stop_timeout_s
+
     def retire_stopped(self) -> None:
-        """Forget processes removed by `flowrl scale` once they are gone."""
-        for proc in [p for p in self.procs if p.retired and not p.alive and p.handle]:
-            del self.procs.procs[proc.id]
+        """Forget processes removed by `flowrl scale` once they are gone; one that outstays its
+        grace gets SIGTERM, and SIGKILL stop_timeout_s later (by PID)."""
+        now = time.monotonic()
+        for proc in [p for p in self.procs if p.retired] + list(self.retiring):
+            if proc.handle is not None and proc.alive:
+                late = now - (proc.retired_at or now) - self.retire_grace_s()
+                if late > self.spec.supervision.stop_timeout_s:
+                    proc.handle.signal(signal.SIGKILL)
+                elif late > 0 and not proc.terminated:
+                    log.warning("%s was removed %.0f s ago and has not stopped: SIGTERM", proc.id, now - proc.retired_at)
+                    proc.handle.signal(signal.SIGTERM)
+                    proc.terminated = True
+                continue
             self.sync_members = [p for p in self.sync_members if p is not proc]
+            if proc in self.retiring:
+                self.retiring.remove(proc)
+                continue
+            del self.procs.procs[proc.id]
             if self.hub:
                 self.hub.forget(proc.spec.node, proc.spec.replica)
+
+    def displace_retired(self, proc) -> None:
+        """A new replica takes the id of `proc`, removed but not gone yet: SIGKILL it (its producers
+        handed its unacknowledged work to the others) and reap it apart from the table."""
+        if proc.handle is not None and proc.alive:
+            proc.handle.signal(signal.SIGKILL)
+            self.retiring.append(proc)
+        self.sync_members = [p for p in self.sync_members if p is not proc]
+        del self.procs.procs[proc.id]
 
 
 def write_control_file(run_dir: Path, address: str, secret: str) -> None:

@@ -103,10 +103,11 @@ class WeightsClient:
                 finally:
                     sub.fault_hook = None
                 seconds = sub.seconds
-        buckets = self.pub.buckets if self.pub is not None else self.sub.staging
-        nbytes = sum(b.numel() * b.element_size() for b in buckets)
-        self.recorder.count("weight_sync_bytes", nbytes, per_node=True)
-        self.recorder.observe("weight_sync_s", seconds, per_node=True)
+        if order.world_size > 1:  # a publisher alone in its epoch sent nothing (the order only fenced older ones)
+            buckets = self.pub.buckets if self.pub is not None else self.sub.staging
+            nbytes = sum(b.numel() * b.element_size() for b in buckets)
+            self.recorder.count("weight_sync_bytes", nbytes, per_node=True)
+            self.recorder.observe("weight_sync_s", seconds, per_node=True)
         if not self.publisher:
             target = self.sub.live if self.sub.live is not None else {}
             await compute.call(self.node.load_weights, target, received)

@@ -14,19 +14,22 @@ batch: the node's process timeout. The publisher's round ends, delivered or fail
 error, within ready_timeout_s + 2 x timeout_s of its `serve` (ready wait, then group forming and
 the broadcast); a subscriber's within 2 x ready_timeout_s + 2 x timeout_s of its `receive` (the
 trainer may itself need up to ready_timeout_s to reach `serve`). A newer epoch ends the waits of
-an older one within SLICE_S (`fence`).
+an older one within SLICE_S (`fence`): the ready wait, the wait for the go, and the forming of the
+group (its store hears the fence, see `store`); only a broadcast already under way runs to its
+timeout_s.
+Every round the controller orders gets a verdict, also one the publisher refuses (a stale or
+failed epoch): `go`, or `abort: WHY`, so no subscriber of that round waits for nothing.
 """
 
 from __future__ import annotations
 
-import datetime
 import time
-from typing import Any, Callable
+from typing import Any
 
 from flowrl.weights.errors import WeightSyncError
+from flowrl.weights.store import FIRST_WAIT_S, Stop, blocking, wait_until
 
-Stop = Callable[[], "str | None"] | None  # a reason to stop waiting (the epoch was fenced), or None
-SLICE_S = 0.25  # how soon a waiting member hears that its epoch was fenced
+SLICE_S = FIRST_WAIT_S  # how soon a waiting member hears that its epoch was fenced (at most)
 
 
 def _ready(r: int, rank: int) -> str:
@@ -42,19 +45,20 @@ def gather(store: Any, r: int, world_size: int, ready_timeout_s: float, stop: St
     naming who is late at the deadline, or at once when `stop()` gives a reason."""
     deadline = time.monotonic() + ready_timeout_s
     pending = list(range(1, world_size))
-    while pending:
+    while True:
         for rank in [x for x in pending if store.check([_ready(r, x)])]:
             pending.remove(rank)
             status = store.get(_ready(r, rank)).decode()  # StoreAuthError for a forged record
             if status != "ok":
                 raise WeightSyncError(f"rank {rank} {status}")
-        if pending and time.monotonic() >= deadline:
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
             raise WeightSyncError(
                 f"rank(s) {pending} did not say they were ready within ready_timeout_s={ready_timeout_s:.1f} s: "
                 "dead, or busy in a batch for longer than that (make ready_timeout_s at least the node's process "
                 "timeout)")
-        if pending:
-            _pause(store, _ready(r, pending[0]), deadline, stop)
+        _wait_key(store, _ready(r, pending[0]), deadline, stop)
 
 
 def release(store: Any, r: int, verdict: str = "go") -> None:
@@ -62,7 +66,11 @@ def release(store: Any, r: int, verdict: str = "go") -> None:
 
 
 def forget(store: Any, r: int, world_size: int) -> None:
-    """Publisher, after a delivered round: its keys are read by everyone and can go."""
+    """Publisher, once every member said ready for round r + 1: the keys of round r were read by
+    everyone (a member announces round r + 1 only after its receive of round r returned) and can
+    go. Not at the end of round r itself: a broadcast completes on the publisher while a member
+    down the tree may not have read the go yet, and a key deleted under a reader's check-then-get
+    blocks that get until its timeout."""
     for rank in range(1, world_size):
         store.delete_key(_ready(r, rank))
     store.delete_key(f"round-{r}/go")
@@ -72,24 +80,14 @@ def await_release(store: Any, r: int, ready_timeout_s: float, stop: Stop = None)
     """Subscriber: wait for the publisher's go: it reaches `serve` within ready_timeout_s and gives
     its verdict within ready_timeout_s more. A dead publisher takes its store along: an error at once."""
     key, deadline = f"round-{r}/go", time.monotonic() + 2 * ready_timeout_s
-    while not store.check([key]):
-        if time.monotonic() >= deadline:
-            raise WeightSyncError(f"no go from the publisher for round {r} within 2 x ready_timeout_s = "
-                                  f"{2 * ready_timeout_s:.1f} s")
-        _pause(store, key, deadline, stop)
+    if not _wait_key(store, key, deadline, stop):
+        raise WeightSyncError(f"no go from the publisher for round {r} within 2 x ready_timeout_s = "
+                              f"{2 * ready_timeout_s:.1f} s")
     verdict = store.get(key).decode()
     if verdict != "go":
         raise WeightSyncError(f"the publisher aborted round {r}: {verdict}")
 
 
-def _pause(store: Any, key: str, deadline: float, stop: Stop) -> None:
-    """Wait until `key` is set, at most one slice (so `stop` is heard within SLICE_S)."""
-    reason = stop() if stop is not None else None
-    if reason:
-        raise WeightSyncError(reason)
-    left = min(SLICE_S, deadline - time.monotonic())
-    if left > 0:
-        try:
-            store.wait([key], datetime.timedelta(seconds=left))
-        except Exception:  # noqa: BLE001 - a timeout; a broken store raises in the caller's next check()
-            pass
+def _wait_key(store: Any, key: str, deadline: float, stop: Stop) -> bool:
+    """Until `key` is set (True) or the deadline (False); `stop` is heard within SLICE_S."""
+    return wait_until(lambda: store.check([key]), deadline, stop, block=blocking(store, [key]))

@@ -54,7 +54,7 @@ class WeightPublisher:
         self._lock = threading.Lock()
         self._group: WeightGroup | None = None
         self._epoch: int | None = None
-        self._round = 0
+        self._rounds: dict[int, int] = {}  # epoch -> rounds ordered so far (served or refused)
         self._failed = False
         self._fence = 0  # epochs below this are stale (see fence)
 
@@ -74,34 +74,44 @@ class WeightPublisher:
 
         Waits up to `ready_timeout_s` for every member to say it is free, then forms the epoch's
         group (first round only) and broadcasts, each within `timeout_s`. Raises WeightSyncError
-        naming the member at fault; the epoch is then over (the controller forms a new one)."""
+        naming the member at fault; the epoch is then over (the controller forms a new one).
+        Every call is one round of `epoch`, the round its subscribers' `receive` waits on: one this
+        refuses (a stale epoch, one that failed) still gets its verdict, `abort: WHY`."""
         if self.version is None:
             raise ValueError("serve() before any snapshot(): publish the initial weights with snapshot(version=0) first")
-        if self._stale(epoch):  # fencing: an order from before a newer epoch
-            raise WeightSyncError(self._stale(epoch))
+        store, r = self._store.child(f"epoch-{epoch}"), self._rounds.get(epoch, 0)
+        self._rounds[epoch] = r + 1
+        refusal = self._stale(epoch)  # fencing: an order from before a newer epoch
+        if refusal is None and epoch == self._epoch and self._failed:
+            refusal = f"weight-sync epoch {epoch} already failed; the controller must form a new epoch"
+        if refusal:
+            if world_size >= 2:
+                release(store, r, f"abort: {refusal}")
+            self._forget_old_rounds()
+            raise WeightSyncError(refusal)
         if epoch != self._epoch:
             self._close_group()
-            self._epoch, self._round, self._failed = epoch, 0, False
-        if self._failed:
-            raise WeightSyncError(f"weight-sync epoch {epoch} already failed; the controller must form a new epoch")
+            self._epoch, self._failed = epoch, False
+            self._forget_old_rounds()
         if world_size < 2:
             return self.version
-        store, r = self._store.child(f"epoch-{epoch}"), self._round
-        self._round += 1
+        stop = lambda: self._stale(epoch)  # noqa: E731
         try:
             try:
-                gather(store, r, world_size, ready_timeout_s, stop=lambda: self._stale(epoch))
+                gather(store, r, world_size, ready_timeout_s, stop=stop)
             except WeightSyncError as e:
                 release(store, r, f"abort: {e}")
                 raise WeightSyncError(f"weight-sync epoch {epoch} round {r}: {e}") from e
+            if r > 0:  # everyone is past round r - 1: the store stays O(members), not O(versions)
+                forget(store, r - 1, world_size)
             release(store, r, "go")
             with self._lock:  # the collective's timeout counts from here: every member is waiting
                 if self._group is None:
-                    self._group = WeightGroup.join(epoch=epoch, rank=0, world_size=world_size, store=store.child("pg"),
+                    self._group = WeightGroup.join(epoch=epoch, rank=0, world_size=world_size,
+                                                   store=store.child("pg", stop=stop, timeout_s=timeout_s),
                                                    timeout_s=timeout_s, device=self.device, host=self._server.host)
                 self._version_tensor.fill_(self.version)
                 self.seconds = self._group.broadcast([self._version_tensor, *self.buckets], fill=self.fault_hook)
-            forget(store, r, world_size)  # every member has read them: the store stays O(members), not O(versions)
             return self.version
         except Exception:
             self._failed = True
@@ -110,8 +120,9 @@ class WeightPublisher:
 
     def fence(self, epoch: int) -> None:
         """Orders of epochs below `epoch` are stale from now on (any thread may call this, e.g. the
-        worker when a newer sync order arrives): a serve of one stops waiting for members within
-        handshake.SLICE_S; a collective already under way ends within its timeout_s."""
+        worker when a newer sync order arrives): a serve of one stops waiting for members (the
+        ready wait, the forming of the group) within handshake.SLICE_S; a broadcast already under
+        way ends within its timeout_s."""
         self._fence = max(self._fence, epoch)
 
     def _stale(self, epoch: int) -> str | None:
@@ -119,6 +130,11 @@ class WeightPublisher:
         if epoch < newest:
             return f"weight-sync epoch {epoch} is stale: the publisher is at epoch {newest}"
         return None
+
+    def _forget_old_rounds(self, keep: int = 8) -> None:
+        """Round counters of the newest `keep` epochs (an order of an older one is refused anyway)."""
+        for e in sorted(self._rounds)[:-keep]:
+            del self._rounds[e]
 
     def digest(self) -> str:
         """Digest of the snapshot the buckets hold (equal digests = bitwise equal weights)."""

@@ -16,6 +16,13 @@ and delete keys. So:
   authentication (`StoreAuthError`) instead of being acted on. gloo's own rendezvous (the
   addresses of its pair sockets) goes through the same wrapper.
 
+Waits: a store made with `stop` (`ours.child("epoch-3/pg", stop=..., timeout_s=30)`, what the
+publisher and subscribers hand gloo to form an epoch's group) waits in `wait_until`: each
+`wait`/`get` of a missing key ends when the key appears, when `stop()` gives a reason (the epoch
+was fenced: a newer one is ordered; heard within FIRST_WAIT_S), or at its timeout, with a
+WeightSyncError that names the key. Without `stop`, `wait`/`get` block as TCPStore does, up to
+its timeout.
+
 What is NOT protected: a client that reaches the port can still delete or overwrite sealed
 values (the sync then fails with StoreAuthError or a timeout: denial of service, never wrong
 weights from the store), see how many keys exist, and connect to gloo's data sockets, which
@@ -30,19 +37,67 @@ import hashlib
 import hmac
 import os
 import socket
-from typing import Any
+import time
+from typing import Any, Callable
 
 import torch.distributed as dist
 
-from flowrl.weights.errors import StoreAuthError
+from flowrl.weights.errors import StoreAuthError, WeightSyncError
 
 ALL_INTERFACES = {"", "0.0.0.0", "::", "*"}
+Stop = Callable[[], "str | None"] | None  # a reason to stop waiting (the epoch was fenced), or None
+POLL_MIN_S, POLL_MAX_S = 0.002, 0.05  # a polling wait checks its key (and `stop`) this often: 2 ms growing to 50 ms
+FIRST_WAIT_S = 0.25  # ...after blocking on the store this long first
+DEFAULT_TIMEOUT_S = 60.0  # a store's waits without a timeout of their own (TCPStore's, and a polling one's)
+
+
+def wait_until(ready: Callable[[], bool], deadline: float, stop: Stop = None,
+               block: Callable[[float], None] | None = None) -> bool:
+    """Wait until `ready()` (True) or `deadline`, a time.monotonic() (False); raise WeightSyncError
+    as soon as `stop()` gives a reason.
+
+    With `block(seconds)` (a blocking store wait on the same key, see `blocking`) the first
+    FIRST_WAIT_S block: a key set meanwhile wakes the wait at once (a round's usual case: no added
+    latency), and `stop` is heard within FIRST_WAIT_S. Then it polls `ready()`, 2 ms growing to 50
+    ms apart: `stop` is heard within POLL_MAX_S, and a long wait (a member busy in a batch) makes
+    c10d log one timed-out-wait warning, not two every FIRST_WAIT_S."""
+    reason = stop() if stop is not None else None
+    if reason:
+        raise WeightSyncError(reason)
+    if ready():
+        return True
+    if block is not None:
+        left = min(FIRST_WAIT_S, deadline - time.monotonic())
+        if left > 0:
+            block(left)
+    delay = POLL_MIN_S
+    while True:
+        reason = stop() if stop is not None else None
+        if reason:
+            raise WeightSyncError(reason)
+        if ready():
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(delay, left))
+        delay = min(2 * delay, POLL_MAX_S)
+
+
+def blocking(store: Any, keys: list[str]) -> Callable[[float], None]:
+    """`block` for `wait_until`: `store.wait(keys)` for at most that many seconds, a timeout quiet."""
+    def block(seconds: float) -> None:
+        try:
+            store.wait(keys, datetime.timedelta(seconds=seconds))
+        except Exception:  # noqa: BLE001 - a timeout; a broken store raises in the caller's next check
+            pass
+    return block
 
 
 class WeightStore:
     """A TCPStore server that listens on `host` only; `.port` tells which port it got."""
 
-    def __init__(self, host: str = "127.0.0.1", *, port: int = 0, timeout_s: float = 60.0):
+    def __init__(self, host: str = "127.0.0.1", *, port: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S):
         if host in ALL_INTERFACES:
             raise ValueError(f"the weight store must bind to one address, not {host!r} (all interfaces): "
                              "pass 127.0.0.1 for a single host, or this host's cluster address")
@@ -87,7 +142,8 @@ class SealedStore(dist.Store):
 
     NONCE, TAG = 16, 32
 
-    def __init__(self, inner: Any, secret: bytes | str, prefix: str = ""):
+    def __init__(self, inner: Any, secret: bytes | str, prefix: str = "", *, stop: Stop = None,
+                 timeout_s: float | None = None):
         super().__init__()
         if isinstance(secret, str):
             secret = secret.encode()
@@ -95,11 +151,15 @@ class SealedStore(dist.Store):
             raise ValueError(f"the weight-store secret has {len(secret)} bytes; use at least 16 random bytes "
                              "(e.g. secrets.token_bytes(32), handed out by the controller)")
         self.inner, self.secret, self.prefix = inner, secret, prefix
+        self.stop, self.timeout_s = stop, timeout_s
         self._names, self._enc, self._mac = (_derive(secret, x) for x in (b"names", b"enc", b"mac"))
 
-    def child(self, prefix: str) -> "SealedStore":
-        """The same store with every key under `prefix/` (one per epoch, one per round)."""
-        return SealedStore(self.inner, self.secret, f"{self.prefix}{prefix}/")
+    def child(self, prefix: str, *, stop: Stop = None, timeout_s: float | None = None) -> "SealedStore":
+        """The same store with every key under `prefix/` (one per epoch, one per round). With
+        `stop`, its waits (`wait_until`) end when `stop()` gives a reason or after `timeout_s` (the
+        timeout a caller such as gloo passes to `wait` counts when smaller)."""
+        return SealedStore(self.inner, self.secret, f"{self.prefix}{prefix}/", stop=stop or self.stop,
+                           timeout_s=timeout_s if timeout_s is not None else self.timeout_s)
 
     def _key(self, key: str) -> str:
         return "fw/" + hmac.new(self._names, (self.prefix + key).encode(), hashlib.sha256).hexdigest()[:40]
@@ -133,14 +193,24 @@ class SealedStore(dist.Store):
 
     def get(self, key: str) -> bytes:
         k = self._key(key)
+        if self.stop is not None:
+            self.wait([key])  # a missing key: wait as `wait` does (stop, deadline), not as TCPStore's get
         return self.open(k, bytes(self.inner.get(k)), name=key)
 
     def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
         mapped = [self._key(k) for k in keys]
-        if timeout is None:
-            self.inner.wait(mapped)
-        else:
-            self.inner.wait(mapped, timeout)
+        if self.stop is None:
+            if timeout is None:
+                self.inner.wait(mapped)
+            else:
+                self.inner.wait(mapped, timeout)
+            return
+        limits = [x for x in (self.timeout_s, timeout.total_seconds() if timeout is not None else None) if x]
+        seconds = min(limits) if limits else DEFAULT_TIMEOUT_S
+        if not wait_until(lambda: self.inner.check(mapped), time.monotonic() + seconds, self.stop,
+                          block=blocking(self.inner, mapped)):
+            raise WeightSyncError(f"weight store: no value for {', '.join(self.prefix + k for k in keys)} within "
+                                  f"{seconds:.1f} s (a member of the epoch did not get there)")
 
     def check(self, keys: list[str]) -> bool:
         return self.inner.check([self._key(k) for k in keys])

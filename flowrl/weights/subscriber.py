@@ -122,11 +122,14 @@ class WeightSubscriber:
         r = self._round
         self._round += 1
         try:
+            epoch = self._epoch
+            stop = lambda: self._stale(epoch)  # noqa: E731
             announce(self._store, r, self._rank)
-            await_release(self._store, r, self.ready_timeout_s, stop=lambda: self._stale(self._epoch))
+            await_release(self._store, r, self.ready_timeout_s, stop=stop)
             if self._group is None:
-                self._group = WeightGroup.join(epoch=self._epoch, rank=self._rank, world_size=self._world,
-                                               store=self._store.child("pg"), timeout_s=self.timeout_s,
+                self._group = WeightGroup.join(epoch=epoch, rank=self._rank, world_size=self._world,
+                                               store=self._store.child("pg", stop=stop, timeout_s=self.timeout_s),
+                                               timeout_s=self.timeout_s,
                                                device=self.device, host=self.local_host or local_address(self._store_host))
             self._staging_holds_version = False
             self._version_tensor.fill_(-1)
@@ -164,7 +167,8 @@ class WeightSubscriber:
 
     def fence(self, epoch: int) -> None:
         """Orders of epochs below `epoch` are stale from now on (any thread may call this): a
-        receive of one stops waiting for the go within handshake.SLICE_S."""
+        receive of one stops waiting for the go, or for the group to form, within
+        handshake.SLICE_S; a broadcast already under way ends within its timeout_s."""
         self._fence = max(self._fence, epoch)
 
     def _stale(self, epoch: int) -> str | None:
