@@ -25,6 +25,7 @@ What must hold:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import sys
 import threading
@@ -41,6 +42,7 @@ class ComputeThread:
 
     def __init__(self, name: str = "compute") -> None:
         self._loop = asyncio.new_event_loop()
+        self.running: str | None = None  # the hook in flight (read by dumps)
         self._thread = threading.Thread(target=self._serve, name=f"flowrl-compute-{name}", daemon=True)
         self._thread.start()
 
@@ -57,49 +59,68 @@ class ComputeThread:
 
     async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run `fn(*args, **kwargs)` on the compute thread (awaited there when it is a coroutine
-        function) and return its result or raise its exception here. Cancelling the caller
-        cancels the call at its next await; a call blocked in C (a collective) finishes first."""
+        function) and return its result or raise its exception here (any exception: SystemExit too).
+        Cancelling the caller cancels the call at its next await there, or before it starts; the
+        caller returns at once, while a call blocked in C (a collective) runs on until it returns."""
         if threading.current_thread() is self._thread:  # a hook that calls back into the runtime
             out = fn(*args, **kwargs)
             return await out if inspect.isawaitable(out) else out
 
         caller = asyncio.get_running_loop()
         done = caller.create_future()
-        task: list = []
+        state: dict[str, Any] = {"cancelled": False, "task": None}
 
         def finish(result: Any = None, error: BaseException | None = None) -> None:
             if not done.done():
                 done.set_exception(error) if error is not None else done.set_result(result)
 
-        def reply(t: asyncio.Task) -> None:
-            error = None if t.cancelled() else t.exception()
-            if t.cancelled():
-                error = asyncio.CancelledError()
-            caller.call_soon_threadsafe(finish, None if error is not None else t.result(), error)
+        def answer(result: Any = None, error: BaseException | None = None) -> None:
+            self.running = None
+            try:
+                caller.call_soon_threadsafe(finish, result, error)
+            except RuntimeError:  # the caller's loop is gone (the process is ending)
+                pass
+
+        async def wrapped(aw) -> None:  # every outcome of an async hook goes back, BaseException too
+            try:
+                result = await aw
+            except asyncio.CancelledError:
+                answer(None, asyncio.CancelledError())
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                answer(None, e)
+            else:
+                answer(result)
 
         def start() -> None:  # on the compute thread: a plain function answers at once, a coroutine as a task
+            if state["cancelled"]:
+                return
+            self.running = getattr(fn, "__qualname__", repr(fn))
             try:
                 out = fn(*args, **kwargs)
+                if inspect.isawaitable(out):
+                    state["task"] = self._loop.create_task(wrapped(out))
+                    return
             except BaseException as e:  # noqa: BLE001 - handed to the caller
-                caller.call_soon_threadsafe(finish, None, e)
+                answer(None, e)
                 return
-            if inspect.isawaitable(out):
-                t = asyncio.ensure_future(out)
-                task.append(t)
-                t.add_done_callback(reply)
-            else:
-                caller.call_soon_threadsafe(finish, out)
+            answer(out)
+
+        def cancel() -> None:
+            state["cancelled"] = True
+            if state["task"] is not None:
+                state["task"].cancel()
 
         self._loop.call_soon_threadsafe(start)
         try:
             return await done
         except asyncio.CancelledError:
-            if task:
-                self._loop.call_soon_threadsafe(task[0].cancel)
+            with contextlib.suppress(RuntimeError):  # a closed compute loop runs nothing any more
+                self._loop.call_soon_threadsafe(cancel)
             raise
 
     def stack(self) -> list[traceback.FrameSummary]:
-        """The compute thread's Python stack now, outermost first (empty when it is idle)."""
+        """The compute thread's Python stack now, outermost first (empty when it is idle, or when the
+        call in flight awaits something: then `running` names it)."""
         frame = sys._current_frames().get(self._thread.ident or -1)
         if frame is None:
             return []
@@ -113,7 +134,7 @@ class ComputeThread:
         ("in collective all_gather: ..."), since a rank stuck there waits for another rank."""
         frames = self.stack()
         if not frames:
-            return "idle"
+            return f"awaiting in {self.running}" if self.running else "idle"
         shown = " <- ".join(f"{f.name} ({Path(f.filename).name}:{f.lineno})" for f in reversed(frames[-depth:]))
         collective = next((f.name for f in reversed(frames)
                            if any(m in f.filename for m in COLLECTIVE_MODULES) and not f.name.startswith("_")), None)

@@ -156,11 +156,11 @@ class DataPath:
             if result is not SKIPPED:
                 result = None if self.is_sink else \
                     outputs_of(result, node=self.spec.node, method=method, ports=self.cls.outputs)
-        if result is SKIPPED:  # a rank is in a newer recovery epoch: nobody ran it, the new epoch replays it
-            if self.is_sink:
-                await self.send_ctl(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why=FENCED))
-            else:
-                await self.emit({p: self.stamp(Drop(FENCED), item) for p in self.cls.outputs}, item)
+        if result is SKIPPED:
+            # a rank is in a newer recovery epoch: nobody ran the ticket, and nothing of it goes on
+            # (a drop marker would be counted as a real drop by a sink that has not heard of the
+            # recovery yet); the recovery that is under way re-issues it
+            await self.send_ctl(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why=FENCED))
             return SKIPPED
         if self.is_sink:
             await self.consume(item, result if isinstance(result, Drop) else None)
@@ -171,10 +171,11 @@ class DataPath:
             self.cache.put(item.index, outputs)
         return step
 
-    async def follow(self, step: GroupStep) -> None:
-        """Do what follows a ticket (or a rollback) on this rank, in the order every rank does it."""
+    async def follow(self, step: GroupStep, epoch: int | None = None) -> None:
+        """Do what follows a ticket (or a rollback) on this rank, in the order every rank does it.
+        `epoch`: the step's recovery epoch (default: this rank's)."""
         if step.restore:
-            await self.restore()
+            await self.restore(self.fence.epoch if epoch is None else epoch)
         if step.publish:
             self.version += 1
             self.nctx.policy_version = self.version

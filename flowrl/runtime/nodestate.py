@@ -30,11 +30,14 @@ class NodeState:
             self.version = state.get("version", 0)
             self.nctx.policy_version = self.version
 
-    async def restore(self) -> None:
-        """Roll back to the recovery epoch's committed checkpoint (`restore_from`, the `Epoch` order),
-        or, with nothing committed, to a fresh node; a trainer then snapshots the restored weights."""
-        order, self.restore_from = self.restore_from, None
-        if order is None:  # an epoch this rank skipped past: the newer one restores
+    async def restore(self, epoch: int) -> None:
+        """Roll back to recovery epoch `epoch`'s committed checkpoint (its `Epoch` order), or, with
+        nothing committed, to a fresh node; a trainer then snapshots the restored weights. Orders of
+        older epochs are forgotten."""
+        order = self.restore_orders.pop(epoch, None)
+        for e in [e for e in self.restore_orders if e < epoch]:
+            del self.restore_orders[e]
+        if order is None:
             return
         if order.checkpoint:
             await self.load_checkpoint(order.checkpoint)

@@ -57,8 +57,12 @@ class OrderTaker:
         if steps == self.steps:
             return
         self.steps = steps
+        if self.spec.rank > 0:  # a follower saves when its leader says (the step reaches it as a marker)
+            return
         if self.ordered is not None and self.ordered.watermark == steps and self.saved_at != (self.fence.epoch, steps):
-            await self.save_checkpoint(steps)
+            step = GroupStep(checkpoint=steps)
+            if not self.dp or await self.lead(None, step, epoch=self.fence.epoch, marker="end"):
+                await self.follow(step)
 
     def forget_below(self, index: int) -> None:
         if self.cache is not None:
@@ -80,7 +84,7 @@ class OrderTaker:
             for item in self.ordered.reset(msg.watermark):  # already acked when buffered
                 await self.send_ctl(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why="recovery"))
             self.cache and self.cache.clear()
-            self.restore_from = msg
+            self.restore_orders[msg.epoch] = msg
         if self.seen is not None:
             self.seen.reset(msg.watermark, msg.consumed)
         if self.cls.subscribes_weights:
@@ -92,7 +96,9 @@ class OrderTaker:
             # a weight snapshot may run collectives); with nothing committed, the state right after
             # setup is saved as the epoch's first checkpoint. Followers take it from their shard channel.
             step = GroupStep(restore=True, checkpoint=None if msg.checkpoint else msg.watermark)
-            if not self.dp or await self.lead(None, step, epoch=msg.epoch):
+            if self.dp and not self.wired:  # no channel to the followers yet: restore once wired
+                self.deferred_restore = (step, msg.epoch)
+            elif not self.dp or await self.lead(None, step, epoch=msg.epoch):
                 await self.follow(step)
         for arrival in held:
             await self.on_arrival(arrival)

@@ -15,9 +15,11 @@ Every rank makes the same collectives in the same order, because one place decid
 leader. For each ticket it decides a `GroupStep` (run the shard; then publish a new weight
 version, save a checkpoint) and, for a rollback, one that restores the state; the step travels to
 the followers with their shard, in the order the leader takes them. A follower answers each step
-at once: `accept` (it is in the step's recovery epoch, and will do it) or a drop (it already left
-that epoch: no rank does it, the new epoch replays the ticket). Only when every follower accepted
-does the leader enter the step, so no rank waits in a collective for a rank that will not come.
+at once: `accept` (it is in the step's recovery epoch) or a drop (it already left that epoch). Then
+the leader tells every rank that accepted its verdict: `go` when all accepted, else `abort` (no
+rank does the step; the new epoch replays the ticket). A rank that accepted does a `go` step even
+if it entered a newer epoch meanwhile. So no rank waits in a collective for a rank that will not
+come, with any number of ranks.
 
 Shards travel over flowrl's own channels (ipc between the ranks of one host): no pickle, credit
 flow, the same codec as every edge.
@@ -28,11 +30,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import logging
+
 from flowrl.node import REPLACE_MARK, Drop, is_replace
 from flowrl.runtime.contract import NodeContractError
 
 if TYPE_CHECKING:
     from flowrl.runtime.inputs import Item
+
+log = logging.getLogger("flowrl.worker")
 
 SHARD = "__rank_shard__"  # the pseudo input port on which a follower rank gets its shards
 FENCED = "older epoch"  # a follower's answer to a shard of the epoch it left (its leader has yet to hear)
@@ -104,7 +110,8 @@ class RankMember:
     """The worker's data-parallel half (mixed into `Worker`): the leader's fan-out and gather, a
     follower's shard loop."""
 
-    async def lead(self, item: Item | None, step: GroupStep, *, epoch: int, shards: list | None = None) -> bool:
+    async def lead(self, item: Item | None, step: GroupStep, *, epoch: int, shards: list | None = None,
+                   marker: str = "rollback") -> bool:
         """Leader: hand every follower its part of one step (its shard of `item`, or a marker: a
         dropped ticket, a rollback) and wait until each answered. True: every follower accepted and
         will do the step; False: one had left `epoch` (no rank does the step). Delivery is proven by
@@ -112,7 +119,8 @@ class RankMember:
         from flowrl.transport import Batch
 
         route = dict(batch_id=item.batch_id, attempt=item.attempt, index=item.index, epoch=epoch) if item is not None \
-            else dict(batch_id=f"epoch-{epoch}", attempt=0, index=-1, epoch=epoch)
+            else dict(batch_id=f"{marker}-{epoch}-{self.markers}", attempt=0, index=-1, epoch=epoch)
+        self.markers += item is None
         key = (route["batch_id"], route["attempt"])
         for k in [k for k in self.rank_replies if k[:2] != key]:
             del self.rank_replies[k]  # answers to work the leader gave up on (an older attempt)
@@ -121,11 +129,15 @@ class RankMember:
                 part = self.stamp(shards[r], item)
                 part = part.replace(meta={**shards[r].meta, "_port": item.port, "_step": step.meta()})
             else:
-                part = Batch(meta={"_step": step.meta()}, drop=(item.drop or "dropped") if item else "rollback", **route)
+                part = Batch(meta={"_step": step.meta()}, drop=(item.drop or "dropped") if item else marker, **route)
             await self.faults.hold()
             await tx.send(part)
         answers = [await self.rank_reply(*key, r, "accept") for r in self.rank_tx]
-        return all(a.drop is None for a in answers)
+        go = all(a.drop is None for a in answers)
+        for (r, tx), a in zip(self.rank_tx.items(), answers):  # the verdict, to every rank that accepted
+            if a.drop is None:
+                await tx.send(Batch(meta={"_verdict": "go" if go else "abort"}, **route))
+        return go
 
     async def run_ranks(self, item: Item, step: GroupStep, method: str):
         """Leader: shard r to rank r, shard 0 here, gather the results in rank order. Returns
@@ -169,23 +181,39 @@ class RankMember:
         return got
 
     async def on_shard(self, shard, rx) -> None:
-        """Follower: answer the leader's step, run its shard (if it has one), send the result back,
-        then follow the step."""
-        from flowrl.runtime.contract import outputs_of
+        """Follower: answer the leader's step at once (accept, or a drop when this rank already left
+        the step's recovery epoch); do an accepted step when the leader's verdict says go."""
         from flowrl.transport import Batch
 
         await rx.ack(shard)
-        route = dict(batch_id=shard.batch_id, attempt=shard.attempt, index=shard.index, epoch=shard.epoch)
-
-        async def reply(kind: str, **kw) -> None:
-            await self.faults.hold()
-            await self.rank_tx[0].send(Batch(meta={"_rank": self.spec.rank, "_reply": kind}, **route, **kw))
-
-        if shard.epoch < self.fence.epoch:  # the leader has yet to hear of the recovery: nobody runs
-            await reply("accept", drop=FENCED)  # this step (the new epoch replays the ticket)
+        verdict = shard.meta.get("_verdict")
+        if verdict is not None:
+            pending, self.accepted = self.accepted, None
+            if pending is None or (pending[0].batch_id, pending[0].attempt) != (shard.batch_id, shard.attempt):
+                log.warning("verdict %s for %s, which this rank has not accepted; ignored", verdict, shard.batch_id)
+            elif verdict == "go":  # every rank does it now, even one that entered a newer epoch meanwhile
+                await self.do_step(*pending)
             return
-        step = GroupStep.of(shard.meta.get("_step") or [False, False, None])
-        await reply("accept")
+        if shard.epoch < self.fence.epoch:  # the leader has yet to hear of the recovery: nobody does this
+            await self.faults.hold()  # step (the new epoch replays the ticket)
+            await self.rank_tx[0].send(Batch(meta={"_rank": self.spec.rank, "_reply": "accept"}, drop=FENCED,
+                                             batch_id=shard.batch_id, attempt=shard.attempt, index=shard.index,
+                                             epoch=shard.epoch))
+            return
+        self.accepted = (shard, GroupStep.of(shard.meta.get("_step") or [False, False, None]))
+        await self.faults.hold()
+        await self.rank_tx[0].send(Batch(meta={"_rank": self.spec.rank, "_reply": "accept"}, batch_id=shard.batch_id,
+                                         attempt=shard.attempt, index=shard.index, epoch=shard.epoch))
+
+    async def do_step(self, shard, step: GroupStep) -> None:
+        """Follower: run the step's shard (if it has one), send the result back, then follow the step.
+        A rank that entered a newer recovery epoch since it accepted still makes the step's
+        collectives (its leader is in them), but keeps none of its bookkeeping: no watermark, no
+        checkpoint (the newer epoch's restore comes next, at the leader's word)."""
+        from flowrl.runtime.contract import outputs_of
+        from flowrl.transport import Batch
+
+        route = dict(batch_id=shard.batch_id, attempt=shard.attempt, index=shard.index, epoch=shard.epoch)
         if shard.drop is None:
             port = shard.meta.get("_port") or self.cls.inputs[0]
             batch = shard.replace(meta={k: v for k, v in shard.meta.items() if k not in ("_port", "_step")})
@@ -202,6 +230,9 @@ class RankMember:
                 answer = result.replace(meta={**result.meta, **meta}, **route)
             await self.faults.hold()
             await self.rank_tx[0].send(answer)
+        if shard.epoch != self.fence.epoch:
+            await self.follow(GroupStep(restore=step.restore, publish=step.publish), epoch=shard.epoch)
+            return
         if self.ordered is not None and shard.index >= 0:  # the leader's watermark: checkpoints at the same ticket
             self.ordered.watermark = shard.index + 1
-        await self.follow(step)
+        await self.follow(step, epoch=shard.epoch)

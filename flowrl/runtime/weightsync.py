@@ -41,6 +41,15 @@ class WeightsClient:
                                        serving_dtype=None if serving_dtype == "float32" else serving_dtype,
                                        store_host=host, secret=secret)
 
+    def rebind(self, node) -> None:
+        """The node was built anew (a rollback with nothing committed): read and load its weights."""
+        self.node = node
+        if self.pub is not None:
+            self.pub.tensors_fn = node.weights
+        if self.sub is not None:
+            self.sub.close()
+            self.sub = None  # made again, fenced where this one was, on the next sync
+
     @property
     def store_port(self) -> int | None:
         return self.pub.store_addr[1] if self.pub is not None else None

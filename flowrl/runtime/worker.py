@@ -172,7 +172,10 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
         self.rank_rx = None
         self.rank_tx: dict[int, object] = {}
         self.rank_replies: dict[tuple, object] = {}  # the leader's follower replies not yet gathered
-        self.restore_from = None  # a follower's Epoch order, restored when its leader says so
+        self.restore_orders: dict = {}  # epoch -> its Epoch order, restored when the leader says so
+        self.accepted = None  # a follower's (shard, step) accepted, waiting for the leader's verdict
+        self.deferred_restore = None  # a leader's rollback step ordered before it was wired
+        self.markers = 0  # steps the leader sent its followers that belong to no ticket
         if self.dp:
             if self.is_source or self.is_join or len(cls.outputs) > 1:
                 raise ValueError(f"node {spec.node!r}: data parallelism (devices: {spec.world_size}) splits each batch "
@@ -200,6 +203,8 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
         """The node as right after setup (at start, and on a rollback with nothing committed)."""
         self.node = await self.compute.call(self.cls, self.config, self.nctx)
         await self.compute.call(self.node.setup)
+        if getattr(self, "weights", None) is not None:  # a rollback: the weights are the new node's
+            self.weights.rebind(self.node)
 
     def output_curve(self, key: str | None):
         return output_curve(self.spec, key)
@@ -232,6 +237,10 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
                 self.rank_tx[r] = tx
             if self.spec.rank > 0:
                 self.tg.start_soon(self.input_loop, SHARD, self.rank_rx)
+            if self.deferred_restore is not None:  # a rollback ordered before we could reach the followers
+                (step, epoch), self.deferred_restore = self.deferred_restore, None
+                if await self.lead(None, step, epoch=epoch):
+                    await self.follow(step, epoch=epoch)
         for port, rx in self.receivers.items():
             self.tg.start_soon(self.input_loop, port, rx)
         await self.send_ctl(m.Wired(epoch=self.fence.epoch))
@@ -370,6 +379,8 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
         print(f"state dump of {self.spec.proc_id} (incarnation {self.spec.incarnation}): epoch {self.fence.epoch}, "
               f"version {self.version}, step {self.step}, busy {busy}, stopping {self.stopping}", file=out)
         print(f"  compute thread: {self.compute.where()}", file=out)
+        if self.accepted is not None:
+            print(f"  accepted, waiting for the leader's verdict: {self.accepted[0].batch_id} {self.accepted[1]}", file=out)
         if self.ordered is not None:
             print(f"  in order: watermark {self.ordered.watermark}, buffered {sorted(self.ordered.buffer)[:8]}", file=out)
         print(f"  held for weights: {[a[1].batch_id for a in self.gate.waiting][:8]}; "

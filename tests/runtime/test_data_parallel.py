@@ -199,10 +199,14 @@ def test_a_leader_hands_its_follower_the_shard_before_any_rank_enters_a_collecti
         async def send(self, batch):
             asyncio.get_running_loop().call_soon(self.deliver, batch)
 
-        def deliver(self, shard):  # rank 1 answers at once, joins the collective, returns its result
+        def deliver(self, shard):  # rank 1 answers at once; on the verdict, joins and returns its result
+            if "_verdict" not in shard.meta:
+                self.shard = shard
+                self.inbox.put_nowait(shard.replace(meta={"_rank": 1, "_reply": "accept"}))
+                return
+            assert shard.meta["_verdict"] == "go"
             joined.set()
-            for kind in ("accept", "result"):
-                self.inbox.put_nowait(shard.replace(meta={"_rank": 1, "_reply": kind}))
+            self.inbox.put_nowait(self.shard.replace(meta={"_rank": 1, "_reply": "result"}))
 
     class Inbox:
         def __init__(self):
@@ -234,10 +238,105 @@ def test_a_leader_hands_its_follower_the_shard_before_any_rank_enters_a_collecti
         leader.node, leader.compute = Node(), ComputeThread("test")
         leader.faults, leader.recorder = FaultInjector([], "n", 0, 0), Recorder("n")
         leader.step, leader.busy, leader.is_sink, leader.is_source, leader.stateful = 0, None, False, False, False
+        leader.markers = 0
         leader.cls = SimpleNamespace(outputs=("out",))
         batch = Batch(tensors={"x": np.arange(4)}, batch_id="t-000001", index=1)
         out = await leader.run_ranks(Item.of_batch("in", batch, None), GroupStep(), "process")
         assert out["out"].tensors["x"].tolist() == [0, 1, 2, 3]  # both halves, in rank order
         leader.compute.close()
+
+    anyio.run(main)
+
+
+def test_with_three_ranks_one_follower_in_a_newer_epoch_means_no_rank_enters_the_step():
+    """Rank 2 already entered the recovery epoch and answers the shard with a drop; rank 1 accepted.
+    The leader neither runs its shard nor lets rank 1 run its: rank 1 gets `abort` (with `go` it
+    would wait in the collective for ranks that never come)."""
+    import anyio
+
+    from flowrl.metrics import Recorder
+    from flowrl.runtime.datapath import DataPath
+    from flowrl.runtime.faults import FaultInjector
+    from flowrl.runtime.inputs import Item
+    from flowrl.runtime.ranks import SKIPPED, GroupStep, RankMember
+    from types import SimpleNamespace
+
+    class Inbox:
+        def __init__(self, replies):
+            self.replies = list(replies)
+
+        async def recv(self):
+            return self.replies.pop(0)
+
+        async def ack(self, b):
+            pass
+
+    class Node:
+        async def process(self, batch, port):
+            raise AssertionError("the leader ran a step a follower refused")
+
+    class Leader(DataPath, RankMember):
+        pass
+
+    async def main():
+        leader = Leader()
+        route = dict(batch_id="t-000004", attempt=0, index=4, epoch=1)
+        leader.rank_rx = Inbox([Batch(meta={"_rank": 2, "_reply": "accept"}, drop="older epoch", **route),
+                                Batch(meta={"_rank": 1, "_reply": "accept"}, **route)])
+        leader.spec, leader.rank_tx, leader.rank_replies = SimpleNamespace(rank=0, world_size=3, node="n"), \
+            {1: _Tx(), 2: _Tx()}, {}
+        leader.node, leader.faults, leader.recorder = Node(), FaultInjector([], "n", 0, 0), Recorder("n")
+        leader.markers, leader.is_source, leader.stateful, leader.is_sink = 0, False, False, False
+        batch = Batch(tensors={"x": np.arange(6)}, **route)
+        assert await leader.run_ranks(Item.of_batch("in", batch, None), GroupStep(), "process") is SKIPPED
+        (shard1, verdict1), (shard2,) = leader.rank_tx[1].sent, leader.rank_tx[2].sent
+        assert verdict1.meta["_verdict"] == "abort" and shard1.num_samples == shard2.num_samples == 2
+
+    anyio.run(main)
+
+
+@pytest.mark.parametrize("verdict", ["go", "abort"])
+def test_a_follower_does_an_accepted_step_on_go_even_in_a_newer_epoch_but_keeps_none_of_its_bookkeeping(verdict):
+    """Rank 1 accepted ticket 5 in epoch 1, then entered epoch 2 (its Epoch order came first), then the
+    leader's verdict arrived. On `go` it runs its shard (the leader is in that collective) and answers,
+    but neither moves its watermark nor saves the step's checkpoint (epoch 2's restore comes next);
+    on `abort` nothing runs."""
+    import anyio
+
+    from flowrl.metrics import Recorder
+    from flowrl.runtime.compute import ComputeThread
+    from flowrl.runtime.inputs import Ordered
+    from flowrl.runtime.ranks import SHARD, GroupStep
+
+    async def main():
+        f, rx = _follower(1), _Rx()
+        ran, saved = [], []
+
+        class Node:
+            async def process(self, batch, port):
+                ran.append(batch.batch_id)
+
+        async def save_checkpoint(step):
+            saved.append(step)
+
+        f.node, f.compute, f.recorder, f.step, f.busy = Node(), ComputeThread("f"), Recorder("n"), 0, None
+        f.ordered, f.is_sink, f.cls, f.save_checkpoint = Ordered(5), True, SimpleNamespace(inputs=("in",)), save_checkpoint
+        f.restore_orders = {}
+        route = dict(batch_id="t-000005", attempt=0, index=5, epoch=1)
+        step = GroupStep(checkpoint=6)
+        await f.on_arrival((SHARD, Batch(tensors={"x": np.arange(2)}, meta={"_step": step.meta(), "_port": "in"},
+                                         **route), rx))
+        assert f.rank_tx[0].sent[-1].meta["_reply"] == "accept" and f.accepted is not None
+        f.fence.enter(2)
+        await f.on_arrival((SHARD, Batch(meta={"_verdict": verdict}, **route), rx))
+        assert f.accepted is None
+        if verdict == "go":
+            assert ran == ["t-000005"] and f.rank_tx[0].sent[-1].meta["_reply"] == "result"
+        else:
+            assert ran == [] and len(f.rank_tx[0].sent) == 1
+        assert f.ordered.watermark == 5 and saved == []
+        f.compute.close()
+
+    from types import SimpleNamespace
 
     anyio.run(main)
