@@ -99,6 +99,8 @@ def shapes_main(args) -> int:
             print("      scale events: " + "; ".join(res.scaled), flush=True)
         if res.hang:
             print("      waiting when killed:\n        " + "\n        ".join(res.hang), flush=True)
+        if res.stuck and not res.ok:
+            print("      inside a collective when its group went away:\n        " + "\n        ".join(res.stuck), flush=True)
 
     keep = Path(args.keep) if args.keep else None
     with tempfile.TemporaryDirectory(prefix="flowrl-shapes-") as d:
@@ -136,6 +138,13 @@ def shapes_main(args) -> int:
             groups.setdefault(key, []).append(r.ok)
     for key in sorted(groups):
         print(f"  {key:<32}{sum(groups[key])}/{len(groups[key])}")
+    stuck = [r for r in results if r.stuck and not r.ok]
+    if stuck:
+        print("\nruns that did not complete with a rank inside a collective its partners never reached:")
+        for r in stuck:
+            print(f"  {r.schedule if r.schedule != 'ref' else f's{r.shape}.ref'} {r.outcome} {' '.join(r.scales + r.faults)}")
+            for line in r.stuck:
+                print(f"    {line}")
     hung = [r for r in results if r.hang]
     if hung:
         print("\nhung runs: where each process waited when it was killed (full dumps: RUN.hang.txt):")

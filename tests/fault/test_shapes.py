@@ -55,10 +55,13 @@ replicated sink and a stateful transform between them."""
 HOLD_PLAN = plan(HOLD_SEEDS, HOLD_PER_SHAPE, FEATURES, holds=True, **SMALL)
 HOLD_SCHEDULES = [s for _, scheds in HOLD_PLAN for s in scheds]
 RANK_KW = {"ranks": True, "scale": True, **SMALL}
-RANK_SEEDS, RANK_PER_SHAPE = [11, 49], 2
+RANK_SEEDS, RANK_PER_SHAPE = [2, 78], 2
 """Shapes with data-parallel nodes whose `process` runs a collective, a weight-publishing
-data-parallel sink (a collective on every rank at each publish and checkpoint) and its subscriber,
-under a `flowrl scale` up and down of the subscriber (one with a kill of a replica just added)."""
+data-parallel trainer (a collective on every rank at each publish and checkpoint) and its
+subscriber, under `flowrl scale` up and down mid-run: `drop` -> `sub` -> `drop2` -> `trainer` (2
+ranks), the subscriber scaled and a replica just added killed (on the runtime before compute left
+the event loop, the trainer's leader was left alone in its publish's all-gather in 2 of 3 runs of
+s2.0); and `rmix` (2 ranks) -> `sub` -> `trainer` (3 ranks), a rank of the trainer killed."""
 RANK_PLAN = plan(RANK_SEEDS, RANK_PER_SHAPE, FEATURES, **RANK_KW)
 RANK_SCHEDULES = [s for _, scheds in RANK_PLAN for s in scheds]
 SHAPES = {shape.seed: shape for shape, _ in PLAN}
@@ -413,6 +416,22 @@ def test_a_hang_is_told_by_where_each_main_loop_waits():
     assert _where(lib + " -> on_arrival (datapath.py:6) -> run (datapath.py:7) -> run_ranks (ranks.py:8) -> "
                   "gather (ranks.py:9) -> recv (receiver.py:10) -> wait (locks.py:11)") == \
         "in on_arrival > run > run_ranks > gather > recv"
+
+
+def test_a_rank_left_inside_a_collective_is_named_with_its_call_chain(tmp_path):
+    from flowrl.testing.chaos.trial import collective_waits
+
+    (tmp_path / "logs").mkdir()
+    frames = ["run_node", "main_loop", "on_arrival", "run", "consume", "publish_snapshot", "__getitem__",
+              "all_gather_ints", "wrapper", "all_gather"]
+    tb = "\n".join(f'  File "/x/{fn}.py", line 1, in {fn}\n    code()' for fn in frames)
+    (tmp_path / "logs" / "trainer.0.0.log").write_text(
+        "x INFO ready\nTraceback (most recent call last):\n" + tb + "\nRuntimeError: Connection closed by peer\n")
+    (tmp_path / "logs" / "sub.0.0.log").write_text(
+        'Traceback (most recent call last):\n  File "/x/a.py", line 1, in main_loop\nValueError: other\n')
+    assert collective_waits(tmp_path) == [
+        "trainer/0/0: main_loop > on_arrival > run > consume > publish_snapshot > __getitem__ > all_gather_ints > "
+        "wrapper > all_gather"]
 
 
 # --- real runs ----------------------------------------------------------------------------------

@@ -89,14 +89,17 @@ class TicketSource(flowrl.Source):
         seed: int = 0
         """Seeds the content (a node's seed, not the graph's: it is part of the shape)."""
         pace_s: float = 0.0
-        """Seconds to wait before each ticket (shapes for scale events: the run lasts long enough for
+        """Seconds per ticket on average (shapes for scale events: the run lasts long enough for
         `flowrl scale` to start and stop replicas while it goes on). The content does not change."""
+        burst: int = 1
+        """With `pace_s`: tickets come in bursts of this many (a wait of `pace_s * burst` before each
+        burst), so that several are still in flight at once, as in an unpaced run."""
 
     async def generate(self, ticket):
-        if self.config.pace_s:
+        if self.config.pace_s and ticket.index % max(1, self.config.burst) == 0:
             import anyio
 
-            await anyio.sleep(self.config.pace_s)
+            await anyio.sleep(self.config.pace_s * max(1, self.config.burst))
         return flowrl.Batch(tensors={"x": source_values(self.config.seed, ticket.index, ticket.size)},
                             meta={"ix": ticket.index})
 

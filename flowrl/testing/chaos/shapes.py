@@ -14,8 +14,9 @@ exactly one edge, so the graph is a DAG whose every path ends in a sink.
 
 `ranks=True` adds the data-parallel kinds (`RMix`, `RFold` transforms, `RFoldSink` sinks, 2-3 ranks
 each, at least one per shape) and, in half of the shapes, makes the first sink an `RTrainer` (it
-publishes weights, gathered on every rank) with a subscriber put on a random edge (`Sub`, or
-`RSub` with ranks of its own).
+publishes weights, gathered on every rank) with a subscriber (`Sub`, or `RSub` with ranks of its
+own) on a random edge or on the trainer's input, and half the time a `Drop` filter (1-2 replicas)
+right before the trainer, as in PPO / DAPO.
 `scale=True` makes sure the shape has a stateless node that `flowrl scale` can scale (a `Mix` on a
 random edge if it had none). Without them a seed gives the same shape as it always did.
 """
@@ -33,8 +34,10 @@ REPLICABLE = ("Mix", "Drop", "Shrink", "LogSink", "Sub")
 """Stateless nodes that may have replicas, and so be scaled (`flowrl scale`) while a run goes on."""
 RANKED = ("RMix", "RFold", "RFoldSink", "RTrainer", "RSub")
 """Data-parallel classes: `devices: ranks` (2-3), a collective inside `process`."""
-SCALE_STEPS, SCALE_PACE_S = 20, 0.5
-"""Shapes made for scale events run at least this many tickets, one per this many seconds at most."""
+SCALE_STEPS, SCALE_PACE_S, SCALE_BURST = 20, 0.5, 4
+"""Shapes made for scale events run at least this many tickets, one per this many seconds on average,
+in bursts (several tickets in flight at once, as without a pace: a data-parallel node's in-order
+buffer still releases several at once)."""
 
 
 @dataclass
@@ -88,7 +91,8 @@ class Shape:
     max_staleness: int
     timing: Timing = field(default_factory=Timing)
     pace_s: float = 0.0
-    """Seconds the source waits before each ticket (0: none; shapes for scale events)."""
+    """Seconds per ticket the source takes on average, in bursts of `SCALE_BURST` (0: no pace;
+    shapes for scale events)."""
 
     @property
     def sinks(self) -> list[str]:
@@ -166,7 +170,7 @@ class Shape:
         """One line per node: `name Class(xR)* <- inputs` (* = stateful)."""
         lines = [(f"shape {self.seed}: {self.steps} steps x {self.batch_size}, checkpoint every "
                   f"{self.checkpoint_every}, max_staleness {self.max_staleness}"
-                  + (f", a ticket per {self.pace_s:g} s" if self.pace_s else ""))]
+                  + (f", {SCALE_BURST} tickets per {self.pace_s * SCALE_BURST:g} s" if self.pace_s else ""))]
         for d in self.nodes.values():
             rep = f" x{d.replicas}" if d.replicas > 1 else ""
             rep += f" ({d.ranks} ranks)" if d.ranks > 1 else ""
@@ -193,7 +197,7 @@ class Shape:
             schedule["keep_checkpoints"] = t.keep_checkpoints
         if features.process_timeout:
             supervision["process_timeout_s"] = t.process_timeout_s
-        pace = {"pace_s": self.pace_s} if self.pace_s else {}
+        pace = {"pace_s": self.pace_s, "burst": SCALE_BURST} if self.pace_s else {}
         nodes = {d.name: {"kind": KINDS[d.cls], "replicas": d.replicas,
                           "config": {**d.config, **(pace if d.cls == "TicketSource" else {})},
                           "on_failure": {"policy": "restart", "max_restarts": t.max_restarts, "backoff_s": t.backoff_s},
@@ -291,10 +295,10 @@ def _grow(rng: random.Random, seed: int, min_nodes: int, max_nodes: int, drops: 
                  max_staleness=rng.choice((0, 1, 2, 3)))
 
 
-def _insert(rng: random.Random, nodes: dict[str, NodeDef], new: NodeDef) -> None:
-    """Put the one-input node `new` on a random edge (producer -> new -> consumer), keeping `nodes`
-    in topological order."""
-    d, port = rng.choice([(d, p) for d in nodes.values() for p in d.inputs])
+def _insert(rng: random.Random, nodes: dict[str, NodeDef], new: NodeDef, before: NodeDef | None = None) -> None:
+    """Put the one-input node `new` on a random edge (producer -> new -> consumer), or on the input
+    edge of the one-input node `before`, keeping `nodes` in topological order."""
+    d, port = (before, "in") if before is not None else rng.choice([(d, p) for d in nodes.values() for p in d.inputs])
     new.inputs = {"in": d.inputs[port]}
     d.inputs[port] = new.name
     order = list(nodes.values())
@@ -310,10 +314,16 @@ def _with_ranks(rng: random.Random, nodes: dict[str, NodeDef], name_for, trainer
         d = rng.choice([d for d in nodes.values() if d.cls in swap])  # the first sink is a FoldSink at worst
         d.cls, d.ranks, d.replicas = swap[d.cls], rng.choice((2, 2, 3)), 1
     if trainer:  # its subscriber: one replica or two, or data parallel (a third of the time)
-        ranks = next(d.ranks for d in nodes.values() if d.cls == "RTrainer")
-        config = {"mul": rng.randrange(2, 97), "add": rng.randrange(100), "ranks": ranks}
+        t = next(d for d in nodes.values() if d.cls == "RTrainer")
+        config = {"mul": rng.randrange(2, 97), "add": rng.randrange(100), "ranks": t.ranks}
         if rng.random() < 1 / 3:
             sub = NodeDef(name_for("RSub"), "RSub", {}, config, ranks=rng.choice((2, 3)))
         else:
             sub = NodeDef(name_for("Sub"), "Sub", {}, config, replicas=2 if rng.random() < 0.3 else 1)
-        _insert(rng, nodes, sub)
+        # half the time the shape of PPO / DAPO: the rollout (subscriber) feeds the trainer, through a
+        # filter (replicated: its tickets arrive out of order, several are then released at once)
+        _insert(rng, nodes, sub, t if rng.random() < 0.5 else None)
+        if rng.random() < 0.5:
+            drop = NodeDef(name_for("Drop"), "Drop", {}, {"seed": rng.randrange(1000), "rate": rng.choice((0.25, 0.4))},
+                           replicas=rng.choice((1, 2)))
+            _insert(rng, nodes, drop, t)

@@ -99,6 +99,9 @@ class TrialResult:
     """Versions a subscriber took that were not whole (`nodes.WEIGHT_MISMATCH` in its log)."""
     hang: list[str] = field(default_factory=list)
     """For a hung run: what each node process waited on when it was killed (`hang_signature`)."""
+    stuck: list[str] = field(default_factory=list)
+    """For a run that did not complete: processes that were inside a collective when its group went
+    away (`collective_waits`): a rank waiting for partners that never came."""
 
     @property
     def scales_fired(self) -> int:
@@ -140,6 +143,8 @@ class TrialResult:
             lines.append("  scale events: " + "; ".join(self.scaled))
         if self.hang:
             lines.append("  waiting when killed:\n    " + "\n    ".join(self.hang))
+        if self.stuck:
+            lines.append("  inside a collective when its group went away:\n    " + "\n    ".join(self.stuck))
         if self.error:
             lines.append("  error: " + self.error.strip().replace("\n", "\n    ")[:1500])
         if shape is not None:
@@ -383,6 +388,43 @@ def _where(chain: str) -> str:
     return "in " + " > ".join(f.split(" (")[0] for f in ours[1:])
 
 
+COLLECTIVES = ("all_gather", "all_reduce", "broadcast", "barrier", "all_to_all", "reduce_scatter", "gather", "scatter")
+FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line \d+, in (?P<fn>\S+)')
+
+
+def collective_waits(run_dir: Path) -> list[str]:
+    """Node processes whose log ends a traceback inside a torch.distributed collective (gloo:
+    "Connection closed by peer", a timeout): one line each, the call chain from the worker's main
+    loop, e.g. `trainer/0/0: main_loop > on_arrival > admit > run > consume > publish_snapshot > ...
+    > all_gather`. A rank that waited there until its partners died was in a collective they never
+    reached."""
+    out = []
+    for log in sorted((Path(run_dir) / "logs").glob("*.log")):
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        chains, chain = [], None
+        for line in lines:
+            if line.startswith("Traceback (most recent call last)"):
+                chain = []
+                continue
+            m = FRAME.match(line)
+            if chain is not None and m:
+                chain.append(m["fn"])
+            elif chain is not None and line and not line.startswith(" "):
+                chains.append(chain)  # the exception line ends the traceback
+                chain = None
+        stuck = [c for c in chains if any(fn in COLLECTIVES for fn in c)]
+        if not stuck:
+            continue
+        c = stuck[-1]
+        c = c[c.index("main_loop"):] if "main_loop" in c else c
+        end = max(i for i, fn in enumerate(c) if fn in COLLECTIVES)
+        out.append(f"{log.stem.replace('.', '/')}: {' > '.join(c[:end + 1])}")
+    return out
+
+
 def weight_mismatches(run_dir: Path) -> list[str]:
     """What subscribers logged about versions that were not whole (`nodes.WEIGHT_MISMATCH`)."""
     from flowrl.testing.chaos.nodes import WEIGHT_MISMATCH
@@ -453,4 +495,5 @@ def run_shape(shape: Shape, run_dir: Path, schedule: Schedule | None = None, *, 
         restarts=sum(1 for r in rows if r.get("event") == "node_down"),
         error="" if complete else _error_excerpt(result.stderr), run_dir=str(run_dir),
         substituted=list(schedule.substituted) if schedule else [], traits=shape.traits(), scales=scales,
-        scaled=result.scaled, scale_errors=result.scale_errors, weights=weights, hang=result.hang)
+        scaled=result.scaled, scale_errors=result.scale_errors, weights=weights, hang=result.hang,
+        stuck=[] if complete else collective_waits(run_dir))
