@@ -15,7 +15,8 @@ its gRPC servers (GCS, raylet, object manager, every worker) listen on all inter
 loopback address only while its multi-machine mode is off (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`,
 the default on macOS and Windows); then the node registers as 127.0.0.1 and every listener binds to
 127.0.0.1 (or unix sockets). `keep_on_loopback()` turns that mode off for this process and the Ray
-processes it starts; `loopback_node_args()` are the node settings for `ray.cluster_utils.Cluster`.
+processes it starts; `loopback_node_args()` are the node settings for `ray.cluster_utils.Cluster`,
+and `loopback_cluster()` starts one with both (and the folder Ray writes its address to).
 """
 
 from __future__ import annotations
@@ -59,6 +60,33 @@ def loopback_node_args(**overrides) -> dict:
     """Arguments for `Cluster(head_node_args=...)` / `Cluster.add_node(...)`: a node on 127.0.0.1
     without a dashboard. Call `keep_on_loopback()` first."""
     return {"node_ip_address": LOOPBACK, "include_dashboard": False, **overrides}
+
+
+def ray_default_dir() -> str:
+    """Ray's own default folder, made when missing: `ray._common.utils.get_default_ray_temp_dir()`,
+    i.e. `$RAY_TMPDIR/ray`, else `$TMPDIR/ray` (Linux), else `/tmp/ray`, read at each call.
+
+    `ray.cluster_utils.Cluster` writes its address to `ray_current_cluster` there when it starts its
+    head node, whatever `temp_dir` its nodes are given, and does not make the folder: on a machine
+    where no Ray ran yet it fails with FileNotFoundError. (`ray start` and `ray.init` make it only
+    for a node that uses it as its own temp dir.)"""
+    from ray._common.utils import get_default_ray_temp_dir
+
+    path = get_default_ray_temp_dir()
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def loopback_cluster(**head_node_args):
+    """A `ray.cluster_utils.Cluster` whose head node (`loopback_node_args(**head_node_args)`) is up:
+    Ray kept on loopback (`keep_on_loopback()`), the folder it writes its address to made
+    (`ray_default_dir()`). Add nodes with `cluster.add_node(**loopback_node_args(...))`; stop it
+    with `cluster.shutdown()` (which also removes that address file)."""
+    from ray.cluster_utils import Cluster
+
+    keep_on_loopback()
+    ray_default_dir()
+    return Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args=loopback_node_args(**head_node_args))
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,11 @@
-"""`flowrl check`, run as the real command in a subprocess: exit codes 0/1/2, JSON shape, speed,
-and no torch import."""
+"""`flowrl check`, run as the real command in a subprocess: exit codes 0/1/2, JSON shape, no heavy
+import and no process started (what keeps it fast), and no torch import."""
 
 import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -80,12 +79,26 @@ def test_inventory_with_a_typo_names_file_and_line(tmp_path):
     assert r.returncode == 2 and f"{bad}:4" in r.stderr and "memory_gb" in r.stderr
 
 
-def test_check_is_fast():
-    start = time.perf_counter()
-    r = flowrl("graphs/ppo.yaml")
-    elapsed = time.perf_counter() - start
-    assert r.returncode == 0
-    assert elapsed < 5.0, f"flowrl check took {elapsed:.2f}s (target: under 2 s on an idle machine)"
+# What a run loads and `flowrl check` must not: each costs from a tenth of a second to several seconds
+HEAVY = ("torch", "numpy", "transformers", "vllm", "datasets", "pyarrow", "ray", "zmq")
+
+
+def test_check_is_fast_it_loads_nothing_heavy_and_starts_no_process():
+    """Fast means light: the check reads, plans and prints in this process. (Its time, cold, is
+    measured by benchmarks/check_speed.py: under 2 s on an idle machine.)"""
+    code = ("import sys, io, contextlib\n"
+            "started = []\n"
+            "sys.addaudithook(lambda event, args: started.append(event) if event in\n"
+            "                 ('subprocess.Popen', 'os.fork', 'os.forkpty', 'os.posix_spawn', 'os.exec', 'os.spawn',\n"
+            "                  'os.system', 'pty.spawn') else None)\n"
+            "from flowrl.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    rc = main(['check', 'graphs/ppo.yaml'])\n"
+            f"heavy = sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))\n"
+            "print(rc, heavy, started)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.stdout.strip() == "0 [] []", r.stdout + r.stderr
 
 
 def test_check_never_imports_torch():

@@ -7,8 +7,11 @@ takes, replicas of stateful nodes.
   tensors in its compute dtype (hidden states, logits) says so with
   `compute_dtype_outputs = ("out",)`; an edge from such a port into a node computing in another
   dtype is worth a warning: an op mixing the two fails unless the consumer casts.
-- `no-weight-subscriber`: a node class with `publishes_weights` and no `weights:` edge from it
-  trains a policy that nobody samples with.
+- `no-weight-subscriber`: a node class with `publishes_weights` and no `weights:` edge from it, in a
+  graph with no node that takes weights: it trains a policy that nobody samples with.
+- `unfed-subscriber`: a node that takes weights (`subscribes_weights`, a rollout) with no `weights:`
+  edge into it while a trainer publishes: each ticket needs a policy version it would never get,
+  so the run would wait at its version gate for ever.
 - `stateful-replicas`: replicas of a stateful node (`stateful = True`) each train their own copy on
   a share of the tickets: unrelated models. Data parallelism is `devices: N` (one model, each batch
   split over the ranks). A class that declares how its replicas merge (`merge_replicas`, any value
@@ -44,15 +47,22 @@ def _dtypes(spec: GraphSpec, classes: dict[str, type]) -> list[Finding]:
 
 def _subscribers(spec: GraphSpec, classes: dict[str, type]) -> list[Finding]:
     out = []
-    sources = {w.src for w in spec.weights}
-    for name, cls in classes.items():
-        if getattr(cls, "publishes_weights", False) and name not in sources:
-            takers = [n for n, c in classes.items() if getattr(c, "subscribes_weights", False)]
-            fix = (f"add `weights: [{name} -> {takers[0]}]`" if takers else
-                   "add a node that takes weights (e.g. `kind: rollout`) and a `weights:` edge to it")
+    sources, fed = {w.src for w in spec.weights}, {w.dst for w in spec.weights}
+    trainers = [n for n, c in classes.items() if getattr(c, "publishes_weights", False)]
+    takers = [n for n, c in classes.items() if getattr(c, "subscribes_weights", False)]
+    for name in trainers:
+        if name not in sources and not takers:
             out.append(Finding("no-weight-subscriber", name,
-                               f"node `{name}` trains and publishes weights, but no `weights:` edge takes them: the "
-                               f"samples it trains on never come from the policy it learns. Fix: {fix}"))
+                               f"node `{name}` trains and publishes weights, but no node takes them: the samples it "
+                               "trains on never come from the policy it learns. Fix: add a node that takes weights "
+                               f"(e.g. `kind: rollout`) and `weights: [{name} -> that node]`"))
+    for name in takers:
+        if trainers and name not in fed:
+            out.append(Finding("unfed-subscriber", name,
+                               f"node `{name}` takes weights, but no `weights:` edge leads to it while `{trainers[0]}` "
+                               f"publishes: every ticket after the first {spec.schedule.max_staleness + 1} needs a "
+                               f"policy version `{name}` never gets, and the run would wait for it for ever. Fix: "
+                               f"add `weights: [{trainers[0]} -> {name}]`"))
     return out
 
 

@@ -4,9 +4,11 @@ Each batch or ticket taken off the event queue passes the node shape's input pol
 (`inputs.py`): the recovery-epoch fence, the version gate of subscribers, the declared tensors,
 the join buffer, in-order delivery with an output cache for stateful nodes (a ticket already
 applied is answered from the cache) and once-only consumption for sinks. Then the node is called
-once, its outputs are stamped with the routing facts of the work they came from and sent on every
-output edge, or, at a sink, the consumption is reported to the controller (a trainer then
-publishes its new weights). Input credit is acknowledged here, and duplicates are reported.
+once (on the compute thread), its outputs are stamped with the routing facts of the work they came
+from and sent on every output edge, or, at a sink, the consumption is reported to the controller.
+Then the node follows the ticket's `GroupStep` (a trainer publishes its new weights, a stateful node
+saves its checkpoint), decided in one place (`after_ticket`) for every rank. Input credit is
+acknowledged here, and duplicates are reported.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 from flowrl.node import Drop
 from flowrl.runtime import messages as m
 from flowrl.runtime.inputs import Item
-from flowrl.runtime.ranks import SHARD
+from flowrl.runtime.ranks import SHARD, SKIPPED, FENCED, GroupStep
 
 log = logging.getLogger("flowrl.worker")
 
@@ -79,16 +81,16 @@ class DataPath:
                 return
             await self.ack(item)  # buffered work gives its credit back now: order never blocks a channel
             while (nxt := self.ordered.next_ready()) is not None:
-                await self.run(nxt)
+                step = await self.run(nxt)
                 self.ordered.done(nxt.index)
-                if self.is_checkpoint_step(self.ordered.watermark):
-                    await self.save_checkpoint(self.ordered.watermark)
+                await self.follow(step)
             return
         if self.seen is not None and not self.seen.first_time(item.index):
             await self.discard_item(item, "already consumed by this sink")
             return
-        await self.run(item)
+        step = await self.run(item)
         await self.ack(item)
+        await self.follow(step)
 
     async def replay(self, item: Item) -> None:
         """A ticket this stateful node already applied: send its output again, state untouched."""
@@ -100,47 +102,87 @@ class DataPath:
         await self.emit({p: b if isinstance(b, Drop) else b.replace(attempt=item.attempt) for p, b in cached.items()},
                         item)
 
-    async def run(self, item: Item) -> None:
-        """Call the node once for `item` and send what it returned (or the drop marker)."""
+    def after_ticket(self, item: Item) -> GroupStep:
+        """What follows `item` on every rank of this node: the one place that decides it (followers
+        get the leader's decision with their shard, `ranks.py`)."""
+        after = item.index + 1  # the in-order watermark once `item` is applied
+        return GroupStep(publish=self.cls.publishes_weights and self.is_sink,
+                         checkpoint=after if self.ordered is not None and self.is_checkpoint_step(after) else None)
+
+    async def call_node(self, batch_id: str, hook, *args):
+        """One call into the node, on its compute thread; `busy` says which, since when (the heartbeat
+        thread reports it: a call past `process_timeout_s` is a hung node)."""
+        outer, self.busy = self.busy, self.busy or (batch_id, time.monotonic())
+        try:
+            await self.faults.on_batch(self.step)
+            self.step += 1
+            stall = self.faults.stall(self.step - 1)
+            if stall:  # a wedged call: the compute thread is stuck, the loop and heartbeats go on
+                await self.compute.call(time.sleep, stall)
+            with self.recorder.span("compute", batch_id=batch_id):
+                return await self.compute.call(hook, *args)
+        except BaseException:
+            self.failed_on = batch_id  # named on the last-error line
+            raise
+        finally:
+            self.busy = outer
+
+    async def run(self, item: Item) -> GroupStep:
+        """Call the node once for `item` and send what it returned (or the drop marker). Returns
+        what follows the ticket on every rank (`follow`)."""
         from flowrl.runtime.contract import outputs_of
 
         if self.step == 0 and item.drop is None:
             log.info("first batch %.2f s after start (at %.6f)", time.monotonic() - self.t_start, time.time())
+        step = self.after_ticket(item)
         if item.drop is not None:  # a drop marker passes through without a call, on every output
             result = Drop(item.drop) if self.is_sink else {p: Drop(item.drop) for p in self.cls.outputs}
-            if self.dp:
-                await self.tell_followers(item)  # they follow every ticket, drops too
+            if self.dp and not await self.lead(item, step, epoch=item.epoch):  # followers follow drops too
+                result = SKIPPED
         else:
             method = "generate" if self.is_source else "join" if self.is_join else "process"
-            self.busy = (item.batch_id, time.monotonic())
-            try:
-                await self.faults.on_batch(self.step)
-                self.step += 1
-                with self.recorder.span("compute", batch_id=item.batch_id):
-                    if self.is_source:
-                        result = await self.node.generate(item.batch)
-                    elif self.is_join:
-                        result = await self.node.join(item.parts)
-                    elif self.dp:
-                        result = await self.run_ranks(item, method)
-                    else:
-                        result = await self.node.process(item.batch, item.port)
-            except BaseException:
-                self.failed_on = item.batch_id  # named on the last-error line
-                raise
-            finally:
-                self.busy = None
-            if self.is_sink:
-                result = None
+            if self.is_source:
+                result = await self.call_node(item.batch_id, self.node.generate, item.batch)
+            elif self.is_join:
+                result = await self.call_node(item.batch_id, self.node.join, item.parts)
+            elif self.dp:
+                self.busy = (item.batch_id, time.monotonic())  # waiting for the followers counts too
+                try:
+                    result = await self.run_ranks(item, step, method)
+                finally:
+                    self.busy = None
             else:
-                result = outputs_of(result, node=self.spec.node, method=method, ports=self.cls.outputs)
+                result = await self.call_node(item.batch_id, self.node.process, item.batch, item.port)
+            if result is not SKIPPED:
+                result = None if self.is_sink else \
+                    outputs_of(result, node=self.spec.node, method=method, ports=self.cls.outputs)
+        if result is SKIPPED:  # a rank is in a newer recovery epoch: nobody ran it, the new epoch replays it
+            if self.is_sink:
+                await self.send_ctl(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why=FENCED))
+            else:
+                await self.emit({p: self.stamp(Drop(FENCED), item) for p in self.cls.outputs}, item)
+            return SKIPPED
         if self.is_sink:
             await self.consume(item, result if isinstance(result, Drop) else None)
-            return
+            return step
         outputs = {p: self.stamp(b, item) for p, b in result.items()}
         await self.emit(outputs, item)
         if self.cache is not None:
             self.cache.put(item.index, outputs)
+        return step
+
+    async def follow(self, step: GroupStep) -> None:
+        """Do what follows a ticket (or a rollback) on this rank, in the order every rank does it."""
+        if step.restore:
+            await self.restore()
+        if step.publish:
+            self.version += 1
+            self.nctx.policy_version = self.version
+            await self.publish_snapshot()
+            if self.weights is not None:  # the publisher (rank 0) announces the version
+                await self.send_ctl(m.Published(version=self.version, epoch=self.fence.epoch, **self.weights.digest()))
+        if step.checkpoint is not None:
+            await self.save_checkpoint(step.checkpoint)
 
     def stamp(self, out, item: Item):
         """Outputs carry the routing facts of the work they came from."""
@@ -188,11 +230,6 @@ class DataPath:
         await self.send_ctl(m.Consumed(batch_id=item.batch_id, attempt=item.attempt, index=item.index,
                                        epoch=item.epoch, policy_version=pv, staleness=staleness,
                                        dropped_by=dropped.reason if dropped else None, metrics=self.recorder.drain()))
-        if self.cls.publishes_weights:
-            self.version += 1
-            self.nctx.policy_version = self.version
-            self.publish_snapshot()
-            await self.send_ctl(m.Published(version=self.version, epoch=self.fence.epoch, **self.weights.digest()))
 
 
     async def ack(self, item: Item) -> None:

@@ -10,7 +10,8 @@ Spec language (`flowrl run --fault SPEC`, repeatable; or `faults:` in a graph fi
     stall:critic@step=2        get stuck inside process (heartbeats go on; process_timeout_s finds it)
     kill:actor@checkpoint=10   SIGKILL itself when it is about to save checkpoint step 10
     slow:reference,seconds=0.2 sleep 0.2 s before every batch
-    delay:rollout,seconds=0.1  hold every outgoing message 0.1 s
+    delay:rollout,seconds=0.1  hold every outgoing message 0.1 s (outputs, and a data-parallel
+                               rank's shards and answers)
     drop:rollout@step=1        silently drop its 2nd outgoing message
     corrupt:reward@step=1      send garbage frames to its consumers just before its 2nd message
     forge:reward@step=1        send a well-formed batch with the wrong tensors and the next ticket's
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from dataclasses import dataclass, field
 
 import anyio
@@ -132,26 +132,33 @@ class FaultInjector:
             os.kill(os.getpid(), signal.SIGKILL)
         if self._due("hang", step):
             os.kill(os.getpid(), signal.SIGSTOP)
-        stall = self._due("stall", step)
-        if stall:  # a wedged call: blocks the event loop, the heartbeat thread goes on
-            time.sleep(stall.seconds or 1e6)
         for f in self.faults:
             if f.action == "slow":
                 await anyio.sleep(f.seconds)
+
+    def stall(self, step: int) -> float:
+        """Seconds the call of `step` wedges its compute thread for (0: none); the event loop and the
+        heartbeat thread go on, so only `process_timeout_s` finds it."""
+        f = self._due("stall", step) if self.faults else None
+        return (f.seconds or 1e6) if f else 0.0
 
     async def on_send(self, addresses: list[str], batch) -> bool:
         """Returns True when the message must not be sent (dropped or replaced by garbage)."""
         if not self.faults:
             return False
         step, self.sent = self.sent, self.sent + 1
-        for f in self.faults:
-            if f.action == "delay":
-                await anyio.sleep(f.seconds)
+        await self.hold()
         if self._due("drop", step):
             return True
         if self._due("corrupt", step):
             await send_garbage(addresses)  # garbled frames reach the consumer first; it must reject them
         return False
+
+    async def hold(self) -> None:
+        """`delay` faults: hold an outgoing message (an output, a rank's shard or answer) `seconds`."""
+        for f in self.faults:
+            if f.action == "delay":
+                await anyio.sleep(f.seconds)
 
     def forged(self, batch):
         """A batch to send before `batch` (its next message), or None."""

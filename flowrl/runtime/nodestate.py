@@ -5,7 +5,8 @@ Checkpoints: a stateful node saves its state when its in-order watermark reaches
 rolls back to one. Weights: a trainer (publisher) copies its weights out after each update for the
 next broadcast; a `Sync` order runs one weight-sync round (`weightsync.py`), after which a
 subscriber takes the new version and releases the batches that waited for it (the version gate),
-and an observer is shown the version.
+and an observer is shown the version. Everything that touches the node's state runs on the
+compute thread (`compute.py`).
 """
 
 from __future__ import annotations
@@ -20,14 +21,29 @@ class NodeState:
     """The worker's state half: checkpoint save/load, weight snapshots, weight sync."""
 
     # checkpoints ----------------------------------------------------------------------------
-    def load_checkpoint(self, path: str) -> None:
+    async def load_checkpoint(self, path: str) -> None:
         from flowrl.runtime.checkpoints import load_state
 
-        state = load_state(Path(path))
-        self.node.load_state_dict(state["node"])
+        state = await self.compute.call(load_state, Path(path))
+        await self.compute.call(self.node.load_state_dict, state["node"])
         if self.cls.publishes_weights:
             self.version = state.get("version", 0)
             self.nctx.policy_version = self.version
+
+    async def restore(self) -> None:
+        """Roll back to the recovery epoch's committed checkpoint (`restore_from`, the `Epoch` order),
+        or, with nothing committed, to a fresh node; a trainer then snapshots the restored weights."""
+        order, self.restore_from = self.restore_from, None
+        if order is None:  # an epoch this rank skipped past: the newer one restores
+            return
+        if order.checkpoint:
+            await self.load_checkpoint(order.checkpoint)
+        else:
+            await self.new_node()
+            self.version = 0
+            self.nctx.policy_version = 0
+        if self.cls.publishes_weights:
+            await self.publish_snapshot()
 
     def is_checkpoint_step(self, watermark: int) -> bool:
         return watermark == self.steps or (self.checkpoint_every > 0 and watermark % self.checkpoint_every == 0)
@@ -39,9 +55,13 @@ class NodeState:
         self.faults.on_checkpoint(step)
         self.saved_at = (self.fence.epoch, step)
         name = file_name(self.spec.log_name, step, self.fence.epoch)
-        with self.recorder.span("checkpoint", step=step):
+        def save() -> None:
             save_state(Path(self.spec.run_dir) / "checkpoints" / name, self.node.state_dict(), step=step,
-                       epoch=self.fence.epoch, version=self.version)
+                       epoch=epoch, version=version)
+
+        epoch, version = self.fence.epoch, self.version
+        with self.recorder.span("checkpoint", step=step):
+            await self.compute.call(save)
         await self.send_ctl(m.Checkpointed(step=step, epoch=self.fence.epoch, file=name, version=max(self.version, 0)))
 
     # weights --------------------------------------------------------------------------------
@@ -49,7 +69,7 @@ class NodeState:
 
         self.busy = (f"weight sync v{order.version}", time.monotonic())
         try:
-            received = await self.weights.sync(order, self.version)
+            received = await self.weights.sync(order, self.version, self.compute)
         except Exception as e:  # noqa: BLE001 - reported; the controller forms a new epoch
             from flowrl.weights import LayoutMismatchError
 
@@ -67,16 +87,22 @@ class NodeState:
         if self.is_observer:
             self.busy = (f"observe v{received}", time.monotonic())
             try:
-                await self.node.observe(received)
+                await self.compute.call(self.node.observe, received)
             finally:
                 self.busy = None
 
-    def publish_snapshot(self) -> None:
+    async def publish_snapshot(self) -> None:
         """Trainers: copy the weights out for the next broadcast. On a data-parallel trainer the
-        full tensors are gathered from every rank, so the other ranks take part at the same point."""
+        full tensors are gathered from every rank, so the other ranks take part at the same point
+        (the leader decides which: `ranks.py`, `GroupStep`)."""
         if self.weights is not None:
-            self.weights.snapshot(self.version)
+            await self.compute.call(self.weights.snapshot, self.version)
         else:
-            drain = getattr(self.node.weights(), "drain", None)
-            if drain is not None:
-                drain()
+            await self.compute.call(drain_weights, self.node)
+
+
+def drain_weights(node) -> None:
+    """A data-parallel trainer's rank > 0: take part in the gathers of the leader's snapshot."""
+    drain = getattr(node.weights(), "drain", None)
+    if drain is not None:
+        drain()

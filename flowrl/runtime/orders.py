@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from flowrl.node import Ticket
 from flowrl.runtime import messages as m
+from flowrl.runtime.ranks import GroupStep
 
 
 class OrderTaker:
@@ -79,21 +80,19 @@ class OrderTaker:
             for item in self.ordered.reset(msg.watermark):  # already acked when buffered
                 await self.send_ctl(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why="recovery"))
             self.cache and self.cache.clear()
-            if msg.checkpoint:
-                self.load_checkpoint(msg.checkpoint)
-            else:  # nothing committed yet: back to the state right after setup
-                self.node = self.cls(self.config, self.nctx)
-                await self.node.setup()
-                self.version = 0
-            if self.cls.publishes_weights:
-                self.publish_snapshot()
+            self.restore_from = msg
         if self.seen is not None:
             self.seen.reset(msg.watermark, msg.consumed)
         if self.cls.subscribes_weights:
             self.version = -1  # hold every batch until the publisher's restored weights arrive
         held = self.fence.enter(msg.epoch)
         await self.send_ctl(m.Recovered(epoch=msg.epoch))
-        if self.stateful and not msg.checkpoint:
-            await self.save_checkpoint(msg.watermark)
+        if self.stateful and self.spec.rank == 0:
+            # the state is restored by a step every rank takes at the leader's word (a fresh node or
+            # a weight snapshot may run collectives); with nothing committed, the state right after
+            # setup is saved as the epoch's first checkpoint. Followers take it from their shard channel.
+            step = GroupStep(restore=True, checkpoint=None if msg.checkpoint else msg.watermark)
+            if not self.dp or await self.lead(None, step, epoch=msg.epoch):
+                await self.follow(step)
         for arrival in held:
             await self.on_arrival(arrival)

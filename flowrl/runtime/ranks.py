@@ -11,14 +11,21 @@ a marker, without a call), so their watermark and checkpoints follow the leader'
     shards = split_groups(batch, 2)          # a GRPO group (samples_per_prompt rows) stays whole
     merged = merge_outputs([out0, out1])     # rank order; drops count as empty
 
+Every rank makes the same collectives in the same order, because one place decides them: the
+leader. For each ticket it decides a `GroupStep` (run the shard; then publish a new weight
+version, save a checkpoint) and, for a rollback, one that restores the state; the step travels to
+the followers with their shard, in the order the leader takes them. A follower answers each step
+at once: `accept` (it is in the step's recovery epoch, and will do it) or a drop (it already left
+that epoch: no rank does it, the new epoch replays the ticket). Only when every follower accepted
+does the leader enter the step, so no rank waits in a collective for a rank that will not come.
+
 Shards travel over flowrl's own channels (ipc between the ranks of one host): no pickle, credit
 flow, the same codec as every edge.
 """
 
 from __future__ import annotations
 
-import time
-
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from flowrl.node import REPLACE_MARK, Drop, is_replace
@@ -70,101 +77,131 @@ def shard_address(sockdir: str, node: str, replica: int, rank: int) -> str:
     return f"ipc://{sockdir}/{node}.{replica}.rank{rank}"
 
 
+@dataclass(frozen=True)
+class GroupStep:
+    """What every rank of a node does for one ticket or one rollback, in this order, after running
+    its shard (if the step has one): restore the state of the recovery epoch, publish a new weight
+    version, save a checkpoint at a watermark. Decided once, by the leader (`after_ticket`), and
+    followed by every rank (`follow`)."""
+
+    restore: bool = False
+    publish: bool = False
+    checkpoint: int | None = None
+
+    def meta(self) -> list:
+        return [self.restore, self.publish, self.checkpoint]
+
+    @classmethod
+    def of(cls, meta: list) -> "GroupStep":
+        restore, publish, checkpoint = meta
+        return cls(bool(restore), bool(publish), None if checkpoint is None else int(checkpoint))
+
+
+SKIPPED = GroupStep()  # a ticket no rank ran (a follower was in a newer recovery epoch)
+
+
 class RankMember:
     """The worker's data-parallel half (mixed into `Worker`): the leader's fan-out and gather, a
     follower's shard loop."""
 
-    async def run_ranks(self, item: Item, method: str):
-        """Leader: shard r to rank r, shard 0 here, gather the results in rank order."""
+    async def lead(self, item: Item | None, step: GroupStep, *, epoch: int, shards: list | None = None) -> bool:
+        """Leader: hand every follower its part of one step (its shard of `item`, or a marker: a
+        dropped ticket, a rollback) and wait until each answered. True: every follower accepted and
+        will do the step; False: one had left `epoch` (no rank does the step). Delivery is proven by
+        the answers, not assumed from a queued send: only then may any rank enter a collective."""
+        from flowrl.transport import Batch
+
+        route = dict(batch_id=item.batch_id, attempt=item.attempt, index=item.index, epoch=epoch) if item is not None \
+            else dict(batch_id=f"epoch-{epoch}", attempt=0, index=-1, epoch=epoch)
+        key = (route["batch_id"], route["attempt"])
+        for k in [k for k in self.rank_replies if k[:2] != key]:
+            del self.rank_replies[k]  # answers to work the leader gave up on (an older attempt)
+        for r, tx in self.rank_tx.items():
+            if shards is not None:
+                part = self.stamp(shards[r], item)
+                part = part.replace(meta={**shards[r].meta, "_port": item.port, "_step": step.meta()})
+            else:
+                part = Batch(meta={"_step": step.meta()}, drop=(item.drop or "dropped") if item else "rollback", **route)
+            await self.faults.hold()
+            await tx.send(part)
+        answers = [await self.rank_reply(*key, r, "accept") for r in self.rank_tx]
+        return all(a.drop is None for a in answers)
+
+    async def run_ranks(self, item: Item, step: GroupStep, method: str):
+        """Leader: shard r to rank r, shard 0 here, gather the results in rank order. Returns
+        SKIPPED when a follower is in a newer recovery epoch (nobody ran the ticket)."""
         from flowrl.runtime.contract import outputs_of
         from flowrl.runtime.ranks import merge_outputs, split_groups
 
         shards = split_groups(item.batch, self.spec.world_size)
-        for r, tx in self.rank_tx.items():
-            await tx.send(self.stamp(shards[r], item).replace(meta={**shards[r].meta, "_port": item.port}))
+        if not await self.lead(item, step, epoch=item.epoch, shards=shards):
+            return SKIPPED
         self.recorder.count("rank_samples", shards[0].num_samples, rank="0", per_node=True)
-        mine = await self.node.process(shards[0], item.port)
+        mine = await self.call_node(item.batch_id, self.node.process, shards[0], item.port)
         outputs = [None if self.is_sink else outputs_of(mine, node=self.spec.node, method=method,
                                                         ports=self.cls.outputs)[self.cls.outputs[0]]]
         for r in range(1, self.spec.world_size):
             outputs.append(await self.gather(item, r))
         if self.is_sink:
             return None
-        if any(isinstance(o, Drop) and o.reason == FENCED for o in outputs):  # a rank is in a newer
-            return {self.cls.outputs[0]: Drop(FENCED)}  # recovery epoch: this ticket is replayed there
-        merged = merge_outputs(outputs)
-        return {self.cls.outputs[0]: merged}
+        return {self.cls.outputs[0]: merge_outputs(outputs)}
 
     async def gather(self, item: Item, rank: int):
-        """The result of `rank` for `item`. Replies of other ranks for the same item are kept for
-        their turn (they may come in any order); results of older work are dropped."""
-        replies = self.rank_replies
-        key = (item.batch_id, item.attempt)
-        for k in [k for k in replies if k[:2] != key]:
-            del replies[k]
-        out = replies.pop((*key, rank), None)
-        while out is None:
-            got = await self.rank_rx.recv()
-            await self.rank_rx.ack(got)
-            if (got.batch_id, got.attempt) != key:
-                continue
-            if got.meta.get("_rank") == rank:
-                out = got
-            else:
-                replies[(*key, got.meta.get("_rank"))] = got
+        """The result of `rank` for `item`."""
+        out = await self.rank_reply(item.batch_id, item.attempt, rank, "result")
         if out.drop is not None:
             return Drop(out.drop.removeprefix(REPLACE_MARK), replace=is_replace(out.drop))
-        return out.replace(meta={k: v for k, v in out.meta.items() if k != "_rank"})
+        return out.replace(meta={k: v for k, v in out.meta.items() if k not in ("_rank", "_reply")})
 
-    async def tell_followers(self, item: Item) -> None:
-        from flowrl.transport import Batch
-
-        marker = Batch(batch_id=item.batch_id, attempt=item.attempt, index=item.index, epoch=item.epoch,
-                       drop=item.drop or "dropped")
-        for tx in self.rank_tx.values():
-            await tx.send(marker)
+    async def rank_reply(self, batch_id: str, attempt: int, rank: int, kind: str):
+        """The answer (`accept`) or result (`result`) of `rank` for one step. Replies come in any
+        order (of ranks and kinds): the others are kept for their turn."""
+        key = (batch_id, attempt, rank, kind)
+        got = self.rank_replies.pop(key, None)
+        while got is None:
+            msg = await self.rank_rx.recv()
+            await self.rank_rx.ack(msg)
+            k = (msg.batch_id, msg.attempt, msg.meta.get("_rank"), msg.meta.get("_reply", "result"))
+            if k == key:
+                got = msg
+            elif k[:2] == key[:2]:
+                self.rank_replies[k] = msg
+        return got
 
     async def on_shard(self, shard, rx) -> None:
-        """Follower: run the leader's shard (or follow its drop), send the result back."""
+        """Follower: answer the leader's step, run its shard (if it has one), send the result back,
+        then follow the step."""
         from flowrl.runtime.contract import outputs_of
         from flowrl.transport import Batch
 
         await rx.ack(shard)
         route = dict(batch_id=shard.batch_id, attempt=shard.attempt, index=shard.index, epoch=shard.epoch)
-        if shard.epoch < self.fence.epoch:  # the leader has yet to hear of the recovery: it waits for an
-            if shard.drop is None:          # answer (and drops the ticket, which the new epoch replays)
-                await self.rank_tx[0].send(Batch(meta={"_rank": self.spec.rank}, drop=FENCED, **route))
+
+        async def reply(kind: str, **kw) -> None:
+            await self.faults.hold()
+            await self.rank_tx[0].send(Batch(meta={"_rank": self.spec.rank, "_reply": kind}, **route, **kw))
+
+        if shard.epoch < self.fence.epoch:  # the leader has yet to hear of the recovery: nobody runs
+            await reply("accept", drop=FENCED)  # this step (the new epoch replays the ticket)
             return
-        result = None
+        step = GroupStep.of(shard.meta.get("_step") or [False, False, None])
+        await reply("accept")
         if shard.drop is None:
             port = shard.meta.get("_port") or self.cls.inputs[0]
-            batch = shard.replace(meta={k: v for k, v in shard.meta.items() if k != "_port"})
+            batch = shard.replace(meta={k: v for k, v in shard.meta.items() if k not in ("_port", "_step")})
             self.recorder.count("rank_samples", batch.num_samples, rank=str(self.spec.rank), per_node=True)
-            self.busy = (shard.batch_id, time.monotonic())
-            try:
-                await self.faults.on_batch(self.step)
-                self.step += 1
-                out = await self.node.process(batch, port)
-            except BaseException:
-                self.failed_on = shard.batch_id
-                raise
-            finally:
-                self.busy = None
-            if not self.is_sink:
-                result = outputs_of(out, node=self.spec.node, method="process", ports=self.cls.outputs)[self.cls.outputs[0]]
+            out = await self.call_node(shard.batch_id, self.node.process, batch, port)
+            result = None if self.is_sink else \
+                outputs_of(out, node=self.spec.node, method="process", ports=self.cls.outputs)[self.cls.outputs[0]]
+            meta = {"_rank": self.spec.rank, "_reply": "result"}
             if isinstance(result, Drop):
-                reply = Batch(meta={"_rank": self.spec.rank}, drop=result.marker, **route)
+                answer = Batch(meta=meta, drop=result.marker, **route)
             elif result is None:
-                reply = Batch(meta={"_rank": self.spec.rank}, **route)
+                answer = Batch(meta=meta, **route)
             else:
-                reply = result.replace(meta={**result.meta, "_rank": self.spec.rank}, **route)
-            await self.rank_tx[0].send(reply)
-        if self.cls.publishes_weights:  # the leader's version, kept here too; its snapshot gathers from us
-            self.version += 1
-            self.nctx.policy_version = self.version
-            self.publish_snapshot()
-        if self.ordered is not None:  # follow the leader's watermark: checkpoints at the same ticket
+                answer = result.replace(meta={**result.meta, **meta}, **route)
+            await self.faults.hold()
+            await self.rank_tx[0].send(answer)
+        if self.ordered is not None and shard.index >= 0:  # the leader's watermark: checkpoints at the same ticket
             self.ordered.watermark = shard.index + 1
-            if self.is_checkpoint_step(self.ordered.watermark):
-                await self.save_checkpoint(self.ordered.watermark)
-
+        await self.follow(step)

@@ -8,7 +8,9 @@ so the controller only relies on a process that can already receive.
 
 One event loop, one consumer: batches from every input, tickets and control orders are put on one
 queue and handled in order, so weight swaps, checkpoints and rollbacks always fall between two
-calls into the node. What to do with each arrival is decided by the input policies of the node's
+calls into the node. The node's own code (every hook) runs on the process's compute thread
+(`compute.py`), never on the event loop's: while a hook computes, the loop goes on serving
+channels (frames, credit, acks), control orders, metrics and dump requests. What to do with each arrival is decided by the input policies of the node's
 shape (`inputs.py`): fence (recovery epochs), version gate (subscribers), join buffer, in-order
 delivery with an output cache (stateful nodes), and once-only consumption (sinks).
 
@@ -37,6 +39,7 @@ import zmq.asyncio
 
 from flowrl.runtime import messages as m
 from flowrl.runtime.addresses import apply_control_client, input_security, output_curve
+from flowrl.runtime.compute import ComputeThread
 from flowrl.runtime.faults import FaultInjector
 from flowrl.runtime.inputs import Fence, JoinBuffer, Ordered, OutputCache, SinkSeen, VersionGate
 from flowrl.runtime.datapath import DataPath
@@ -81,6 +84,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
         self.senders: list = []  # (route, Sender)
         self.events_tx, self.events_rx = anyio.create_memory_object_stream(float("inf"))
         self.faults = FaultInjector(spec.faults, spec.node, spec.replica, spec.rank)
+        self.compute = ComputeThread(spec.log_name)  # where every hook of the node runs
         self.fence = Fence(spec.epoch)
         self.gate = VersionGate()
         self.stopping = False
@@ -124,6 +128,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
         device = "cpu" if spec.device_type == "cpu" else "cuda:0"
         if spec.device_type == "cuda":
             torch.cuda.set_device(0)
+            await self.compute.call(torch.cuda.set_device, 0)  # the current device is per thread
         self.recorder = Recorder(node=spec.node, replica=spec.replica)
         self.nctx = NodeContext(
             name=spec.node, kind=node_spec.kind, replica=spec.replica, replicas=spec.replicas,
@@ -149,12 +154,11 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
 
             dist.init_process_group("nccl" if spec.device_type == "cuda" else "gloo",
                                     rank=spec.rank, world_size=spec.world_size)
-        self.node = cls(self.config, self.nctx)
         if spec.incarnation == 0 or any(f.every for f in self.faults.faults):
             self.faults.check_setup()
-        await self.node.setup()
+        await self.new_node()
         if spec.resume_from:
-            self.load_checkpoint(spec.resume_from)
+            await self.load_checkpoint(spec.resume_from)
         self.weights = None
         if (cls.publishes_weights and spec.rank == 0) or cls.subscribes_weights:  # a trainer's rank 0 publishes
             self.weights = WeightsClient(self.node, publisher=cls.publishes_weights, device=device,
@@ -168,6 +172,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
         self.rank_rx = None
         self.rank_tx: dict[int, object] = {}
         self.rank_replies: dict[tuple, object] = {}  # the leader's follower replies not yet gathered
+        self.restore_from = None  # a follower's Epoch order, restored when its leader says so
         if self.dp:
             if self.is_source or self.is_join or len(cls.outputs) > 1:
                 raise ValueError(f"node {spec.node!r}: data parallelism (devices: {spec.world_size}) splits each batch "
@@ -190,6 +195,11 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
                               name=f"{spec.node}.{port}")
                 await rx.bind(address)
                 self.receivers[port] = rx
+
+    async def new_node(self) -> None:
+        """The node as right after setup (at start, and on a rollback with nothing committed)."""
+        self.node = await self.compute.call(self.cls, self.config, self.nctx)
+        await self.compute.call(self.node.setup)
 
     def output_curve(self, key: str | None):
         return output_curve(self.spec, key)
@@ -305,7 +315,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
         gc.freeze()
         log.info("ready %.2f s after start (incarnation %d)", time.monotonic() - self.t_start, self.spec.incarnation)
         if self.cls.publishes_weights:
-            self.publish_snapshot()  # version 0 (or the checkpoint's), before anything can ask for it
+            await self.publish_snapshot()  # version 0 (or the checkpoint's), before anything can ask for it
         store_port = self.weights.store_port if self.weights is not None else None
         await self.send_ctl(m.Ready(pid=os.getpid(), store_port=store_port,
                                     inputs={port: rx.address for port, rx in self.receivers.items()}))
@@ -322,7 +332,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
                 await self.main_loop()
                 tg.cancel_scope.cancel()
             with anyio.move_on_after(5):
-                await self.node.teardown()
+                await self.compute.call(self.node.teardown)
         except BaseException as e:  # noqa: BLE001
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -339,6 +349,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
                 for rx in [*self.receivers.values(), *([self.rank_rx] if self.rank_rx else [])]:
                     with anyio.move_on_after(1):
                         await rx.aclose()
+            self.compute.close(timeout=1.0)
         return 0
 
     def watch_dump_signal(self) -> None:
@@ -358,6 +369,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
         busy = f"{self.busy[0]} for {time.monotonic() - self.busy[1]:.1f}s" if self.busy else "no"
         print(f"state dump of {self.spec.proc_id} (incarnation {self.spec.incarnation}): epoch {self.fence.epoch}, "
               f"version {self.version}, step {self.step}, busy {busy}, stopping {self.stopping}", file=out)
+        print(f"  compute thread: {self.compute.where()}", file=out)
         if self.ordered is not None:
             print(f"  in order: watermark {self.ordered.watermark}, buffered {sorted(self.ordered.buffer)[:8]}", file=out)
         print(f"  held for weights: {[a[1].batch_id for a in self.gate.waiting][:8]}; "

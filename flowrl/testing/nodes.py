@@ -272,3 +272,95 @@ class Rows(Collect):
         rows = np.asarray(batch.tensors["rows"])
         self.seen.append([batch.batch_id, rows.tolist()])
         self.ctx.recorder.count("samples", batch.num_samples)
+
+
+def _group_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+class GroupSum(flowrl.Node):
+    """A data-parallel transform whose `process` runs a collective, as a DDP backward does: each rank
+    all-reduces the sum of its shard's `x`, and every row gets the group's total (`total`), so the
+    output depends on every rank having taken part. On one rank the total is the batch's own sum."""
+
+    class Config(flowrl.NodeConfig):
+        delay_s: float = 0.0
+
+    async def process(self, batch, port):
+        import torch
+        import torch.distributed as dist
+
+        if self.config.delay_s:
+            await anyio.sleep(self.config.delay_s)
+        total = torch.tensor([int(np.asarray(batch.tensors["x"]).sum())], dtype=torch.int64)
+        if _group_size() > 1:
+            dist.all_reduce(total)
+        return batch.replace(tensors={**batch.tensors, "total": np.full(batch.num_samples, int(total), np.int64)})
+
+
+class GroupTrainer(Collect):
+    """A data-parallel trainer like an FSDP2 one: its weight `w` is sharded over the ranks (a DTensor),
+    `process` all-reduces a loss count, and a weight snapshot gathers the full `w` from every rank
+    (`flowrl.rl.publish.FullState`: the publisher on rank 0, `drain` on the others), so publishing is
+    a collective too. After each batch every entry of `w` equals the new version (as `Trainer`)."""
+
+    publishes_weights = True
+
+    class Config(Collect.Config):
+        size: int = 1024
+
+    async def setup(self):
+        await super().setup()
+        import torch
+        from torch import nn
+
+        from flowrl.rl.publish import FullState
+
+        w = torch.zeros(self.config.size)
+        if _group_size() > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.tensor import Shard, distribute_tensor
+
+            w = distribute_tensor(w, init_device_mesh("cpu", (_group_size(),)), [Shard(0)])
+        self.model = nn.Module()
+        self.model.w = nn.Parameter(w, requires_grad=False)
+        self.view = FullState(self.model)
+        self.samples = 0
+
+    async def process(self, batch, port):
+        import torch
+        import torch.distributed as dist
+
+        if self.config.delay_s:
+            await anyio.sleep(self.config.delay_s)
+        x = np.asarray(batch.tensors["x"])
+        total = batch.tensors.get("total")  # GroupSum's group total, when it is upstream
+        self.seen.append([batch.batch_id, int(x.sum()), None if total is None else int(np.asarray(total)[0])])
+        self.ctx.recorder.count("samples", batch.num_samples)
+        count = torch.tensor([batch.num_samples], dtype=torch.int64)
+        if _group_size() > 1:
+            dist.all_reduce(count)
+        self.samples += int(count)
+        with torch.no_grad():
+            self.model.w.fill_(self.ctx.policy_version + 1)
+
+    def weights(self):
+        return self.view
+
+    def state_dict(self):
+        from flowrl.rl.parallel import is_dtensor
+
+        w = self.model.w.to_local() if is_dtensor(self.model.w) else self.model.w
+        return {"seen": self.seen, "samples": self.samples, "w": w.detach().clone()}
+
+    def load_state_dict(self, state):
+        import torch
+
+        from flowrl.rl.parallel import is_dtensor
+
+        self.seen, self.samples = list(state["seen"]), int(state["samples"])
+        local = self.model.w.to_local() if is_dtensor(self.model.w) else self.model.w
+        with torch.no_grad():
+            local.copy_(state["w"])

@@ -22,14 +22,12 @@ HOSTS = ("host-a", "host-b")
 def ray_cluster():
     """(cluster, {host name: raylet pid}); this process is the cluster's driver."""
     import ray
-    from ray.cluster_utils import Cluster
 
-    from flowrl.ray_cluster import keep_on_loopback, loopback_node_args
+    from flowrl.ray_cluster import loopback_cluster, loopback_node_args
 
-    keep_on_loopback()
     temp_dir = tempfile.mkdtemp(prefix="frl-ray-")
-    cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args=loopback_node_args(
-        num_cpus=2, node_name=HOSTS[0], temp_dir=temp_dir, resources={"host_a": 1}, no_monitor=True))
+    cluster = loopback_cluster(num_cpus=2, node_name=HOSTS[0], temp_dir=temp_dir, resources={"host_a": 1},
+                               no_monitor=True)
     try:
         worker = cluster.add_node(**loopback_node_args(num_cpus=2, node_name=HOSTS[1], temp_dir=temp_dir,
                                                        resources={"host_b": 1}))

@@ -87,9 +87,8 @@ def main(path: str) -> int:
 def run(sc: dict, facts: dict) -> None:
     import psutil
     import ray
-    from ray.cluster_utils import Cluster
 
-    from flowrl.ray_cluster import keep_on_loopback, loopback_node_args
+    from flowrl.ray_cluster import loopback_cluster, loopback_node_args
     from flowrl.testing import audit_ledger, read_jsonl
     from flowrl.testing.harness import flowrl_command, kill_group
     from tests.ray.conftest import alive
@@ -101,10 +100,8 @@ def run(sc: dict, facts: dict) -> None:
         wired,
     )
 
-    keep_on_loopback()
     temp_dir = tempfile.mkdtemp(prefix="frl-ray-")
-    cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args=loopback_node_args(
-        num_cpus=2, node_name="host-a", temp_dir=temp_dir, no_monitor=True))
+    cluster = loopback_cluster(num_cpus=2, node_name="host-a", temp_dir=temp_dir, no_monitor=True)
     proc = None
     ours: set[int] = set()
     try:

@@ -2,7 +2,6 @@
 
 import socket
 import threading
-import time
 
 import psutil
 import pytest
@@ -30,12 +29,13 @@ def test_a_correct_program_reads_stdin_and_prints():
 
 def test_an_infinite_loop_is_stopped_by_the_cpu_limit():
     r = run_sandboxed("while True: pass", limits=Limits(cpu_s=1, wall_s=30))
-    assert r.status == "cpu" and r.seconds < 30  # the CPU limit, not the wall clock, ended it
+    assert r.status == "cpu"  # the CPU limit ended it ("timeout" were it the wall clock)
 
 
 def test_a_sleeping_program_is_killed_at_the_wall_clock_limit():
-    r = run_sandboxed("import time\ntime.sleep(60)", limits=Limits(wall_s=1))
-    assert r.status == "timeout" and r.seconds < 3
+    r = run_sandboxed("import time\nprint('asleep', flush=True)\ntime.sleep(60)\nprint('woke')", limits=Limits(wall_s=1))
+    assert r.status == "timeout" and r.seconds >= 1  # the wall-clock limit, once it passed
+    assert r.stdout == "asleep\n" and r.exit_code is None  # killed in its sleep: it never woke or exited
 
 
 def test_a_memory_hog_fails_at_the_memory_limit():
@@ -57,9 +57,8 @@ def test_a_fork_bomb_is_refused_by_the_guard():
 def test_a_fork_bomb_past_the_guard_is_held_by_the_process_limit_and_leaves_nothing_behind():
     marker = "flowrl-forkbomb-marker"
     code = f"# {marker}\nimport os\nn = 0\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        n += 1\n"
-    t0 = time.monotonic()
     r = run_sandboxed(code, limits=Limits(guard=False, wall_s=2, cpu_s=1, max_procs=8))
-    assert r.status in ("timeout", "cpu") and time.monotonic() - t0 < 10
+    assert r.status in ("timeout", "cpu")  # a limit ended it; run_sandboxed returned only once all were gone
     alive = [p for p in psutil.process_iter(["uids", "status"]) if p.info["uids"] and p.info["uids"].real == NOBODY
              and p.info["status"] != psutil.STATUS_ZOMBIE]  # killed ones may wait a moment to be reaped
     assert not alive, "forked processes outlived the sandbox"

@@ -68,6 +68,7 @@ def _follower(epoch: int):
     from types import SimpleNamespace
 
     from flowrl.runtime.datapath import DataPath
+    from flowrl.runtime.faults import FaultInjector
     from flowrl.runtime.inputs import Fence
     from flowrl.runtime.ranks import RankMember
 
@@ -76,13 +77,15 @@ def _follower(epoch: int):
 
     f = Follower()
     f.fence, f.rank_tx, f.spec = Fence(epoch), {0: _Tx()}, SimpleNamespace(rank=1)
+    f.faults = FaultInjector([], "scale", 0, 1)
     return f
 
 
 def test_a_follower_answers_a_shard_of_an_older_epoch_and_holds_one_of_a_newer_epoch():
-    """The leader waits for every rank's answer: a follower already in the recovery epoch answers an
-    older shard with a drop (its leader, still in the old epoch, would otherwise wait forever); a
-    shard of an epoch the follower has not entered yet waits for it instead of being lost."""
+    """The leader waits for every rank's answer before any rank runs: a follower already in the
+    recovery epoch answers an older shard with a drop (nobody runs it; the leader, still in the old
+    epoch, would otherwise wait in a collective for it forever); a shard of an epoch the follower
+    has not entered yet waits for it instead of being lost."""
     import anyio
 
     from flowrl.runtime.ranks import SHARD
@@ -92,8 +95,8 @@ def test_a_follower_answers_a_shard_of_an_older_epoch_and_holds_one_of_a_newer_e
         old = Batch(tensors={"x": np.arange(4)}, batch_id="t-000007", attempt=1, index=7, epoch=1)
         await f.on_arrival((SHARD, old, rx))
         (answer,) = f.rank_tx[0].sent
-        assert (answer.batch_id, answer.attempt, answer.epoch, answer.drop, answer.meta["_rank"]) == \
-            ("t-000007", 1, 1, "older epoch", 1)
+        assert (answer.batch_id, answer.attempt, answer.epoch, answer.drop, answer.meta["_rank"],
+                answer.meta["_reply"]) == ("t-000007", 1, 1, "older epoch", 1, "accept")
         assert rx.acked == ["t-000007"]
         newer = Batch(tensors={"x": np.arange(4)}, batch_id="t-000008", index=8, epoch=3)
         await f.on_arrival((SHARD, newer, rx))
@@ -162,5 +165,79 @@ def test_the_leader_gathers_replies_of_three_ranks_whatever_their_order():
         one, two = await leader.gather(item, 1), await leader.gather(item, 2)
         assert one.tensors["x"].tolist() == [1, 1] and two.tensors["x"].tolist() == [2, 2]
         assert "_rank" not in one.meta and leader.rank_replies == {}
+
+    anyio.run(main)
+
+
+@pytest.mark.timeout(60)
+def test_a_leader_hands_its_follower_the_shard_before_any_rank_enters_a_collective():
+    """The deadlock of data-parallel PPO, without processes: the leader's send of the shard only
+    queues it (the channel writes it when the event loop next turns, as a corked ZeroMQ pump does),
+    and `process` is a collective that returns only once the follower has its shard and joins. A
+    leader that ran `process` on the event loop's thread never let the loop turn: the shard stayed
+    queued and the collective waited for ever (here: 20 s, then an error). The leader now waits for
+    the follower's answer to the shard, and runs `process` on its compute thread."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    import anyio
+
+    from flowrl.metrics import Recorder
+    from flowrl.runtime.compute import ComputeThread
+    from flowrl.runtime.datapath import DataPath
+    from flowrl.runtime.faults import FaultInjector
+    from flowrl.runtime.inputs import Item
+    from flowrl.runtime.ranks import GroupStep, RankMember
+
+    joined = threading.Event()  # the follower is in the collective
+
+    class CorkedTx:  # the leader's channel to rank 1: delivered when the loop turns
+        def __init__(self, inbox):
+            self.inbox = inbox
+
+        async def send(self, batch):
+            asyncio.get_running_loop().call_soon(self.deliver, batch)
+
+        def deliver(self, shard):  # rank 1 answers at once, joins the collective, returns its result
+            joined.set()
+            for kind in ("accept", "result"):
+                self.inbox.put_nowait(shard.replace(meta={"_rank": 1, "_reply": kind}))
+
+    class Inbox:
+        def __init__(self):
+            self.q = asyncio.Queue()
+
+        def put_nowait(self, b):
+            self.q.put_nowait(b)
+
+        async def recv(self):
+            return await self.q.get()
+
+        async def ack(self, b):
+            pass
+
+    class Node:
+        async def process(self, batch, port):  # an all-reduce: needs rank 1
+            if not joined.wait(20):
+                raise RuntimeError("collective timed out: rank 1 never got its shard")
+            return batch
+
+    class Leader(DataPath, RankMember):
+        pass
+
+    async def main():
+        leader = Leader()
+        inbox = Inbox()
+        leader.spec = SimpleNamespace(rank=0, world_size=2, node="n")
+        leader.rank_tx, leader.rank_rx, leader.rank_replies = {1: CorkedTx(inbox)}, inbox, {}
+        leader.node, leader.compute = Node(), ComputeThread("test")
+        leader.faults, leader.recorder = FaultInjector([], "n", 0, 0), Recorder("n")
+        leader.step, leader.busy, leader.is_sink, leader.is_source, leader.stateful = 0, None, False, False, False
+        leader.cls = SimpleNamespace(outputs=("out",))
+        batch = Batch(tensors={"x": np.arange(4)}, batch_id="t-000001", index=1)
+        out = await leader.run_ranks(Item.of_batch("in", batch, None), GroupStep(), "process")
+        assert out["out"].tensors["x"].tolist() == [0, 1, 2, 3]  # both halves, in rank order
+        leader.compute.close()
 
     anyio.run(main)

@@ -6,7 +6,6 @@ folded in once, in order" is checked bitwise against the chain a fault-free run 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -139,10 +138,9 @@ edges: [numbers -> filter, filter -> norm, norm -> collect, filter -> log]
 schedule: {{steps: 12, batch_size: 3, max_staleness: 1, ticket_timeout_s: 60}}
 {FAST}
 """
-    t0 = time.monotonic()
     result = run_graph(write(tmp_path, text), tmp_path / "run", timeout_s=120)
     ok(result, 12, ["collect", "log"])
-    assert time.monotonic() - t0 < 60 and not any(r["event"] == "reissued" for r in result.ledger)
+    assert not any(r["event"] == "reissued" for r in result.ledger)  # none waited for its 60 s timeout
     dropped = sorted({r["batch_id"] for r in result.ledger if r["event"] == "dropped"})
     assert dropped == [f"t-{i:06d}" for i in range(12) if i % 3 == 1]
     seen = node_state(result.run_dir, "collect")["seen"]
@@ -163,12 +161,15 @@ def test_a_ticket_that_never_completes_fails_the_run_naming_it_and_where_it_was(
     """Case 7: re-issues are bounded by max_attempts; the error names the ticket and the node."""
     text = CHAIN.replace("max_staleness: 2, checkpoint_every: 4", "max_staleness: 0, ticket_timeout_s: 1.0, max_attempts: 3")
     text = text.replace("process_timeout_s: 3.0", "process_timeout_s: 60")
-    t0 = time.monotonic()
     result = run_graph(write(tmp_path, text), tmp_path / "run", faults=["slow:norm,seconds=8"], timeout_s=120)
     assert result.exit_code == 1
     assert "ticket t-000000 (index 0) was issued 3 times" in result.stderr, result.stderr[-2000:]
     assert "norm/0/0" in result.stderr  # where it was stuck
-    assert time.monotonic() - t0 < 3 * 1.0 + 30
+    # failed at its third timeout, while norm was still inside its 8 s call: not when the call
+    # returned, and with no fourth attempt
+    mine = [r["event"] for r in result.ledger if r["batch_id"] == "t-000000"]
+    assert mine == ["issued", "reissued", "reissued"], mine
+    assert [r["event"] for r in result.ledger if r["event"] == "failed"] == ["failed"]
 
 
 def test_a_failed_weight_broadcast_keeps_the_previous_version_whole(tmp_path):

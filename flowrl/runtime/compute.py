@@ -1,0 +1,104 @@
+"""The compute thread of a node process: where the node's own code runs, off the event loop.
+
+    compute = ComputeThread("actor.0.1")
+    out = await compute.call(node.process, batch, port)   # coroutine functions and plain ones alike
+    compute.where()      # "in collective all_gather: all_gather (distributed_c10d.py:4012) <- sizes ..."
+    compute.close()
+
+Why: the worker's event loop writes frames, grants credit, sends acks, takes control orders and
+answers dump requests. A node's hook that computes (a training step, a collective that waits for
+another rank, a checkpoint write) must never stop that: a data-parallel leader blocked in an
+all-gather on the loop's thread cannot finish sending the shard its follower needs to join that
+all-gather (issue: data-parallel PPO deadlocked so).
+
+What must hold:
+- Every hook of the node (setup, process/generate/join, state_dict/load_state_dict, weight
+  snapshots and loads, observe, teardown) runs on this one thread, one call at a time, in an asyncio
+  loop of its own: torch's thread-local settings (grad mode, the current CUDA device) that one hook
+  sets hold for the next, and a node's `await anyio.to_thread...` works as before.
+- The worker awaits each call before it takes its next event, so the order of events is the one
+  the input policies decided: weight swaps, checkpoints and rollbacks fall between two calls.
+- torch's intra-op threads are the plan's (`torch.set_num_threads` is per process): this thread
+  is the node's one compute thread, the event loop's thread only waits in epoll meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+COLLECTIVE_MODULES = ("torch/distributed/", "torch\\distributed\\")
+
+
+class ComputeThread:
+    """One daemon thread running an asyncio loop that runs the node's hooks (see the module docstring)."""
+
+    def __init__(self, name: str = "compute") -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._serve, name=f"flowrl-compute-{name}", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+
+    @property
+    def ident(self) -> int | None:
+        return self._thread.ident
+
+    async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run `fn(*args, **kwargs)` on the compute thread (awaited there when it is a coroutine
+        function) and return its result or raise its exception here. Cancelling the caller
+        cancels the call at its next await; a call blocked in C (a collective) finishes first."""
+        if threading.current_thread() is self._thread:  # a hook that calls back into the runtime
+            out = fn(*args, **kwargs)
+            return await out if inspect.isawaitable(out) else out
+
+        async def runner() -> Any:
+            out = fn(*args, **kwargs)
+            return await out if inspect.isawaitable(out) else out
+
+        future = asyncio.run_coroutine_threadsafe(runner(), self._loop)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+
+    def stack(self) -> list[traceback.FrameSummary]:
+        """The compute thread's Python stack now, outermost first (empty when it is idle)."""
+        frame = sys._current_frames().get(self._thread.ident or -1)
+        if frame is None:
+            return []
+        frames = traceback.extract_stack(frame)
+        if frames and Path(frames[-1].filename).name == "selectors.py":  # its own loop's select: nothing runs
+            return []
+        return frames
+
+    def where(self, depth: int = 8) -> str:
+        """What the compute thread runs, innermost first; a collective of torch.distributed is named
+        ("in collective all_gather: ..."), since a rank stuck there waits for another rank."""
+        frames = self.stack()
+        if not frames:
+            return "idle"
+        shown = " <- ".join(f"{f.name} ({Path(f.filename).name}:{f.lineno})" for f in reversed(frames[-depth:]))
+        collective = next((f.name for f in reversed(frames)
+                           if any(m in f.filename for m in COLLECTIVE_MODULES) and not f.name.startswith("_")), None)
+        return f"in collective {collective}: {shown}" if collective else shown
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread's loop once the call in progress (if any) returns; waits `timeout` at most
+        (a call stuck in C keeps the daemon thread until the process exits)."""
+        if self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout)
