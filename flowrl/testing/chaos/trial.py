@@ -330,8 +330,9 @@ def launch(graph: Path, run_dir: Path, faults: list[str], scales: list[str], lim
 
 def hang_signature(run_dir: Path, wait_s: float = 3.0) -> list[str]:
     """Ask every live node process of the run to write what it waits on into its log (`flowrl
-    status --dump`); one line per process: its state and where its main loop waits, or `silent` (its
-    event loop did not answer: blocked inside a call). The dumps go to `RUN.hang.txt`."""
+    status --dump`); one line per process: its state, where its main loop waits and what its compute
+    thread runs (`in collective all_gather: ...`), or `silent` (its event loop did not answer:
+    blocked inside a call). The dumps go to `RUN.hang.txt`."""
     from flowrl.runtime.dump import dump_processes
 
     run_dir = Path(run_dir)
@@ -367,7 +368,11 @@ def hang_signature(run_dir: Path, wait_s: float = 3.0) -> list[str]:
         head = text.splitlines()[0]
         state = head.split(": ", 1)[1] if ": " in head else head
         main = next((ln.split(": ", 1)[1] for ln in text.splitlines() if ln.startswith("  task ") and "main_loop" in ln), "")
-        lines.append(f"{proc_id}: {state}; main loop {_where(main)}")
+        compute = next((ln.split(": ", 1)[1] for ln in text.splitlines() if ln.startswith("  compute thread: ")), None)
+        line = f"{proc_id}: {state}; main loop {_where(main)}"
+        if compute is not None:  # where the node's own code runs (a runtime with a compute thread)
+            line += f"; compute thread {' <- '.join(compute.split(' <- ')[:3])}"
+        lines.append(line)
     run_dir.with_name(run_dir.name + ".hang.txt").write_text("\n".join(lines) + "\n\n" + "\n\n".join(full))
     return lines
 
