@@ -5,12 +5,16 @@ random fault schedules (`--shapes`), every ledger and state audited.
     python benchmarks/chaos.py --trials 3 --json out.json
     python benchmarks/chaos.py --shapes 300           # 300 shape x fault schedules (3 per shape)
     python benchmarks/chaos.py --shapes 30 --seed 1 --jobs 2 --json shapes.json
+    python benchmarks/chaos.py --shapes 60 --seed 7 --jobs 2 --ranks --scale   # + data parallel, flowrl scale
 
 `--shapes N` (see `flowrl.testing.chaos`): N schedules over ceil(N / --per-shape) random DAGs of
 synthetic nodes (chains, fan-out, joins, 1-3 sinks, stateful transforms, drops, replicas), each run
 fault-free first (the reference) and then under 1-3 random faults (kill, two kills in one
 checkpoint interval, kill during a checkpoint commit, SIGSTOP, stuck in process, a dropped message,
-a corrupt frame, or a node that hangs in every incarnation). Prints schedules, completed, failed
+a corrupt frame, or a node that hangs in every incarnation). `--ranks` adds data-parallel nodes (2-3
+ranks, a collective in `process`; a weight-publishing data-parallel sink and its subscriber in half
+the shapes) and kills of one rank; `--scale` gives every schedule a `flowrl scale` up and down of a
+stateless node mid-run (and, in half of them, a kill of a replica just added). Prints schedules, completed, failed
 with a clear error, failed without one, hung (must be 0), state mismatches (must be 0), ledger
 violations (must be 0) and runs past their time bound; exit 0 only when all of those hold and
 every recoverable schedule completed.
@@ -88,15 +92,21 @@ def shapes_main(args) -> int:
         mark = "ok " if res.ok else "BAD"
         why = "; ".join(res.reasons)[:300]
         name = res.schedule if res.schedule != "ref" else f"s{res.shape}.ref"
-        what = " ".join(res.faults) if res.faults else f"(fault-free; {', '.join(res.traits)})"
+        what = " ".join(res.scales + res.faults) if res.faults or res.scales else f"(fault-free; {', '.join(res.traits)})"
         print(f"{mark} {name:<10} {res.outcome:<14} {res.wall_s:6.1f} s  {what}" + (f"\n      {why}" if why else ""),
               flush=True)
+        if res.scaled and not res.ok:
+            print("      scale events: " + "; ".join(res.scaled), flush=True)
+        if res.hang:
+            print("      waiting when killed:\n        " + "\n        ".join(res.hang), flush=True)
+        if res.stuck and not res.ok:
+            print("      inside a collective when its group went away:\n        " + "\n        ".join(res.stuck), flush=True)
 
     keep = Path(args.keep) if args.keep else None
     with tempfile.TemporaryDirectory(prefix="flowrl-shapes-") as d:
         workdir = keep or Path(d)
         results = campaign(seeds, per, workdir, jobs=args.jobs, features=features, on_result=show, total=args.shapes,
-                           holds=args.holds)
+                           holds=args.holds, ranks=args.ranks, scale=args.scale)
     refs = [r for r in results if r.schedule == "ref"]
     runs = [r for r in results if r.schedule != "ref"]
     count = lambda pred: sum(1 for r in runs if pred(r))
@@ -109,13 +119,18 @@ def shapes_main(args) -> int:
         "state mismatches (must be 0)": count(lambda r: bool(r.state)),
         "ledger violations (must be 0)": count(lambda r: bool(r.ledger)),
         "past the time bound": count(lambda r: r.late),
+        "weight versions not whole (must be 0)": count(lambda r: bool(r.weights)),
+        "scale requests unanswered/refused": count(lambda r: bool(r.scale_errors)),
         "recoverable but failed": count(lambda r: r.recoverable and r.outcome == "failed_clear"),
         "references ok": f"{sum(r.ok for r in refs)}/{len(refs)}",
         "contract holds": f"{count(lambda r: r.ok)}/{len(runs)}",
     }
+    if args.scale:
+        events = sum(len(r.scales) for r in runs)
+        summary["scale events fired"] = f"{sum(r.scales_fired for r in runs)}/{events}"
     print()
     for k, v in summary.items():
-        print(f"{k:<34}{v}")
+        print(f"{k:<40}{v}")
     print("\nbreakdown (schedules where the contract holds / schedules):")
     groups: dict[str, list] = {}
     for r in runs:
@@ -123,6 +138,20 @@ def shapes_main(args) -> int:
             groups.setdefault(key, []).append(r.ok)
     for key in sorted(groups):
         print(f"  {key:<32}{sum(groups[key])}/{len(groups[key])}")
+    stuck = [r for r in results if r.stuck and not r.ok]
+    if stuck:
+        print("\nruns that did not complete with a rank inside a collective its partners never reached:")
+        for r in stuck:
+            print(f"  {r.schedule if r.schedule != 'ref' else f's{r.shape}.ref'} {r.outcome} {' '.join(r.scales + r.faults)}")
+            for line in r.stuck:
+                print(f"    {line}")
+    hung = [r for r in results if r.hang]
+    if hung:
+        print("\nhung runs: where each process waited when it was killed (full dumps: RUN.hang.txt):")
+        for r in hung:
+            print(f"  {r.schedule if r.schedule != 'ref' else f's{r.shape}.ref'} {' '.join(r.scales + r.faults)}")
+            for line in r.hang:
+                print(f"    {line}")
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "features": asdict(features),
                                                "results": [asdict(r) for r in results]}, indent=1))
@@ -137,6 +166,12 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2, help="--shapes: shapes run in parallel")
     ap.add_argument("--holds", action="store_true",
                     help="--shapes: shapes with Hold nodes (tickets dropped with replace=True, like DAPO)")
+    ap.add_argument("--ranks", action="store_true",
+                    help="--shapes: data-parallel nodes (2-3 ranks) whose process runs a collective, a weight-publishing "
+                         "data-parallel sink with a subscriber, kills of one rank")
+    ap.add_argument("--scale", action="store_true",
+                    help="--shapes: every schedule scales a stateless node up and down mid-run (flowrl scale), "
+                         "half of them killing a replica just added")
     ap.add_argument("--keep", metavar="DIR", help="--shapes: keep every run directory under DIR")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="FILE")

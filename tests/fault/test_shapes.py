@@ -11,13 +11,18 @@ error naming the node or the ticket. The fault-free run of each shape is the ref
     python -m pytest tests/fault/test_shapes.py -q
     FLOWRL_CHAOS_JOBS=1 FLOWRL_CHAOS_HANG_S=40 python -m pytest tests/fault/test_shapes.py -q   # quicker "hung"
 
-The same campaign, larger: `python benchmarks/chaos.py --shapes 300`.
+The same campaign, larger: `python benchmarks/chaos.py --shapes 300` (`--ranks --scale`: with
+data-parallel nodes whose `process` runs a collective, a weight-publishing data-parallel sink, and
+`flowrl scale` up and down mid-run).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -49,6 +54,16 @@ HOLD_SEEDS, HOLD_PER_SHAPE = [5, 12], 2
 replicated sink and a stateful transform between them."""
 HOLD_PLAN = plan(HOLD_SEEDS, HOLD_PER_SHAPE, FEATURES, holds=True, **SMALL)
 HOLD_SCHEDULES = [s for _, scheds in HOLD_PLAN for s in scheds]
+RANK_KW = {"ranks": True, "scale": True, **SMALL}
+RANK_SEEDS, RANK_PER_SHAPE = [2, 78], 2
+"""Shapes with data-parallel nodes whose `process` runs a collective, a weight-publishing
+data-parallel trainer (a collective on every rank at each publish and checkpoint) and its
+subscriber, under `flowrl scale` up and down mid-run: `drop` -> `sub` -> `drop2` -> `trainer` (2
+ranks), the subscriber scaled and a replica just added killed (on the runtime before compute left
+the event loop, the trainer's leader was left alone in its publish's all-gather in 2 of 3 runs of
+s2.0); and `rmix` (2 ranks) -> `sub` -> `trainer` (3 ranks), a rank of the trainer killed."""
+RANK_PLAN = plan(RANK_SEEDS, RANK_PER_SHAPE, FEATURES, **RANK_KW)
+RANK_SCHEDULES = [s for _, scheds in RANK_PLAN for s in scheds]
 SHAPES = {shape.seed: shape for shape, _ in PLAN}
 SCHEDULES = [s for _, scheds in PLAN for s in scheds]
 
@@ -64,14 +79,69 @@ class _Ctx:
     recorder = _Recorder()
 
 
+class _RankCtx:
+    """A data-parallel rank's context, with a fake group: `exchange` is an all-gather between the
+    threads that run the ranks (in place of gloo)."""
+
+    def __init__(self, rank, group):
+        self.rank, self.world_size, self.group = rank, group.n, group
+        self.recorder, self.name, self.policy_version = _Recorder(), "node", 0
+
+
+class _Group:
+    def __init__(self, n):
+        self.n, self.barrier, self.slots = n, threading.Barrier(n, timeout=10), [None] * n
+
+    def exchange(self, rank, value):
+        self.slots[rank] = value
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()
+        return out
+
+
+@pytest.fixture
+def fake_collectives(monkeypatch):
+    monkeypatch.setattr(N, "all_reduce_sum", lambda ctx, v: sum(ctx.group.exchange(ctx.rank, v)))
+    monkeypatch.setattr(N, "all_gather_ints", lambda ctx, vals: ctx.group.exchange(ctx.rank, list(vals)))
+
+
+def on_ranks(objs, fn):
+    """`fn(rank, obj)` on every rank at once (each in its own thread, as the processes would)."""
+    out, errors = [None] * len(objs), []
+
+    def one(r):
+        try:
+            out[r] = fn(r, objs[r])
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(len(objs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    if errors:
+        raise errors[0]
+    return out
+
+
 def run_in_process(shape, batch_id=lambda i: f"t-{i:06d}"):
     """The shape's node classes called directly, ticket by ticket: what a perfect runtime does
-    (a replace drop that reaches a sink adds a ticket, at most `steps` in all)."""
+    (a replace drop that reaches a sink adds a ticket, at most `steps` in all). A data-parallel node
+    runs as that many objects, each given its shard by the runtime's own split (`split_groups`) and
+    merged back by its `merge_outputs`, in threads with a fake collective (`fake_collectives`)."""
     import flowrl
+    from flowrl.runtime.ranks import merge_outputs, split_groups
 
-    objs = {}
+    objs, ranked = {}, {}
     for d in shape.nodes.values():
         cls = getattr(N, d.cls)
+        if d.ranks > 1:
+            group = _Group(d.ranks)
+            ranked[d.name] = [cls(cls.Config.model_validate(d.config), _RankCtx(r, group)) for r in range(d.ranks)]
+            on_ranks(ranked[d.name], lambda r, o: asyncio.run(o.setup()))
+            continue
         objs[d.name] = cls(cls.Config.model_validate(d.config), _Ctx())
         asyncio.run(objs[d.name].setup())
     outcomes = {s: {} for s in shape.sinks}
@@ -79,7 +149,7 @@ def run_in_process(shape, batch_id=lambda i: f"t-{i:06d}"):
     while i < shape.steps + replaced:
         out, asks = {}, False
         for d in shape.nodes.values():
-            node = objs[d.name]
+            node = objs.get(d.name)
             ins = {p: out[src] for p, src in d.inputs.items()}
             drops = [b for b in ins.values() if isinstance(b, flowrl.Drop)]
             if drops:
@@ -88,7 +158,11 @@ def run_in_process(shape, batch_id=lambda i: f"t-{i:06d}"):
                     outcomes[d.name][i] = "dropped"
                     asks |= out[d.name].replace
                 continue
-            if d.cls == "TicketSource":
+            if d.ranks > 1:
+                shards = split_groups(ins["in"], d.ranks)
+                res = on_ranks(ranked[d.name], lambda r, o: asyncio.run(o.process(shards[r], "in")))
+                res = None if d.sink else merge_outputs(res)
+            elif d.cls == "TicketSource":
                 ticket = flowrl.Ticket(batch_id=batch_id(i), index=i, attempt=0, min_policy_version=0,
                                        size=shape.batch_size)
                 res = asyncio.run(node.generate(ticket)).replace(batch_id=batch_id(i))
@@ -103,12 +177,18 @@ def run_in_process(shape, batch_id=lambda i: f"t-{i:06d}"):
             out[d.name] = res
         replaced += asks and replaced < shape.steps
         i += 1
-    return {n: objs[n].state_dict() for n in shape.stateful}, outcomes
+    states = {n: objs[n].state_dict() for n in shape.stateful if n in objs}
+    for n, ranks in ranked.items():
+        if shape.nodes[n].stateful:  # saving is a collective too
+            for r, state in enumerate(on_ranks(ranks, lambda r, o: o.state_dict())):
+                states[N.rank_state_key(n, r)] = state
+    return states, outcomes
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_synthetic_nodes_run_in_process_give_exactly_the_models_states_and_outcomes(seed):
-    for shape in (random_shape(seed), random_shape(seed, holds=True)):
+def test_synthetic_nodes_run_in_process_give_exactly_the_models_states_and_outcomes(seed, fake_collectives):
+    for shape in (random_shape(seed), random_shape(seed, holds=True), random_shape(seed, ranks=True),
+                  random_shape(seed, ranks=True, holds=True, scale=True)):
         states, outcomes = run_in_process(shape)
         expected = simulate(shape)
         assert states == expected.states
@@ -186,6 +266,174 @@ def test_a_fold_is_order_dependent_so_a_reordering_is_a_mismatch():
     assert ab != ba
 
 
+def test_without_the_new_options_every_seed_gives_the_shapes_and_schedules_it_always_gave():
+    """`ranks`, `scale` (and `holds`) are opt-in: older campaigns' seeds stay comparable."""
+    h = hashlib.sha256()
+    for seed in range(40):
+        for kw in ({}, {"holds": True}):
+            shape = random_shape(seed, **kw)
+            h.update(shape.describe().encode())
+            expected = simulate(shape)
+            for k in range(3):
+                h.update(random_schedule(shape, expected, k, Features.all()).describe().encode())
+    assert h.hexdigest() == "447ea8490f4728ddf89ca60eb92728f8971dc543926aee44d94458a1422abfcd"
+
+
+def test_rank_shapes_have_data_parallel_nodes_where_the_runtime_allows_them_and_a_subscriber_per_trainer():
+    from flowrl.graph import node_classes
+
+    seen = set()
+    for seed in range(60):
+        shape = random_shape(seed, ranks=True, scale=True)
+        spec = load_graph_text(dump_graph(shape.graph(FEATURES)), f"shape{seed}.yaml")
+        classes = node_classes(spec)
+        ranked = [d for d in shape.nodes.values() if d.ranks > 1]
+        assert ranked, "every rank shape has a data-parallel node"
+        for d in ranked:
+            cls = classes[d.name]
+            assert 2 <= d.ranks <= 3 and d.replicas == 1 and spec.nodes[d.name].devices == d.ranks
+            assert cls.inputs == ("in",) and len(cls.outputs) <= 1, "dp: transforms or sinks with one output port"
+        assert shape.processes <= 10
+        trainers = [d.name for d in shape.nodes.values() if d.cls == "RTrainer"]
+        subs = [d.name for d in shape.nodes.values() if d.cls in ("Sub", "RSub")]
+        assert bool(trainers) == bool(subs) and len(trainers) <= 1
+        assert sorted(f"{w.src} -> {w.dst}" for w in spec.weights) == sorted(f"{t} -> {s}" for t in trainers for s in subs)
+        assert shape.scalable and shape.pace_s > 0 and shape.steps >= 20
+        assert set(shape.state_keys) == set(simulate(shape).states)
+        seen |= {d.cls for d in shape.nodes.values()}
+    assert seen >= {"RMix", "RFold", "RFoldSink", "RTrainer", "Sub", "RSub"}
+
+
+def test_a_trainers_weights_are_gathered_from_every_rank_and_a_version_that_is_not_whole_is_named(fake_collectives):
+    group = _Group(3)
+    ranks = [N.RTrainer(N.RTrainer.Config(), _RankCtx(r, group)) for r in range(3)]
+    on_ranks(ranks, lambda r, o: asyncio.run(o.setup()))
+    for o in ranks:
+        o.ctx.policy_version, o.count = 4, 7
+    layout = dict(ranks[0].weights().items())
+    assert list(layout) == ["w"] and tuple(layout["w"].shape) == (N.PART * 3,)
+    got = on_ranks(ranks, lambda r, o: o.weights()["w"].tolist() if r == 0 else o.weights().drain())[0]
+    assert N.weight_problem(got, 4, 3) is None
+    assert "versions [4, 4, 4]" in N.weight_problem(got, 5, 3)  # the label says 5, every part 4
+    ranks[2].ctx.policy_version = 3  # a rank that published at another point than its leader
+    got = on_ranks(ranks, lambda r, o: o.weights()["w"].tolist() if r == 0 else o.weights().drain())[0]
+    assert "versions [4, 4, 3]" in N.weight_problem(got, 4, 3)
+
+
+def test_rank_states_are_checked_per_rank_and_a_save_at_different_tickets_is_named():
+    from flowrl.testing.chaos.check import state_key
+
+    assert [state_key(p) for p in ("sink/0/0", "sink/0/2", "fold/0/0")] == ["sink", "sink/rank2", "fold"]
+    want = {"chain": N.EMPTY_CHAIN, "count": 2, "indices": [0, 1], "counts": [2, 2]}
+    assert compare_state("sink/rank1", dict(want), want) is None
+    diff = compare_state("sink/rank1", {**want, "counts": [2, 1]}, want)
+    assert diff.startswith("sink/rank1: saved when its ranks had folded [2, 1] tickets")
+
+
+def test_scale_schedules_scale_a_stateless_node_up_then_down_and_kill_a_replica_just_added():
+    from flowrl.testing.chaos.trial import ScaleEvent
+
+    kinds = set()
+    for seed in range(30):
+        shape = random_shape(seed, ranks=True, scale=True)
+        expected = simulate(shape)
+        for k in range(3):
+            sched = random_schedule(shape, expected, k, FEATURES, scale=True)
+            kinds |= set(sched.kinds)
+            up, down = (ScaleEvent.parse(x) for x in sched.scales)
+            node = shape.nodes[up.node]
+            assert up.node == down.node and node.scalable and node.ranks == 1
+            assert node.replicas < up.replicas <= 3 and 1 <= down.replicas < up.replicas
+            assert 1 <= up.completed < down.completed <= expected.total
+            if sched.kinds[0] == "scale_kill":
+                killed = next(f for f in sched.faults if f.startswith(f"kill:{up.node}/"))
+                replica = int(killed.split("/")[1].split("@")[0])
+                assert node.replicas <= replica < up.replicas, "a replica the scale-up added"
+                assert down.after == f"{up.node}/{replica}" and down.replicas <= replica, "the scale-down removes it"
+            for f in sched.faults:  # a rank is named only on a data-parallel node
+                target = f.split(":", 1)[1].split("@")[0].split("/")
+                if len(target) == 3:
+                    assert shape.nodes[target[0]].ranks > int(target[2])
+    assert kinds >= {"scale", "scale_kill", "kill_rank"}
+
+
+def test_the_scaler_asks_at_observed_progress_and_again_while_the_run_recovers(tmp_path, monkeypatch):
+    from flowrl.runtime import scaling
+    from flowrl.testing.chaos.trial import Scaler
+
+    asked, answers = [], ["the run is recovering from a failure; try again in a moment"]
+
+    def request(run_dir, node, replicas, timeout_s):
+        asked.append((node, replicas))
+        if answers:
+            raise scaling.ScaleError(answers.pop())
+        return f"{node}: -> {replicas} replica(s)"
+
+    monkeypatch.setattr(scaling, "request", request)
+    (tmp_path / "logs").mkdir()
+    ledger = tmp_path / "ledger.jsonl"
+    scaler = Scaler(tmp_path, ["scale:sub=3@completed=2", "scale:sub=1@completed=3,after=sub/2"])
+    scaler.RETRY_S = 0.01
+
+    def rows(*events):
+        with open(ledger, "a") as f:
+            for e in events:
+                f.write(json.dumps(e) + "\n")
+
+    def settle():
+        for _ in range(200):
+            scaler.poll()
+            if scaler.thread is None or not scaler.thread.is_alive():
+                scaler.poll()
+                return
+            threading.Event().wait(0.01)
+
+    rows({"event": "completed"})
+    settle()
+    assert asked == []
+    rows({"event": "completed"})
+    settle()
+    assert asked == [("sub", 3), ("sub", 3)]  # refused while recovering, asked again
+    rows({"event": "completed"}, {"event": "completed"})
+    settle()
+    assert len(asked) == 2, "the scale-down waits for sub/2 to go down and come back"
+    rows({"event": "node_down", "node": "sub/2/0"})
+    (tmp_path / "logs" / "sub.2.0.log").write_text("x INFO flowrl.worker: ready 0.08 s after start (incarnation 1)\n")
+    settle()
+    scaler.finish()
+    assert asked[-1] == ("sub", 1)
+    assert [o.split(": fired")[0] for o in scaler.outcomes] == ["scale:sub=3@completed=2",
+                                                               "scale:sub=1@completed=3,after=sub/2"]
+    assert not scaler.errors
+
+
+def test_a_hang_is_told_by_where_each_main_loop_waits():
+    from flowrl.testing.chaos.trial import _where
+
+    lib = "wrapper (_asyncio.py:1) -> run_node (worker.py:2) -> main_loop (worker.py:3)"
+    assert _where(lib + " -> receive (memory.py:4) -> wait (locks.py:5) -> waits on FutureIter") == \
+        "idle (waiting for the next event)"
+    assert _where(lib + " -> on_arrival (datapath.py:6) -> run (datapath.py:7) -> run_ranks (ranks.py:8) -> "
+                  "gather (ranks.py:9) -> recv (receiver.py:10) -> wait (locks.py:11)") == \
+        "in on_arrival > run > run_ranks > gather > recv"
+
+
+def test_a_rank_left_inside_a_collective_is_named_with_its_call_chain(tmp_path):
+    from flowrl.testing.chaos.trial import collective_waits
+
+    (tmp_path / "logs").mkdir()
+    frames = ["run_node", "main_loop", "on_arrival", "run", "consume", "publish_snapshot", "__getitem__",
+              "all_gather_ints", "wrapper", "all_gather"]
+    tb = "\n".join(f'  File "/x/{fn}.py", line 1, in {fn}\n    code()' for fn in frames)
+    (tmp_path / "logs" / "trainer.0.0.log").write_text(
+        "x INFO ready\nTraceback (most recent call last):\n" + tb + "\nRuntimeError: Connection closed by peer\n")
+    (tmp_path / "logs" / "sub.0.0.log").write_text(
+        'Traceback (most recent call last):\n  File "/x/a.py", line 1, in main_loop\nValueError: other\n')
+    assert collective_waits(tmp_path) == [
+        "trainer/0/0: main_loop > on_arrival > run > consume > publish_snapshot > __getitem__ > all_gather_ints > "
+        "wrapper > all_gather"]
+
+
 # --- real runs ----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -242,3 +490,26 @@ def test_the_time_bound_comes_from_the_graphs_own_timeouts():
     assert one_fault == pytest.approx(detect + t.backoff_s * 2 ** t.max_restarts + 5)
     t.ticket_timeout_s *= 2
     assert bound_s(shape, 0, 5.0) > 2 * 5.0 + 10 + stuck, "a longer ticket timeout widens the bound"
+
+
+@pytest.fixture(scope="module")
+def rank_runs(tmp_path_factory):
+    jobs = int(os.environ.get("FLOWRL_CHAOS_JOBS", "2"))
+    results = campaign(RANK_SEEDS, RANK_PER_SHAPE, tmp_path_factory.mktemp("ranks"), jobs=jobs, features=FEATURES,
+                       **RANK_KW)
+    return {(r.shape, r.schedule): r for r in results}
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("schedule", ["ref", *RANK_SCHEDULES], ids=["ref"] + [s.id for s in RANK_SCHEDULES])
+def test_data_parallel_collectives_weight_publishing_and_scale_events_keep_the_contract(rank_runs, schedule):
+    """A hang here (a collective some rank never reaches, a weight sync that waits for a replica
+    scaled away) is a failure: the result lists where each process waited when it was killed."""
+    shapes = {sh.seed: sh for sh, _ in RANK_PLAN}
+    for seed in RANK_SEEDS if schedule == "ref" else [schedule.shape_seed]:
+        shape = shapes[seed]
+        assert {"data parallel", "weight sync"} <= set(shape.traits())
+        res = rank_runs[(seed, "ref" if schedule == "ref" else schedule.id)]
+        assert res.ok, res.explain(shape)
+        if schedule != "ref":
+            assert res.scales_fired >= 1, res.explain(shape)

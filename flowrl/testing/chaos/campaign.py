@@ -5,7 +5,8 @@
 Each shape is run fault-free first (the reference: it must complete with the model's ledger and
 states; its wall time sets the shape's time bound and its final states are what every faulted run
 must end with), then under each of its schedules. Shapes go in parallel
-(`jobs`), the runs of one shape one after another.
+(`jobs`), the runs of one shape one after another. `shape_kw` goes to `random_shape` (`ranks=True`,
+`scale=True`, `holds=True`, sizes); `scale=True` also gives every schedule a scale event pair.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def plan(shape_seeds, schedules_per_shape: int, features: Features | None = None
         expected = simulate(shape)
         n = int(min(schedules_per_shape, left))
         left -= n
-        out.append((shape, [random_schedule(shape, expected, k, features) for k in range(n)]))
+        out.append((shape, [random_schedule(shape, expected, k, features, scale=shape_kw.get("scale", False))
+                            for k in range(n)]))
     return out
 
 

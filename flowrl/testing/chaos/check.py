@@ -118,15 +118,25 @@ def load_checkpoint_file(path: Path) -> dict:
         return torch.load(path, map_location="cpu", weights_only=False)
 
 
+def state_key(proc_id: str) -> str:
+    """`node/replica/rank` -> the model's key of its state: `node` (rank 0), `node/rankR` (see
+    `nodes.rank_state_key`)."""
+    from flowrl.testing.chaos.nodes import rank_state_key
+
+    parts = proc_id.split("/")
+    return rank_state_key(parts[0], int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else 0)
+
+
 def read_final_states(run_dir: Path) -> tuple[int | None, dict[str, dict]]:
-    """(step, {node: state_dict}) of the last committed checkpoint, or (None, {}) when there is none."""
+    """(step, {state key: state_dict}) of the last committed checkpoint, or (None, {}) when there is
+    none. A data-parallel node has one state per rank: `node`, `node/rank1`, ..."""
     latest = Path(run_dir) / "checkpoints" / "latest.json"
     if not latest.exists():
         return None, {}
     record = json.loads(latest.read_text())
     states = {}
     for proc_id, rel in record.get("files", {}).items():
-        states[proc_id.split("/")[0]] = load_checkpoint_file(latest.parent / rel)["node"]
+        states[state_key(proc_id)] = load_checkpoint_file(latest.parent / rel)["node"]
     return record.get("step"), states
 
 
@@ -149,8 +159,11 @@ def compare_state(node: str, got: dict | None, want: dict) -> str | None:
     if "held" in want:  # a Hold node: the values it still holds at the end
         return None if got.get("held") == want["held"] else \
             f"{node}: holds {len(got.get('held', []))} batches at the end, the model {len(want['held'])}"
+    ranks = None
+    if "counts" in want and got.get("counts") != want["counts"]:  # a data-parallel node's ranks at its save
+        ranks = f"saved when its ranks had folded {got.get('counts')} tickets (want {want['counts']})"
     if got.get("chain") == want["chain"] and got.get("count") == want["count"]:
-        return None
+        return None if ranks is None else f"{node}: {ranks}"
     seen = list(got.get("indices", []))
     counts = Counter(seen)
     missing = sorted(set(want["indices"]) - set(seen))
@@ -165,6 +178,8 @@ def compare_state(node: str, got: dict | None, want: dict) -> str | None:
         parts.append(f"folded but dropped by the model {_runs(extra)}")
     if not (missing or repeated or extra):
         parts.append("same tickets, other order or content" if seen != want["indices"] else "other content")
+    if ranks is not None:
+        parts.append(ranks)
     return f"{node}: " + "; ".join(parts)
 
 

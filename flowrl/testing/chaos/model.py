@@ -2,6 +2,7 @@
 
     expected = simulate(shape)
     expected.states["fold"]          # {"chain": ..., "count": ..., "indices": [...]}: FoldSink / Fold state
+    expected.states["rsink/rank1"]   # rank 1's state of a data-parallel stateful node (its shards)
     expected.outcomes["sink"][7]     # "consumed" or "dropped": what sink `sink` records for ticket 7
     expected.reached["mix"]          # ticket indices that reach `mix`'s process (to aim faults)
 
@@ -9,6 +10,11 @@ Semantics assumed (the runtime's contract): a node returning None drops the tick
 flows on as a marker; a join whose inputs include a drop marker drops the ticket; a stateful node
 folds every ticket that reaches it exactly once, in index order, and never a dropped one; a sink
 records each ticket once, as consumed or as dropped.
+
+Data-parallel nodes: the runtime splits a batch into contiguous near-equal shards, one per rank
+(`nodes.rank_bounds`); each rank of a stateful one folds its own shard (an empty one too) and the
+digests of every rank's shard, for every ticket that reaches the node. `RMix`'s output does not
+depend on the number of ranks (its collective sums the whole batch).
 """
 
 from __future__ import annotations
@@ -42,7 +48,8 @@ DROP, REPLACE = "drop", "replace"
 def simulate(shape, batch_id: Callable[[int], str] = default_batch_id) -> Expected:
     """Run `shape` (a `flowrl.testing.chaos.shapes.Shape`) in this process, ticket by ticket."""
     out = Expected()
-    chains = {name: N.EMPTY_CHAIN for name, d in shape.nodes.items() if d.stateful}
+    chains = {N.rank_state_key(name, r): N.EMPTY_CHAIN for name, d in shape.nodes.items() if d.stateful
+              for r in range(d.ranks)}
     counts = {name: 0 for name in chains}
     indices: dict[str, list[int]] = {name: [] for name in chains}
     held: dict[str, list[np.ndarray]] = {name: [] for name, d in shape.nodes.items() if d.cls == "Hold"}
@@ -82,17 +89,31 @@ def simulate(shape, batch_id: Callable[[int], str] = default_batch_id) -> Expect
                     x, held[d.name] = np.concatenate([*held[d.name], ins[0]]), []
             elif d.cls == "Merge":
                 x = np.concatenate([value[d.inputs["a"]], value[d.inputs["b"]]])
-            elif d.cls in ("Fold", "FoldSink", "LogSink"):
+            elif d.cls == "RMix":
+                x = N.rmix_values(ins[0], cfg.get("mul", 3), cfg.get("add", 1))
+            elif d.cls == "RSub":
+                x = N.rmix_values(ins[0], cfg.get("mul", 5), cfg.get("add", 2))
+            elif d.cls == "Sub":
+                x = N.mix_values(ins[0], cfg.get("mul", 5), cfg.get("add", 2))
+            elif d.cls in ("Fold", "FoldSink", "LogSink", "RFold", "RFoldSink", "RTrainer"):
                 x = ins[0]
             else:
                 raise ValueError(f"node {d.name!r}: unknown synthetic class {d.cls!r}")
             if isinstance(x, str):  # this node dropped the ticket
                 value[d.name] = x
                 continue
-            if d.stateful and d.cls != "Hold":
+            if d.stateful and d.cls != "Hold" and d.cls not in ("RFold", "RFoldSink", "RTrainer"):
                 chains[d.name] = N.fold_state(chains[d.name], bid, x)
                 counts[d.name] += 1
                 indices[d.name].append(i)
+            elif d.cls in ("RFold", "RFoldSink", "RTrainer"):  # per rank: its shard, every shard's digest
+                shards = [x[a:b] for a, b in N.rank_bounds(len(x), d.ranks)]
+                digests = [N.shard_digest(sh) for sh in shards]
+                for r, sh in enumerate(shards):
+                    key = N.rank_state_key(d.name, r)
+                    chains[key] = N.rank_fold_state(chains[key], bid, sh, digests)
+                    counts[key] += 1
+                    indices[key].append(i)
             if d.sink:
                 out.outcomes[d.name][i] = "consumed"
             value[d.name] = x
@@ -105,4 +126,8 @@ def simulate(shape, batch_id: Callable[[int], str] = default_batch_id) -> Expect
             out.states[name] = {"held": [h.tolist() for h in held[name]]}
         else:
             out.states[name] = {"chain": chain, "count": counts[name], "indices": indices[name]}
+    for name, d in shape.nodes.items():
+        if d.ranks > 1 and d.stateful:  # saved by a collective: every rank's count, the same on each
+            for r in range(d.ranks):
+                out.states[N.rank_state_key(name, r)]["counts"] = [counts[name]] * d.ranks
     return out

@@ -1,10 +1,20 @@
-"""Synthetic nodes for shape x fault tests: deterministic, cheap, no model, no sleeps.
+"""Synthetic nodes for shape x fault tests: deterministic, cheap, no model, no sleeps (but a
+source's optional pace).
 
     TicketSource -> Mix -> Fold (stateful) -> Drop -> Merge.a ... -> FoldSink (stateful), LogSink
 
 `Hold` (stateful, like a DAPO filter) holds some tickets' batches and drops them with
 `replace=True`; the runtime then issues one more ticket, and the held values go out in front of
 the next batch the node passes on.
+
+Data-parallel nodes (`devices: 2` or 3: one process per rank, rank 0 splits each batch into
+shards) run a real collective over the node's gloo group inside `process`, as a DDP/FSDP trainer
+does: `RMix` all-reduces the shard sums (so its output depends on every rank's shard), `RFold` /
+`RFoldSink` all-gather the shard digests and fold them into a per-rank hash chain, and `RTrainer`
+(a stateful sink that publishes weights) also all-gathers its weights on every rank at each
+publish, like a DTensor trainer's `full_tensor()`. `Sub` (stateless, replicable) subscribes to
+them and checks that every version it receives is whole: the label and every rank's part agree;
+`RSub` is a data-parallel `Sub` whose `process` is `RMix`'s.
 
 Every batch is `x`: int64[size] plus `meta["ix"]`, the ticket index. Every output is a pure function
 of the input, so what each node should see is known from the graph alone (`flowrl.testing.chaos.model`
@@ -78,8 +88,18 @@ class TicketSource(flowrl.Source):
     class Config(flowrl.NodeConfig):
         seed: int = 0
         """Seeds the content (a node's seed, not the graph's: it is part of the shape)."""
+        pace_s: float = 0.0
+        """Seconds per ticket on average (shapes for scale events: the run lasts long enough for
+        `flowrl scale` to start and stop replicas while it goes on). The content does not change."""
+        burst: int = 1
+        """With `pace_s`: tickets come in bursts of this many (a wait of `pace_s * burst` before each
+        burst), so that several are still in flight at once, as in an unpaced run."""
 
     async def generate(self, ticket):
+        if self.config.pace_s and ticket.index % max(1, self.config.burst) == 0:
+            import anyio
+
+            await anyio.sleep(self.config.pace_s * max(1, self.config.burst))
         return flowrl.Batch(tensors={"x": source_values(self.config.seed, ticket.index, ticket.size)},
                             meta={"ix": ticket.index})
 
@@ -213,6 +233,266 @@ class LogSink(flowrl.Sink):
         self.ctx.recorder.count("chaos_samples", batch.num_samples, per_node=True)
 
 
+# --- data-parallel nodes: a collective inside `process` -----------------------------------------
+
+def rank_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """[start, stop) of each rank's shard of an n-sample batch: contiguous, near-equal, the first
+    ranks one larger (the runtime's split of a batch without prompt groups)."""
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for r in range(parts):
+        stop = start + base + (1 if r < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+def rmix_values(x: np.ndarray, mul: int, add: int) -> np.ndarray:
+    """`RMix` on a whole batch: x -> (x * mul + add + sum(x)) mod MOD. The sum is all-reduced over the
+    ranks' shards, so the result is the same for any number of ranks."""
+    total = int(np.asarray(x, dtype=np.int64).sum() % MOD)
+    return (x * mul + add + total) % MOD
+
+
+def shard_digest(x: np.ndarray) -> int:
+    """A 62-bit digest of a shard's values (what the ranks all-gather)."""
+    h = hashlib.blake2b(np.ascontiguousarray(x, dtype=np.int64).tobytes(), digest_size=8).digest()
+    return int.from_bytes(h, "little") >> 2
+
+
+def rank_fold_state(chain: str, batch_id: str, shard: np.ndarray, digests: list[int]) -> str:
+    """One step of a data-parallel stateful node's per-rank chain: its own shard, and every rank's
+    shard digest (gathered: the state depends on every rank)."""
+    h = hashlib.blake2b(bytes.fromhex(chain) + content_digest(batch_id, shard), digest_size=16)
+    h.update(np.asarray(digests, dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+def rank_state_key(node: str, rank: int) -> str:
+    """Where a rank's state goes in the model and the checker: the node's name for rank 0 (as for
+    any node), `node/rank1`, `node/rank2` for the others."""
+    return node if rank == 0 else f"{node}/rank{rank}"
+
+
+def _collective_group(ctx) -> bool:
+    if ctx.world_size <= 1:
+        return False
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError(f"node {ctx.name!r} runs {ctx.world_size} ranks but torch.distributed has no group")
+    return True
+
+
+def all_reduce_sum(ctx, value: int) -> int:
+    """`value` summed over the node's ranks (an all-reduce over its gloo group)."""
+    if not _collective_group(ctx):
+        return value
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t)
+    return int(t.item())
+
+
+def all_gather_ints(ctx, values: list[int]) -> list[list[int]]:
+    """Every rank's `values` (the same length on each), in rank order (an all-gather)."""
+    if not _collective_group(ctx):
+        return [list(values)]
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor(values, dtype=torch.int64)
+    out = [torch.empty_like(mine) for _ in range(ctx.world_size)]
+    dist.all_gather(out, mine)
+    return [t.tolist() for t in out]
+
+
+class RMix(flowrl.Node):
+    """Stateless, data parallel: all-reduces the sum of the shards, then x -> (x * mul + add + sum)
+    mod MOD on each shard (`rmix_values` on the whole batch)."""
+
+    class Config(flowrl.NodeConfig):
+        mul: int = 3
+        add: int = 1
+
+    async def process(self, batch, port):
+        x = np.asarray(batch.tensors["x"], dtype=np.int64)
+        total = all_reduce_sum(self.ctx, int(x.sum() % MOD)) % MOD
+        return batch.replace(tensors={"x": (x * self.config.mul + self.config.add + total) % MOD})
+
+
+class _RankFolding:
+    """State of a data-parallel stateful node, one per rank: a hash chain over (batch id, this rank's
+    shard, every rank's shard digest, all-gathered), its count and the indices it folded. Saving it
+    is a collective too (like a sharded trainer's checkpoint): it gathers every rank's count, so
+    every rank must save at the same ticket."""
+
+    class Config(flowrl.NodeConfig):
+        history: int = 100_000
+
+    async def setup(self):
+        self.chain, self.count, self.indices = EMPTY_CHAIN, 0, []
+
+    def fold(self, batch) -> None:
+        x = np.asarray(batch.tensors["x"], dtype=np.int64)
+        digests = [d[0] for d in all_gather_ints(self.ctx, [shard_digest(x)])]
+        self.chain = rank_fold_state(self.chain, batch.batch_id, x, digests)
+        self.count += 1
+        self.indices.append(index_of(batch))
+        if len(self.indices) > self.config.history:
+            del self.indices[: len(self.indices) - self.config.history]
+
+    def state_dict(self):
+        counts = [c[0] for c in all_gather_ints(self.ctx, [self.count])]
+        return {"chain": self.chain, "count": self.count, "indices": list(self.indices), "counts": counts}
+
+    def load_state_dict(self, state):
+        self.chain, self.count, self.indices = state["chain"], int(state["count"]), list(state["indices"])
+
+
+class RFold(_RankFolding, flowrl.Node):
+    """Stateful transform, data parallel: folds its shard (and the gathered digests), forwards it."""
+
+    stateful = True
+    Config = _RankFolding.Config
+
+    async def process(self, batch, port):
+        self.fold(batch)
+        return batch
+
+
+class RFoldSink(_RankFolding, flowrl.Sink):
+    """Stateful sink, data parallel: folds its shard (and the gathered digests)."""
+
+    stateful = True
+    Config = _RankFolding.Config
+
+    async def process(self, batch, port):
+        self.fold(batch)
+        self.ctx.recorder.count("chaos_samples", batch.num_samples, per_node=True)
+
+
+PART = 4
+"""int64 values per rank in `RTrainer`'s weights: [version, count, chain head, rank]."""
+
+
+class _GatheredWeights:
+    """`RTrainer.weights()`: the layout without communication (`items`), the full tensor by an
+    all-gather of every rank's part (`[name]`, rank 0's publisher), and the same all-gather with
+    nothing kept (`drain`, the other ranks) — the shape of `flowrl.rl.FullState`."""
+
+    def __init__(self, node):
+        self.node = node
+
+    def _part(self) -> list[int]:
+        n = self.node
+        return [int(n.ctx.policy_version), int(n.count), int(n.chain[:15], 16), int(n.ctx.rank)]
+
+    def items(self):
+        import torch
+
+        return [("w", torch.empty(PART * self.node.ctx.world_size, dtype=torch.int64, device="meta"))]
+
+    def keys(self):
+        return ["w"]
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, name):
+        import torch
+
+        if name != "w":
+            raise KeyError(name)
+        parts = all_gather_ints(self.node.ctx, self._part())
+        return torch.tensor([v for p in parts for v in p], dtype=torch.int64)
+
+    def drain(self) -> None:
+        all_gather_ints(self.node.ctx, self._part())
+
+
+class RTrainer(RFoldSink):
+    """A data-parallel stateful sink that publishes weights after every ticket, gathered from every
+    rank (each rank's part says its version, count, chain head and rank)."""
+
+    publishes_weights = True
+    Config = _RankFolding.Config
+
+    def weights(self):
+        return _GatheredWeights(self)
+
+
+WEIGHT_MISMATCH = "CHAOS-WEIGHTS-MISMATCH"
+"""What `Sub` logs when a version it received is not whole (the checker reads the logs for it)."""
+
+
+def weight_problem(w: list[int], version: int, ranks: int) -> str | None:
+    """Why the weights `w` (`RTrainer`'s, gathered from `ranks` ranks) are not version `version`."""
+    parts = [w[r * PART:(r + 1) * PART] for r in range(ranks)]
+    if [p[3] for p in parts] != list(range(ranks)):
+        return f"rank fields {[p[3] for p in parts]}, want {list(range(ranks))}"
+    if any(p[0] != version for p in parts):
+        return f"labelled version {version}, the ranks' parts say versions {[p[0] for p in parts]}"
+    if len({p[1] for p in parts}) != 1:
+        return f"version {version}: the ranks had folded {[p[1] for p in parts]} tickets (not the same count)"
+    return None
+
+
+class _Subscribing:
+    """A weight subscriber of `RTrainer`: every version it loads must be whole."""
+
+    class Config(flowrl.NodeConfig):
+        mul: int = 5
+        add: int = 2
+        ranks: int = 2
+        """The publisher's ranks (its weights are int64[PART * ranks])."""
+
+    async def setup(self):
+        import torch
+
+        self.w = torch.zeros(PART * self.config.ranks, dtype=torch.int64)
+
+    def weights(self):
+        return {"w": self.w}
+
+    def load_weights(self, tensors, version):
+        problem = weight_problem(self.w.tolist(), version, self.config.ranks)
+        if problem is not None:
+            self.ctx.log.error("%s %s: %s", WEIGHT_MISMATCH, self.ctx.name, problem)
+            self.ctx.recorder.count("chaos_weight_mismatch", 1, per_node=True)
+
+
+class Sub(_Subscribing, flowrl.Node):
+    """Stateless transform that subscribes to `RTrainer`'s weights: x -> (x * mul + add) mod MOD
+    whatever it holds (so the model does not depend on versions), and every version it takes must be
+    whole (its label and every rank's part agree); if not, it logs `WEIGHT_MISMATCH`."""
+
+    subscribes_weights = True
+    Config = _Subscribing.Config
+
+    async def process(self, batch, port):
+        return batch.replace(tensors={"x": mix_values(np.asarray(batch.tensors["x"]), self.config.mul, self.config.add)})
+
+
+class RSub(_Subscribing, flowrl.Node):
+    """`Sub` with data-parallel ranks (like a tensor/data-parallel rollout engine): every rank takes
+    every version, and `process` is `RMix`'s (an all-reduce of the shard sums)."""
+
+    subscribes_weights = True
+    Config = _Subscribing.Config
+
+    async def process(self, batch, port):
+        x = np.asarray(batch.tensors["x"], dtype=np.int64)
+        total = all_reduce_sum(self.ctx, int(x.sum() % MOD)) % MOD
+        return batch.replace(tensors={"x": (x * self.config.mul + self.config.add + total) % MOD})
+
+
 KINDS = {cls.__name__: f"{__name__}:{cls.__name__}"
-         for cls in (TicketSource, Mix, Drop, Shrink, Hold, Merge, Fold, FoldSink, LogSink)}
+         for cls in (TicketSource, Mix, Drop, Shrink, Hold, Merge, Fold, FoldSink, LogSink,
+                     RMix, RFold, RFoldSink, RTrainer, Sub, RSub)}
 """Class name -> the `kind` string a graph file uses."""

@@ -1,5 +1,7 @@
 """Random graph shapes of synthetic nodes, seeded: chains, fan-out, joins, 1-3 sinks, stateful
-transforms, drops, shrinking filters and replicas of stateless nodes.
+transforms, drops, shrinking filters and replicas of stateless nodes; with `ranks=True`, nodes of
+2-3 data-parallel ranks whose `process` runs a collective, and a weight-publishing data-parallel
+sink with a subscriber.
 
     shape = random_shape(seed=7)
     print(shape.describe())        # src -> mix(x2) -> fold* -> {sink*, log}
@@ -9,6 +11,14 @@ A shape grows from its source: each new node consumes one open output (a chain l
 that already has a consumer (a fan-out: two edges from one port broadcast), or two outputs (a join);
 then every open output gets a sink, and extra sinks hang off random nodes. Every input port has
 exactly one edge, so the graph is a DAG whose every path ends in a sink.
+
+`ranks=True` adds the data-parallel kinds (`RMix`, `RFold` transforms, `RFoldSink` sinks, 2-3 ranks
+each, at least one per shape) and, in half of the shapes, makes the first sink an `RTrainer` (it
+publishes weights, gathered on every rank) with a subscriber (`Sub`, or `RSub` with ranks of its
+own) on a random edge or on the trainer's input, and half the time a `Drop` filter (1-2 replicas)
+right before the trainer, as in PPO / DAPO.
+`scale=True` makes sure the shape has a stateless node that `flowrl scale` can scale (a `Mix` on a
+random edge if it had none). Without them a seed gives the same shape as it always did.
 """
 
 from __future__ import annotations
@@ -19,7 +29,15 @@ from dataclasses import dataclass, field
 from flowrl.testing.chaos.features import Features
 from flowrl.testing.chaos.nodes import KINDS
 
-STATELESS = ("Mix", "Drop", "Shrink", "LogSink", "TicketSource")
+STATELESS = ("Mix", "Drop", "Shrink", "LogSink", "TicketSource", "RMix", "Sub", "RSub")
+REPLICABLE = ("Mix", "Drop", "Shrink", "LogSink", "Sub")
+"""Stateless nodes that may have replicas, and so be scaled (`flowrl scale`) while a run goes on."""
+RANKED = ("RMix", "RFold", "RFoldSink", "RTrainer", "RSub")
+"""Data-parallel classes: `devices: ranks` (2-3), a collective inside `process`."""
+SCALE_STEPS, SCALE_PACE_S, SCALE_BURST = 20, 0.5, 4
+"""Shapes made for scale events run at least this many tickets, one per this many seconds on average,
+in bursts (several tickets in flight at once, as without a pace: a data-parallel node's in-order
+buffer still releases several at once)."""
 
 
 @dataclass
@@ -30,14 +48,21 @@ class NodeDef:
     """Input port -> producer node."""
     config: dict = field(default_factory=dict)
     replicas: int = 1
+    ranks: int = 1
+    """Data-parallel ranks per replica (`devices: ranks`): one process each, one gloo group."""
 
     @property
     def stateful(self) -> bool:
-        return self.cls in ("Fold", "FoldSink", "Hold")
+        return self.cls in ("Fold", "FoldSink", "Hold", "RFold", "RFoldSink", "RTrainer")
 
     @property
     def sink(self) -> bool:
-        return self.cls in ("FoldSink", "LogSink")
+        return self.cls in ("FoldSink", "LogSink", "RFoldSink", "RTrainer")
+
+    @property
+    def scalable(self) -> bool:
+        """`flowrl scale` may change its replicas (stateless, one rank)."""
+        return self.cls in REPLICABLE and self.ranks == 1
 
 
 @dataclass
@@ -65,6 +90,9 @@ class Shape:
     checkpoint_every: int
     max_staleness: int
     timing: Timing = field(default_factory=Timing)
+    pace_s: float = 0.0
+    """Seconds per ticket the source takes on average, in bursts of `SCALE_BURST` (0: no pace;
+    shapes for scale events)."""
 
     @property
     def sinks(self) -> list[str]:
@@ -79,7 +107,23 @@ class Shape:
 
     @property
     def processes(self) -> int:
-        return sum(d.replicas for d in self.nodes.values())
+        return sum(d.replicas * d.ranks for d in self.nodes.values())
+
+    @property
+    def state_keys(self) -> list[str]:
+        """Every state the final checkpoint must hold: one per stateful node, one per rank of a
+        data-parallel one (`node`, `node/rank1`, ...; see `nodes.rank_state_key`)."""
+        from flowrl.testing.chaos.nodes import rank_state_key
+
+        return [rank_state_key(n, r) for n, d in self.nodes.items() if d.stateful for r in range(d.ranks)]
+
+    @property
+    def publisher(self) -> str | None:
+        return next((n for n, d in self.nodes.items() if d.cls == "RTrainer"), None)
+
+    @property
+    def scalable(self) -> list[str]:
+        return [n for n, d in self.nodes.items() if d.scalable]
 
     def traits(self) -> list[str]:
         """What makes this shape more than a chain with one sink (for breakdowns of results)."""
@@ -105,6 +149,14 @@ class Shape:
             out.append("fan-out")
         if any(d.replicas > 1 and not d.sink for d in ds):
             out.append("replicas")
+        if any(d.ranks > 1 for d in ds):
+            out.append("data parallel")
+        if any(d.ranks > 1 and d.stateful for d in ds):
+            out.append("data-parallel state")
+        if any(d.cls == "RTrainer" for d in ds):
+            out.append("weight sync")
+        if any(d.cls == "RSub" for d in ds):
+            out.append("data-parallel subscriber")
         return out or ["chain, one sink"]
 
     def edges(self) -> list[str]:
@@ -117,9 +169,11 @@ class Shape:
     def describe(self) -> str:
         """One line per node: `name Class(xR)* <- inputs` (* = stateful)."""
         lines = [(f"shape {self.seed}: {self.steps} steps x {self.batch_size}, checkpoint every "
-                  f"{self.checkpoint_every}, max_staleness {self.max_staleness}")]
+                  f"{self.checkpoint_every}, max_staleness {self.max_staleness}"
+                  + (f", {SCALE_BURST} tickets per {self.pace_s * SCALE_BURST:g} s" if self.pace_s else ""))]
         for d in self.nodes.values():
             rep = f" x{d.replicas}" if d.replicas > 1 else ""
+            rep += f" ({d.ranks} ranks)" if d.ranks > 1 else ""
             star = "*" if d.stateful else ""
             src = ", ".join(f"{p}={s}" for p, s in d.inputs.items()) if d.cls == "Merge" else ", ".join(d.inputs.values())
             lines.append(f"  {d.name:<8} {d.cls}{star}{rep}" + (f" <- {src}" if src else ""))
@@ -143,42 +197,63 @@ class Shape:
             schedule["keep_checkpoints"] = t.keep_checkpoints
         if features.process_timeout:
             supervision["process_timeout_s"] = t.process_timeout_s
-        nodes = {d.name: {"kind": KINDS[d.cls], "replicas": d.replicas, "config": dict(d.config),
-                          "on_failure": {"policy": "restart", "max_restarts": t.max_restarts, "backoff_s": t.backoff_s}}
+        pace = {"pace_s": self.pace_s, "burst": SCALE_BURST} if self.pace_s else {}
+        nodes = {d.name: {"kind": KINDS[d.cls], "replicas": d.replicas,
+                          "config": {**d.config, **(pace if d.cls == "TicketSource" else {})},
+                          "on_failure": {"policy": "restart", "max_restarts": t.max_restarts, "backoff_s": t.backoff_s},
+                          **({"devices": d.ranks} if d.ranks > 1 else {})}
                  for d in self.nodes.values()}
+        weights = [f"{d.name} -> {s.name}" for d in self.nodes.values() if d.cls == "RTrainer"
+                   for s in self.nodes.values() if s.cls in ("Sub", "RSub")]
         return GraphSpec.model_validate({"name": f"shape{self.seed}", "seed": self.seed, "nodes": nodes,
-                                         "edges": self.edges(), "schedule": schedule, "supervision": supervision})
+                                         "edges": self.edges(), "weights": weights, "schedule": schedule,
+                                         "supervision": supervision})
 
 
 def random_shape(seed: int, *, min_nodes: int = 3, max_nodes: int = 8, max_processes: int = 10,
-                 steps: tuple[int, int] = (10, 30), drops: bool = True, holds: bool = False) -> Shape:
-    """A random shape (the same for the same seed). `drops=False` leaves out `Drop` filters;
-    `holds=True` adds `Hold` nodes (tickets dropped with replace=True, like a DAPO filter's)."""
+                 steps: tuple[int, int] = (10, 30), drops: bool = True, holds: bool = False,
+                 ranks: bool = False, scale: bool = False) -> Shape:
+    """A random shape (the same for the same seed and options). `drops=False` leaves out `Drop`
+    filters; `holds=True` adds `Hold` nodes (tickets dropped with replace=True, like a DAPO
+    filter's); `ranks=True` adds data-parallel nodes with collectives (and, in half the shapes, a
+    weight-publishing data-parallel sink with a subscriber); `scale=True` makes sure a node can be
+    scaled. `max_processes` counts every rank of every replica."""
     rng = random.Random(seed)
     while True:
-        shape = _grow(rng, seed, min_nodes, max_nodes, drops, holds)
+        shape = _grow(rng, seed, min_nodes, max_nodes, drops, holds, ranks, scale)
         if min_nodes <= len(shape.nodes) <= max_nodes and shape.processes <= max_processes:
             shape.steps = rng.randint(*steps)
             shape.checkpoint_every = rng.randint(2, 5)
+            if scale:  # time for replicas to start, take work, die, come back and leave mid-run
+                shape.steps, shape.pace_s = max(shape.steps, SCALE_STEPS), SCALE_PACE_S
             return shape
 
 
-def _grow(rng: random.Random, seed: int, min_nodes: int, max_nodes: int, drops: bool, holds: bool = False) -> Shape:
+def _grow(rng: random.Random, seed: int, min_nodes: int, max_nodes: int, drops: bool, holds: bool = False,
+          ranks: bool = False, scale: bool = False) -> Shape:
     nodes: dict[str, NodeDef] = {}
     counter: dict[str, int] = {}
 
-    def add(cls: str, inputs: dict[str, str], **config) -> str:
-        short = {"TicketSource": "src", "FoldSink": "sink", "LogSink": "log"}.get(cls, cls.lower())
+    def name_for(cls: str) -> str:
+        short = {"TicketSource": "src", "FoldSink": "sink", "LogSink": "log", "RFoldSink": "rsink",
+                 "RTrainer": "trainer"}.get(cls, cls.lower())
         counter[short] = counter.get(short, 0) + 1
-        name = short if counter[short] == 1 else f"{short}{counter[short]}"
+        return short if counter[short] == 1 else f"{short}{counter[short]}"
+
+    def add(cls: str, inputs: dict[str, str], **config) -> str:
+        name = name_for(cls)
         replicas = 2 if cls in ("Mix", "Drop", "Shrink", "LogSink") and rng.random() < 0.3 else 1
-        nodes[name] = NodeDef(name, cls, inputs, config, replicas)
+        nodes[name] = NodeDef(name, cls, inputs, config, replicas, rng.choice((2, 2, 3)) if cls in RANKED else 1)
         return name
 
     open_: list[str] = [add("TicketSource", {}, seed=rng.randrange(1000))]
     n_sinks = rng.choice((1, 1, 2, 2, 3))
     n_inner = rng.randint(max(1, min_nodes - 1 - n_sinks), max(1, max_nodes - 1 - n_sinks))
     kinds = ["Mix", "Mix", "Fold", "Fold", "Shrink"] + (["Drop"] if drops else []) + (["Hold", "Hold"] if holds else [])
+    trainer = False
+    if ranks:
+        kinds += ["RMix", "RMix", "RFold"]
+        trainer = rng.random() < 0.5
     for _ in range(n_inner):
         op = rng.random()
         if len(open_) >= 2 and op < 0.5:  # join two open outputs
@@ -194,6 +269,7 @@ def _grow(rng: random.Random, seed: int, min_nodes: int, max_nodes: int, drops: 
         config = {"Mix": lambda: {"mul": rng.randrange(2, 97), "add": rng.randrange(100)},
                   "Drop": lambda: {"seed": rng.randrange(1000), "rate": rng.choice((0.1, 0.25, 0.4))},
                   "Shrink": lambda: {"seed": rng.randrange(1000)},
+                  "RMix": lambda: {"mul": rng.randrange(2, 97), "add": rng.randrange(100)},
                   "Hold": lambda: {"seed": rng.randrange(1000), "rate": rng.choice((0.2, 0.35))}}.get(cls, dict)()
         open_.append(add(cls, {"in": src}, **config))
     while len(open_) > n_sinks:  # too many open outputs: join two
@@ -205,6 +281,49 @@ def _grow(rng: random.Random, seed: int, min_nodes: int, max_nodes: int, drops: 
     while len(sink_inputs) < n_sinks:  # extra sinks: a fan-out (broadcast) of any node
         sink_inputs.append(rng.choice(producers))
     for i, src in enumerate(sink_inputs):
-        add("FoldSink" if i == 0 or rng.random() < 0.5 else "LogSink", {"in": src})
+        cls = "FoldSink" if i == 0 or rng.random() < 0.5 else "LogSink"
+        if ranks and i == 0 and trainer:
+            cls = "RTrainer"
+        elif ranks and cls == "FoldSink" and rng.random() < 0.4:
+            cls = "RFoldSink"
+        add(cls, {"in": src})
+    if ranks:
+        _with_ranks(rng, nodes, name_for, trainer)
+    if scale and not any(d.scalable for d in nodes.values()):
+        _insert(rng, nodes, NodeDef(name_for("Mix"), "Mix", {}, {"mul": rng.randrange(2, 97), "add": rng.randrange(100)}))
     return Shape(seed=seed, nodes=nodes, steps=0, batch_size=rng.choice((2, 4, 8)), checkpoint_every=0,
                  max_staleness=rng.choice((0, 1, 2, 3)))
+
+
+def _insert(rng: random.Random, nodes: dict[str, NodeDef], new: NodeDef, before: NodeDef | None = None) -> None:
+    """Put the one-input node `new` on a random edge (producer -> new -> consumer), or on the input
+    edge of the one-input node `before`, keeping `nodes` in topological order."""
+    d, port = (before, "in") if before is not None else rng.choice([(d, p) for d in nodes.values() for p in d.inputs])
+    new.inputs = {"in": d.inputs[port]}
+    d.inputs[port] = new.name
+    order = list(nodes.values())
+    at = order.index(d)
+    nodes.clear()
+    nodes.update((x.name, x) for x in [*order[:at], new, *order[at:]])
+
+
+def _with_ranks(rng: random.Random, nodes: dict[str, NodeDef], name_for, trainer: bool) -> None:
+    """At least one data-parallel node; with a trainer, its subscriber on a random edge."""
+    if not any(d.ranks > 1 for d in nodes.values()):
+        swap = {"Mix": "RMix", "Fold": "RFold", "FoldSink": "RFoldSink"}
+        d = rng.choice([d for d in nodes.values() if d.cls in swap])  # the first sink is a FoldSink at worst
+        d.cls, d.ranks, d.replicas = swap[d.cls], rng.choice((2, 2, 3)), 1
+    if trainer:  # its subscriber: one replica or two, or data parallel (a third of the time)
+        t = next(d for d in nodes.values() if d.cls == "RTrainer")
+        config = {"mul": rng.randrange(2, 97), "add": rng.randrange(100), "ranks": t.ranks}
+        if rng.random() < 1 / 3:
+            sub = NodeDef(name_for("RSub"), "RSub", {}, config, ranks=rng.choice((2, 3)))
+        else:
+            sub = NodeDef(name_for("Sub"), "Sub", {}, config, replicas=2 if rng.random() < 0.3 else 1)
+        # half the time the shape of PPO / DAPO: the rollout (subscriber) feeds the trainer, through a
+        # filter (replicated: its tickets arrive out of order, several are then released at once)
+        _insert(rng, nodes, sub, t if rng.random() < 0.5 else None)
+        if rng.random() < 0.5:
+            drop = NodeDef(name_for("Drop"), "Drop", {}, {"seed": rng.randrange(1000), "rate": rng.choice((0.25, 0.4))},
+                           replicas=rng.choice((1, 2)))
+            _insert(rng, nodes, drop, t)
