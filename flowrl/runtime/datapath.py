@@ -184,6 +184,8 @@ class DataPath:
                 await self.send_ctl(m.Published(version=self.version, epoch=self.fence.epoch, **self.weights.digest()))
         if step.checkpoint is not None:
             await self.save_checkpoint(step.checkpoint)
+        if step.sync is not None:
+            await self.join_sync(step.sync)
 
     def stamp(self, out, item: Item):
         """Outputs carry the routing facts of the work they came from."""

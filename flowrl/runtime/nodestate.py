@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from flowrl.runtime import messages as m
+from flowrl.runtime.ranks import GroupStep
 
 
 class NodeState:
@@ -69,7 +70,28 @@ class NodeState:
 
     # weights --------------------------------------------------------------------------------
     async def weight_sync(self, order: m.Sync) -> None:
+        """A `Sync` order. Every rank of a data-parallel subscriber is a member of the sync group, a
+        collective: the ranks join it when their leader says (a `GroupStep`), never while another
+        rank waits for them in a step of its own."""
+        if self.dp and self.cls.subscribes_weights:
+            if self.spec.rank > 0:  # kept until the leader's step names this sync epoch
+                self.sync_orders = {e: o for e, o in self.sync_orders.items() if e > order.sync_epoch - 8}
+                self.sync_orders[order.sync_epoch] = order
+                if self.awaiting_sync == order.sync_epoch:
+                    await self.join_sync(order.sync_epoch)
+                return
+            if not await self.lead(None, GroupStep(sync=order.sync_epoch), epoch=self.fence.epoch, marker="sync"):
+                return  # a rank is in a newer recovery epoch: the recovery forms a new sync epoch
+        await self.sync_now(order)
 
+    async def join_sync(self, sync_epoch: int) -> None:
+        """A follower's part of its leader's sync step (its own `Sync` order may come later)."""
+        order = self.sync_orders.pop(sync_epoch, None)
+        self.awaiting_sync = None if order is not None else sync_epoch
+        if order is not None:
+            await self.sync_now(order)
+
+    async def sync_now(self, order: m.Sync) -> None:
         self.busy = (f"weight sync v{order.version}", time.monotonic())
         try:
             received = await self.weights.sync(order, self.version, self.compute)

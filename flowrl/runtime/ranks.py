@@ -87,20 +87,23 @@ def shard_address(sockdir: str, node: str, replica: int, rank: int) -> str:
 class GroupStep:
     """What every rank of a node does for one ticket or one rollback, in this order, after running
     its shard (if the step has one): restore the state of the recovery epoch, publish a new weight
-    version, save a checkpoint at a watermark. Decided once, by the leader (`after_ticket`), and
-    followed by every rank (`follow`)."""
+    version, save a checkpoint at a watermark, take part in weight-sync epoch `sync` (a subscriber:
+    every rank is a member of the sync group). Decided once, by the leader (`after_ticket`, a
+    rollback, a `Sync` order), and followed by every rank (`follow`)."""
 
     restore: bool = False
     publish: bool = False
     checkpoint: int | None = None
+    sync: int | None = None
 
     def meta(self) -> list:
-        return [self.restore, self.publish, self.checkpoint]
+        return [self.restore, self.publish, self.checkpoint, self.sync]
 
     @classmethod
     def of(cls, meta: list) -> "GroupStep":
-        restore, publish, checkpoint = meta
-        return cls(bool(restore), bool(publish), None if checkpoint is None else int(checkpoint))
+        restore, publish, checkpoint, sync = (list(meta) + [None])[:4]
+        return cls(bool(restore), bool(publish), None if checkpoint is None else int(checkpoint),
+                   None if sync is None else int(sync))
 
 
 SKIPPED = GroupStep()  # a ticket no rank ran (a follower was in a newer recovery epoch)
@@ -231,7 +234,7 @@ class RankMember:
             await self.faults.hold()
             await self.rank_tx[0].send(answer)
         if shard.epoch != self.fence.epoch:
-            await self.follow(GroupStep(restore=step.restore, publish=step.publish), epoch=shard.epoch)
+            await self.follow(GroupStep(restore=step.restore, publish=step.publish, sync=step.sync), epoch=shard.epoch)
             return
         if self.ordered is not None and shard.index >= 0:  # the leader's watermark: checkpoints at the same ticket
             self.ordered.watermark = shard.index + 1

@@ -174,6 +174,8 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
         self.rank_replies: dict[tuple, object] = {}  # the leader's follower replies not yet gathered
         self.restore_orders: dict = {}  # epoch -> its Epoch order, restored when the leader says so
         self.accepted = None  # a follower's (shard, step) accepted, waiting for the leader's verdict
+        self.sync_orders: dict = {}  # a data-parallel subscriber's follower: Sync orders by sync epoch
+        self.awaiting_sync = None  # ... the sync epoch its leader's step named before the order came
         self.deferred_restore = None  # a leader's rollback step ordered before it was wired
         self.markers = 0  # steps the leader sent its followers that belong to no ticket
         if self.dp:
