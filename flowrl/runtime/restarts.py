@@ -75,7 +75,7 @@ class Restarts:
         log.warning("recovery epoch %d: every stateful node back to step %d (%s)", epoch, step, reason)
         self.pending_tickets = []
         self.sync_members, self.sync_identities = [], frozenset()
-        self.recovering = {p.id for p in self.procs}
+        self.recovering = {p.id for p in self.procs if not p.retired}  # removed replicas never enter it
         self.recovery_started = self.last_epoch_order = time.monotonic()
         for proc in self.procs:
             if proc.ready and proc.down_since is None and proc.restart_at is None:
@@ -96,6 +96,9 @@ class Restarts:
         if self.recovering is None:
             return
         self.recovering.discard(proc.id)
+        await self.recovered_if_done()
+
+    async def recovered_if_done(self) -> None:
         if not self.recovering:
             self.recovering = None
             self.scheduler.restart_clock()
@@ -123,6 +126,13 @@ class Restarts:
         within startup_timeout_s fails the run naming who is missing."""
         if self.recovering is None:
             return
+        # a replica `flowrl scale` removed (and then forgot) is not waited for
+        gone = self.recovering - {p.id for p in self.procs if not p.retired}
+        if gone:
+            self.recovering -= gone
+            await self.recovered_if_done()
+            if self.recovering is None:
+                return
         now = time.monotonic()
         missing = [p for p in self.procs if p.id in self.recovering]
         if now - self.recovery_started > self.spec.supervision.startup_timeout_s:
