@@ -9,7 +9,7 @@ import pytest
 
 from flowrl.testing.elastic import ElasticRun, run_sequence
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(480)
 CI_SEEDS = [4, 7]  # 4: a new replica killed, then removed while it restarts  # benchmarks/scale_sequences.py plays all 20 (python benchmarks/scale_sequences.py)
 
 
@@ -23,7 +23,7 @@ def test_scaled_up_one_new_replica_killed_scaled_down_the_run_finishes_exactly_o
         run.wait_down(1)  # restarting now: the scale-down races its restart
         assert "3 -> 1" in run.scale(1)
         # before the fix the trainer waited for the removed members' ready (process_timeout_s, 600 s)
-        result = run.finish(timeout_s=90)
+        result = run.finish(timeout_s=180)  # far below the 600 s the hang took, far above a run under load
     assert result.exit_code == 0, result.stderr[-3000:]
     audit = result.audit(["trainer"])
     assert audit.exactly_once and len(audit.issued) == steps, (audit.lost, audit.duplicated)
@@ -38,5 +38,5 @@ def test_scaled_up_one_new_replica_killed_scaled_down_the_run_finishes_exactly_o
 
 @pytest.mark.parametrize("seed", CI_SEEDS)
 def test_a_random_sequence_of_scale_ups_downs_and_kills_finishes_exactly_once(tmp_path, seed):
-    res = run_sequence(seed, tmp_path, steps=80, bound_s=120)
+    res = run_sequence(seed, tmp_path, steps=80, bound_s=200)
     assert res.ok, (" ".join(map(str, res.ops)), res.exit_code, res.error, res.issued)
