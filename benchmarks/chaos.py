@@ -138,19 +138,16 @@ def shapes_main(args) -> int:
             groups.setdefault(key, []).append(r.ok)
     for key in sorted(groups):
         print(f"  {key:<32}{sum(groups[key])}/{len(groups[key])}")
-    stuck = [r for r in results if r.stuck and not r.ok]
-    if stuck:
-        print("\nruns that did not complete with a rank inside a collective its partners never reached:")
-        for r in stuck:
+    for title, lines_of in (
+            ("runs that did not complete with a rank inside a collective its partners never reached:",
+             lambda r: r.stuck if not r.ok else []),
+            ("hung runs: where each process waited when it was killed (full dumps: RUN.hang.txt):", lambda r: r.hang)):
+        listed = [r for r in results if lines_of(r)]
+        if listed:
+            print("\n" + title)
+        for r in listed:
             print(f"  {r.schedule if r.schedule != 'ref' else f's{r.shape}.ref'} {r.outcome} {' '.join(r.scales + r.faults)}")
-            for line in r.stuck:
-                print(f"    {line}")
-    hung = [r for r in results if r.hang]
-    if hung:
-        print("\nhung runs: where each process waited when it was killed (full dumps: RUN.hang.txt):")
-        for r in hung:
-            print(f"  {r.schedule if r.schedule != 'ref' else f's{r.shape}.ref'} {' '.join(r.scales + r.faults)}")
-            for line in r.hang:
+            for line in lines_of(r):
                 print(f"    {line}")
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "features": asdict(features),

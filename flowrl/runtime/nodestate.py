@@ -25,8 +25,12 @@ class NodeState:
     async def load_checkpoint(self, path: str) -> None:
         from flowrl.runtime.checkpoints import load_state
 
-        state = await self.compute.call(load_state, Path(path))
-        await self.compute.call(self.node.load_state_dict, state["node"])
+        def load() -> dict:
+            state = load_state(Path(path))
+            self.node.load_state_dict(state["node"])
+            return state
+
+        state = await self.compute.call(load)  # one hop: read and apply
         if self.cls.publishes_weights:
             self.version = state.get("version", 0)
             self.nctx.policy_version = self.version
