@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.testing.harness import flowrl_command, kill_group  # noqa: E402
-from flowrl.runtime.ledger import audit_ledger, read_ledger  # noqa: E402
+from flowrl.runtime.protocol.ledger import audit_ledger, read_ledger  # noqa: E402
 
 RESTARTS = ("node_down", "reissued", "recovery", "failed")
 

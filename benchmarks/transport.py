@@ -82,7 +82,7 @@ class Clock:
 
 def settle() -> None:
     """What every process of the benchmark does once set up, as flowrl's node processes do (see
-    flowrl/runtime/worker.py): move what exists into the garbage collector's permanent generation,
+    flowrl/runtime/worker/worker.py): move what exists into the garbage collector's permanent generation,
     so that its full passes do not walk the imports (numpy, zmq, ...) again and again."""
     gc.collect()
     gc.freeze()

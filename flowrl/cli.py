@@ -127,7 +127,7 @@ def _dispatch(args) -> int:
             return 2
         if args.resume and args.graph and "=" in args.graph:
             args.overrides, args.graph = [args.graph, *args.overrides], None
-        from flowrl.runtime.run import run_main
+        from flowrl.runtime.controller.run import run_main
 
         return run_main(args)
     if args.command == "report":
@@ -136,7 +136,7 @@ def _dispatch(args) -> int:
         return report.main(args.run_dir)
     if args.command == "status":
         if args.dump:
-            from flowrl.runtime.dump import dump_processes
+            from flowrl.runtime.launch.dump import dump_processes
 
             return dump_processes(args.run_dir)
         from flowrl.metrics import show_status
@@ -158,7 +158,7 @@ def _dispatch(args) -> int:
 
 
 def _scale(args) -> int:
-    from flowrl.runtime.scaling import ScaleError, request
+    from flowrl.runtime.controller.scaling import ScaleError, request
 
     for change in args.changes:
         node, sep, n = change.partition("=")

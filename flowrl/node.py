@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from flowrl.graph.spec import StrictModel
+from flowrl.schema import StrictModel
 
 if TYPE_CHECKING:
     from flowrl.transport import Batch

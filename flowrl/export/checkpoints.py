@@ -1,5 +1,5 @@
 """Read a node's state out of a run directory's checkpoints (the runtime's reader, see
-`flowrl/runtime/checkpoints.py`, which knows their format).
+`flowrl/runtime/protocol/checkpoints.py`, which knows their format).
 
     state = load_checkpoint_state("runs/grpo-math-...", "actor")            # the last committed step
     state = load_checkpoint_state("runs/grpo-math-...", "actor", step=50)   # a kept older one
@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flowrl.runtime.checkpoints import CheckpointError as _RuntimeCheckpointError
-from flowrl.runtime.checkpoints import node_state, read_latest
+from flowrl.runtime.protocol.checkpoints import CheckpointError as _RuntimeCheckpointError
+from flowrl.runtime.protocol.checkpoints import node_state, read_latest
 
 
 class CheckpointError(FileNotFoundError):

@@ -9,16 +9,15 @@ raised together as one `GraphError`.
 from __future__ import annotations
 
 import copy
-import difflib
 from pathlib import Path
-from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from flowrl.graph.errors import GraphError, Problem, shown
 from flowrl.graph.reading import Loc, Located, decode, parse_yaml
 from flowrl.graph.spec import GraphSpec
+from flowrl.graph.validation import problems_from_validation
 
 __all__ = ["Located", "apply_overrides", "dump_graph", "load_graph", "load_graph_text", "parse_yaml"]
 
@@ -58,62 +57,6 @@ def apply_overrides(located: Located, overrides: list[str]) -> None:
         cur[last] = value
         located.lines[tuple(keys)] = None  # type: ignore[assignment]
         located.overrides = getattr(located, "overrides", {}) | {tuple(keys): item}
-
-
-def _fix_for(err: dict, model_fields: list[str]) -> str:
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        key = str(err["loc"][-1])
-        close = difflib.get_close_matches(key, model_fields, n=1)
-        if close:
-            return f"did you mean `{close[0]}`? Allowed keys here: {', '.join(model_fields)}"
-        return f"remove it; allowed keys here: {', '.join(model_fields)}"
-    if kind == "missing":
-        return f"add `{err['loc'][-1]}:`"
-    ctx = err.get("ctx", {})
-    for bound, word in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
-        if bound in ctx:
-            return f"use a value {word} {ctx[bound]}"
-    if kind.startswith("literal_error"):
-        return f"use one of {err.get('ctx', {}).get('expected', 'the allowed values')}"
-    return "see the graph file reference in README.md"
-
-
-def _allowed_keys(model: type[BaseModel], loc: Loc) -> list[str]:
-    """The field names of the model that sits at `loc` (for 'did you mean' hints)."""
-    from flowrl.graph import spec as s
-
-    at = {(): GraphSpec, ("schedule",): s.ScheduleSpec, ("supervision",): s.SupervisionSpec,
-          ("launcher",): s.LauncherSpec}
-    parent = tuple(loc[:-1])
-    if parent in at:
-        return list(at[parent].model_fields)
-    if len(parent) == 2 and parent[0] == "nodes":
-        return list(s.NodeSpec.model_fields)
-    if len(parent) == 3 and parent[0] == "nodes" and parent[2] == "on_failure":
-        return list(s.FailurePolicy.model_fields)
-    if len(parent) == 2 and parent[0] in ("edges",):
-        return ["from", "to", "capacity", "capacity_bytes"]
-    return list(model.model_fields)
-
-
-def problems_from_validation(e: ValidationError, located: Located, model: type[BaseModel],
-                             prefix: Loc = ()) -> list[Problem]:
-    out = []
-    overrides = getattr(located, "overrides", {})
-    for err in e.errors():
-        # pydantic adds the union member / validator name to loc; keep only real keys
-        loc = prefix + tuple(p for p in err["loc"] if not (isinstance(p, str) and (p.startswith("function-") or p in ("int", "list[union[int,str]]", "literal['auto']", "str"))))
-        value = err.get("input")
-        got = "" if err["type"] == "missing" else f" (got {shown(value)})" if not isinstance(value, (dict, list)) else ""
-        msg = err["msg"].removeprefix("Value error, ") + got
-        file = located.file
-        for oloc, item in overrides.items():
-            if tuple(loc[: len(oloc)]) == oloc:
-                file = f"override {item!r}"
-        out.append(Problem(_dotted(loc), msg, _fix_for(dict(err, loc=loc), _allowed_keys(model, loc)),
-                           file, located.line_of(loc) if not file or not file.startswith("override") else None))
-    return out
 
 
 def load_graph(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, check: bool = True) -> GraphSpec:

@@ -147,7 +147,8 @@ def check_structure(spec: GraphSpec, located=None) -> dict[str, type]:
         try:
             classes[name].Config.model_validate(node.config)
         except ValidationError as e:
-            from flowrl.graph.loader import Located, problems_from_validation
+            from flowrl.graph.reading import Located
+            from flowrl.graph.validation import problems_from_validation
 
             loc_src = located or Located({}, {}, None)
             problems.extend(problems_from_validation(e, loc_src, classes[name].Config, ("nodes", name, "config")))

@@ -102,7 +102,7 @@ class MetricsHub:
         self.derived: dict[str, float] = {}  # numeric contract keys of the last row
         self.last_known: dict[str, float] = {}  # ... and of the last row that had them
         self.rejected = 0
-        self.replans: list[str] = []  # processes moved off a lost host (runtime/replan.py), for the live view
+        self.replans: list[str] = []  # processes moved off a lost host (runtime/controller/replan.py), for the live view
         self.dropped_spans = 0
         self.last_row: dict[str, Any] | None = None
         self._wall_offset, self._closed = self._resume_offset(), False

@@ -14,23 +14,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from flowrl.metrics.sink import MetricSink, numeric
+
+__all__ = ["MetricSink", "build_sinks", "numeric", "sinks_for_run"]
+
 log = logging.getLogger(__name__)
-
-
-class MetricSink:
-    """Base class: receives each row of metrics.jsonl as a dict."""
-
-    def write(self, row: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-
-def numeric(row: dict[str, Any]) -> dict[str, float]:
-    """The row's numeric values (booleans and None left out), keyed as in metrics.jsonl."""
-    return {k: float(v) for k, v in row.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
 
 
 def build_sinks(spec: Any, run_dir: str | Path, graph_name: str = "flowrl") -> list[MetricSink]:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flowrl.metrics.sinks import MetricSink, numeric
+from flowrl.metrics.sink import MetricSink, numeric
 
 
 class TensorBoardSink(MetricSink):

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from flowrl.metrics.sinks import MetricSink, numeric
+from flowrl.metrics.sink import MetricSink, numeric
 
 
 class WandbSink(MetricSink):

@@ -28,7 +28,7 @@ class RunSummary:
 
     @property
     def ledger(self) -> list[dict]:
-        from flowrl.runtime.ledger import read_ledger
+        from flowrl.runtime.protocol.ledger import read_ledger
 
         return read_ledger(self.run_dir)
 
@@ -40,7 +40,7 @@ def run(graph: str | Path | GraphSpec, *, overrides: list[str] = (), run_dir: st
 
     from flowrl.graph import check_structure
     from flowrl.placement import get_inventory, make_plan
-    from flowrl.runtime.run import execute
+    from flowrl.runtime.controller.run import execute
 
     if isinstance(graph, GraphSpec):
         spec = graph.model_copy(deep=True)
@@ -63,6 +63,6 @@ def run(graph: str | Path | GraphSpec, *, overrides: list[str] = (), run_dir: st
 def scale(run_dir: str | Path, node: str, replicas: int, timeout_s: float = 30.0) -> str:
     """Run `replicas` replicas of stateless node `node` in the running run at `run_dir` (the same
     as `flowrl scale RUN_DIR node=N`). Returns what changed; raises ScaleError with the reason."""
-    from flowrl.runtime.scaling import request
+    from flowrl.runtime.controller.scaling import request
 
     return request(run_dir, node, replicas, timeout_s)

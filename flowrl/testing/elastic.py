@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flowrl.runtime.ledger import read_jsonl
+from flowrl.runtime.protocol.ledger import read_jsonl
 from flowrl.testing.harness import RunResult, flowrl_command, kill_group
 
 N = "flowrl.testing.nodes"

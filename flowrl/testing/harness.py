@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowrl.runtime.api import RunSummary
-from flowrl.runtime.ledger import Audit, audit_ledger, read_jsonl  # noqa: F401  (re-exported by flowrl.testing)
+from flowrl.runtime.protocol.ledger import Audit, audit_ledger, read_jsonl  # noqa: F401  (re-exported by flowrl.testing)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Addresses of a channel: one `Endpoint` class per transport kind, chosen by the address scheme.
 
-    ep = endpoint_for("ipc", config, name="rollout->reward")   # or an address: "tcp://127.0.0.1:0"
+    ep = endpoint_for("ipc", config, name="rollout->reward")   # pick.py; or an address: "tcp://127.0.0.1:0"
     address = ep.bind(sock, None)                              # binds; returns the real address
     ep.check_connect("tcp://10.0.0.2:5555")                    # policy checks before a connect
     await ep.cleanup()                                         # after the socket is closed
@@ -60,14 +60,3 @@ class Endpoint:
 
     async def cleanup(self) -> None:
         """Remove what `choose` / `bind` created (after the socket is closed)."""
-
-
-def endpoint_for(address_or_kind: str, config: ChannelConfig, name: str) -> Endpoint:
-    """The endpoint class for an address (by its scheme) or for a transport kind."""
-    from flowrl.transport.inproc import InprocEndpoint
-    from flowrl.transport.ipc import IpcEndpoint
-    from flowrl.transport.tcp import TcpEndpoint
-
-    kind = address_or_kind if address_or_kind in SCHEMES else scheme_of(address_or_kind)
-    cls = {"ipc": IpcEndpoint, "tcp": TcpEndpoint, "inproc": InprocEndpoint}[kind]
-    return cls(config, name)

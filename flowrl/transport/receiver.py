@@ -49,7 +49,7 @@ from zmq.utils.monitor import parse_monitor_message
 from flowrl.transport import codec, security, shm, sockets, wire
 from flowrl.transport.batch import Batch
 from flowrl.transport.config import ChannelConfig
-from flowrl.transport.endpoints import endpoint_for
+from flowrl.transport.pick import endpoint_for
 from flowrl.transport.errors import AddressInUse, BrokenChannel, ChannelClosed, DecodeError, EndOfStream
 from flowrl.transport.flow import CreditPool
 from flowrl.transport.gate import Gate

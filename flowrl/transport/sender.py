@@ -32,7 +32,8 @@ from zmq.utils.monitor import parse_monitor_message
 from flowrl.transport import codec, security, shm, sockets, wire
 from flowrl.transport.batch import Batch
 from flowrl.transport.config import ChannelConfig, CurveConfig
-from flowrl.transport.endpoints import endpoint_for, scheme_of
+from flowrl.transport.endpoints import scheme_of
+from flowrl.transport.pick import endpoint_for
 from flowrl.transport.errors import BrokenChannel, ChannelClosed, DecodeError
 from flowrl.transport.link import ENV_ALLOWANCE, Entry, Link
 from flowrl.transport.stats import ChannelStats

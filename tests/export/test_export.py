@@ -24,7 +24,7 @@ def fake_run(run_dir, spec: dict, steps=(3, 6), seed=0):
         with torch.no_grad():  # trained-looking weights, far from the near-uniform init
             for p in model.parameters():
                 p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(step)) * 0.5)
-        name = f"step{step:08d}/actor.0.0.e0.pt"  # the runtime's layout (flowrl/runtime/checkpoints.py)
+        name = f"step{step:08d}/actor.0.0.e0.pt"  # the runtime's layout (flowrl/runtime/protocol/checkpoints.py)
         (run_dir / "checkpoints" / name).parent.mkdir(parents=True, exist_ok=True)
         torch.save({"node": {"model": model.state_dict(), "steps": step}, "version": step, "step": step, "epoch": 0},
                    run_dir / "checkpoints" / name)

@@ -132,7 +132,7 @@ def run_in_process(shape, batch_id=lambda i: f"t-{i:06d}"):
     runs as that many objects, each given its shard by the runtime's own split (`split_groups`) and
     merged back by its `merge_outputs`, in threads with a fake collective (`fake_collectives`)."""
     import flowrl
-    from flowrl.runtime.ranks import merge_outputs, split_groups
+    from flowrl.runtime.worker.ranks import merge_outputs, split_groups
 
     objs, ranked = {}, {}
     for d in shape.nodes.values():
@@ -358,7 +358,7 @@ def test_scale_schedules_scale_a_stateless_node_up_then_down_and_kill_a_replica_
 
 
 def test_the_scaler_asks_at_observed_progress_and_again_while_the_run_recovers(tmp_path, monkeypatch):
-    from flowrl.runtime import scaling
+    from flowrl.runtime.controller.controller import scaling
     from flowrl.testing.chaos.trial import Scaler
 
     asked, answers = [], ["the run is recovering from a failure; try again in a moment"]

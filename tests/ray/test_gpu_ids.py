@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from flowrl.runtime.procspec import ProcSpec
-from flowrl.runtime.worker import bind_devices
+from flowrl.runtime.protocol.procspec import ProcSpec
+from flowrl.runtime.worker.worker import bind_devices
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,7 +39,7 @@ def test_an_actor_that_ray_gave_a_gpu_passes_that_gpu_to_its_node_process(ray_cl
     import ray
 
     from flowrl.ray_cluster import loopback_node_args
-    from flowrl.runtime.ray_actor import FlowrlNodeProcess
+    from flowrl.runtime.launch.ray_actor import FlowrlNodeProcess
 
     cluster, _ = ray_cluster
     node = cluster.add_node(**loopback_node_args(num_cpus=1, num_gpus=2, node_name="host-gpu",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from flowrl.ray_cluster import RayNode
-from flowrl.runtime.controller import RunFailed
+from flowrl.runtime.protocol.errors import RunFailed
 from flowrl.testing import audit_ledger, read_jsonl
 from flowrl.testing.harness import flowrl_command, kill_group
 from tests.ray.conftest import alive
@@ -54,7 +54,7 @@ class FakeCluster:
 
 def launcher_on(nodes, local_id):
     pytest.importorskip("ray")
-    from flowrl.runtime.ray_launcher import RayLauncher
+    from flowrl.runtime.launch.ray_launcher import RayLauncher
 
     return RayLauncher(cluster=FakeCluster(nodes, local_id))
 
@@ -69,7 +69,7 @@ def entry(node, host, devices, device_type="cpu", replica=0):
 
 
 def test_each_process_asks_ray_for_its_share_of_the_cores_the_plan_gave_it():
-    from flowrl.runtime.ray_launcher import RayLauncher
+    from flowrl.runtime.launch.ray_launcher import RayLauncher
 
     entries = {(e["node"], 0, 0): e for e in (entry("a", "h", [0]), entry("b", "h", [0]), entry("c", "h", [0]),
                                               entry("d", "h", [1]), entry("e", "g", [0]))}

@@ -103,8 +103,8 @@ def test_a_batch_smaller_than_the_ticket_is_refused_since_surplus_groups_would_p
 
 
 def test_data_parallel_ranks_that_disagree_on_holding_a_ticket_are_an_error_not_a_half_batch():
-    from flowrl.runtime.contract import NodeContractError
-    from flowrl.runtime.ranks import merge_outputs
+    from flowrl.runtime.worker.contract import NodeContractError
+    from flowrl.runtime.worker.ranks import merge_outputs
 
     held = flowrl.Drop("held", replace=True)
     with pytest.raises(NodeContractError, match="1 of 2 ranks returned Drop"):

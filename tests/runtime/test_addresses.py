@@ -1,4 +1,4 @@
-"""Links between hosts (flowrl/runtime/addresses.py): ipc within a host, tcp + CURVE between hosts,
+"""Links between hosts (flowrl/runtime/protocol/addresses.py): ipc within a host, tcp + CURVE between hosts,
 and what a client without the run's keys gets from a data channel, the control channel and the
 weight store: nothing. 127.0.0.2 stands in for another host (all of 127.0.0.0/8 is loopback)."""
 
@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from flowrl.graph import load_graph
-from flowrl.runtime.addresses import Network, keypair, tcp_address
+from flowrl.runtime.protocol.addresses import Network, keypair, tcp_address
 from tests.curve_probe import handshake
 
 pytestmark = pytest.mark.timeout(60)
@@ -109,7 +109,7 @@ def test_a_tcp_data_channel_refuses_a_client_without_a_producers_curve_key():
 
 
 def test_the_control_channel_over_tcp_never_hands_a_strangers_message_to_the_controller(tmp_path):
-    from flowrl.runtime.addresses import bind_control, release_control
+    from flowrl.runtime.protocol.addresses import bind_control, release_control
 
     net = network(tmp_path, {"numbers/0/0": "127.0.0.1", "scale/0/0": "127.0.0.2"})
     (tmp_path / "socks").mkdir()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from flowrl.node import Drop
-from flowrl.runtime.ranks import merge_outputs, split_groups
+from flowrl.runtime.worker.ranks import merge_outputs, split_groups
 from flowrl.testing import node_state, run_graph
 from flowrl.transport import Batch
 
@@ -67,10 +67,10 @@ def _follower(epoch: int):
     """A follower rank's shard handling alone (no process, no node)."""
     from types import SimpleNamespace
 
-    from flowrl.runtime.datapath import DataPath
-    from flowrl.runtime.faults import FaultInjector
-    from flowrl.runtime.inputs import Fence
-    from flowrl.runtime.ranks import RankMember
+    from flowrl.runtime.worker.datapath import DataPath
+    from flowrl.runtime.worker.faults import FaultInjector
+    from flowrl.runtime.worker.inputs import Fence
+    from flowrl.runtime.worker.ranks import RankMember
 
     class Follower(DataPath, RankMember):
         pass
@@ -88,7 +88,7 @@ def test_a_follower_answers_a_shard_of_an_older_epoch_and_holds_one_of_a_newer_e
     has not entered yet waits for it instead of being lost."""
     import anyio
 
-    from flowrl.runtime.ranks import SHARD
+    from flowrl.runtime.worker.ranks import SHARD
 
     async def main():
         f, rx = _follower(2), _Rx()
@@ -141,8 +141,8 @@ def test_the_leader_gathers_replies_of_three_ranks_whatever_their_order():
 
     import anyio
 
-    from flowrl.runtime.inputs import Item
-    from flowrl.runtime.ranks import RankMember
+    from flowrl.runtime.worker.inputs import Item
+    from flowrl.runtime.worker.ranks import RankMember
 
     class RankRx:
         def __init__(self, replies):
@@ -184,11 +184,11 @@ def test_a_leader_hands_its_follower_the_shard_before_any_rank_enters_a_collecti
     import anyio
 
     from flowrl.metrics import Recorder
-    from flowrl.runtime.compute import ComputeThread
-    from flowrl.runtime.datapath import DataPath
-    from flowrl.runtime.faults import FaultInjector
-    from flowrl.runtime.inputs import Item
-    from flowrl.runtime.ranks import GroupStep, RankMember
+    from flowrl.runtime.worker.compute import ComputeThread
+    from flowrl.runtime.worker.datapath import DataPath
+    from flowrl.runtime.worker.faults import FaultInjector
+    from flowrl.runtime.worker.inputs import Item
+    from flowrl.runtime.worker.ranks import GroupStep, RankMember
 
     joined = threading.Event()  # the follower is in the collective
 
@@ -255,10 +255,10 @@ def test_with_three_ranks_one_follower_in_a_newer_epoch_means_no_rank_enters_the
     import anyio
 
     from flowrl.metrics import Recorder
-    from flowrl.runtime.datapath import DataPath
-    from flowrl.runtime.faults import FaultInjector
-    from flowrl.runtime.inputs import Item
-    from flowrl.runtime.ranks import SKIPPED, GroupStep, RankMember
+    from flowrl.runtime.worker.datapath import DataPath
+    from flowrl.runtime.worker.faults import FaultInjector
+    from flowrl.runtime.worker.inputs import Item
+    from flowrl.runtime.worker.ranks import SKIPPED, GroupStep, RankMember
     from types import SimpleNamespace
 
     class Inbox:
@@ -304,9 +304,9 @@ def test_a_follower_does_an_accepted_step_on_go_even_in_a_newer_epoch_but_keeps_
     import anyio
 
     from flowrl.metrics import Recorder
-    from flowrl.runtime.compute import ComputeThread
-    from flowrl.runtime.inputs import Ordered
-    from flowrl.runtime.ranks import SHARD, GroupStep
+    from flowrl.runtime.worker.compute import ComputeThread
+    from flowrl.runtime.worker.inputs import Ordered
+    from flowrl.runtime.worker.ranks import SHARD, GroupStep
 
     async def main():
         f, rx = _follower(1), _Rx()

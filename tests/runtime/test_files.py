@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flowrl.runtime.controller import make_sockdir
+from flowrl.runtime.controller.controller import make_sockdir
 
 pytestmark = pytest.mark.timeout(120)
 N = "flowrl.testing.nodes"

@@ -1,6 +1,6 @@
 """Input policies on their own: fences, version gates, joins, in-order delivery, once-only sinks."""
 
-from flowrl.runtime.inputs import Fence, Item, JoinBuffer, Ordered, OutputCache, SinkSeen, VersionGate
+from flowrl.runtime.worker.inputs import Fence, Item, JoinBuffer, Ordered, OutputCache, SinkSeen, VersionGate
 from flowrl.transport import Batch
 
 
@@ -100,7 +100,7 @@ def test_a_join_gives_a_held_parts_credit_back_at_once_so_reordered_parts_cannot
 
     import anyio
 
-    from flowrl.runtime.datapath import DataPath
+    from flowrl.runtime.worker.datapath import DataPath
 
     class Rx:
         def __init__(self):

@@ -6,7 +6,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from flowrl.runtime import messages as m
+from flowrl.runtime.protocol import messages as m
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "recovery.md"
 

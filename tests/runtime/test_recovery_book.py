@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from flowrl.runtime.checkpoints import CheckpointError, confine, read_latest
-from flowrl.runtime.ledger import Ledger, read_jsonl
-from flowrl.runtime.recovery import RecoveryBook
+from flowrl.runtime.protocol.checkpoints import CheckpointError, confine, read_latest
+from flowrl.runtime.protocol.ledger import Ledger, read_jsonl
+from flowrl.runtime.controller.recovery import RecoveryBook
 
 MEMBERS = ["actor/0/0", "critic/0/0"]
 
@@ -71,7 +71,7 @@ def test_paths_outside_the_run_directory_are_refused(tmp_path):
 def test_a_checkpoint_holding_pickled_code_is_refused(tmp_path):
     import torch
 
-    from flowrl.runtime.checkpoints import load_state
+    from flowrl.runtime.protocol.checkpoints import load_state
 
     class Evil:
         def __reduce__(self):
@@ -84,7 +84,7 @@ def test_a_checkpoint_holding_pickled_code_is_refused(tmp_path):
 
 
 def test_a_long_ledger_rotates_into_compressed_segments_and_reads_back_whole(tmp_path):
-    from flowrl.runtime.ledger import read_ledger
+    from flowrl.runtime.protocol.ledger import read_ledger
 
     ledger = Ledger(tmp_path / "ledger.jsonl", rotate_bytes=2000)
     for i in range(300):

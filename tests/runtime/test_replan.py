@@ -1,4 +1,4 @@
-"""A lost host (flowrl/runtime/replan.py): its processes are re-planned onto the hosts that are left,
+"""A lost host (flowrl/runtime/controller/replan.py): its processes are re-planned onto the hosts that are left,
 their links decided again, the move written to the ledger; or, when nothing left fits, the run's
 failure names the lost host and why. Fakes for the controller and the launcher; the real thing
 runs in tests/ray (test_launcher.py, test_two_hosts.py)."""
@@ -12,9 +12,9 @@ import pytest
 from flowrl.graph import load_graph
 from flowrl.graph.structure import node_classes
 from flowrl.ray_cluster import RayNode
-from flowrl.runtime.addresses import Network
-from flowrl.runtime.procspec import ProcSpec
-from flowrl.runtime.replan import move_off
+from flowrl.runtime.protocol.addresses import Network
+from flowrl.runtime.protocol.procspec import ProcSpec
+from flowrl.runtime.controller.replan import move_off
 
 N = "flowrl.testing.nodes"
 A = RayNode("host-a", "a" * 56, "127.0.0.1", {"CPU": 2})

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import flowrl
-from flowrl.runtime.scaling import ScaleError
+from flowrl.runtime.controller.scaling import ScaleError
 from flowrl.testing import read_jsonl
 from flowrl.testing.harness import flowrl_command, kill_group
 

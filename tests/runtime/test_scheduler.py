@@ -3,9 +3,9 @@ attempt limits, rollback and resume — with the ledger audited after each story
 
 import pytest
 
-from flowrl.runtime.indexset import IndexSet
-from flowrl.runtime.ledger import Ledger, audit_ledger, read_jsonl
-from flowrl.runtime.scheduler import Scheduler, TicketExhausted
+from flowrl.runtime.protocol.indexset import IndexSet
+from flowrl.runtime.protocol.ledger import Ledger, audit_ledger, read_jsonl
+from flowrl.runtime.controller.scheduler import Scheduler, TicketExhausted
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ no clock; tests/fault/test_chaos.py sees the same verdicts in real runs)."""
 
 from types import SimpleNamespace
 
-from flowrl.runtime.supervisor import Supervisor
+from flowrl.runtime.controller.supervisor import Supervisor
 
 SUPERVISION = SimpleNamespace(deadline_s=4.0, startup_timeout_s=60.0, process_timeout_s=30.0)
 

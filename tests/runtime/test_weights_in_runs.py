@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_rollout_weights_are_bitwise_the_actors_at_every_version(tmp_path):
     """Every version the rollout took is one the actor published, bit for bit.
 
-    One `weights` row per completed sync round and member (flowrl/runtime/weightorders.py): the
+    One `weights` row per completed sync round and member (flowrl/runtime/controller/weightorders.py): the
     actor writes one per version it publishes and one per round it serves; the rollout one per
     round it receives. How many rounds a run has is timing: the controller orders one when the
     sync group forms and one per published version, but a round sends the publisher's newest

@@ -22,7 +22,7 @@ class Features:
     @classmethod
     def detect(cls) -> Features:
         from flowrl.graph.spec import ScheduleSpec, SupervisionSpec
-        from flowrl.runtime.faults import ACTIONS, Fault
+        from flowrl.runtime.protocol.faults import ACTIONS, Fault
 
         try:
             Fault.parse("kill:x@checkpoint=1")

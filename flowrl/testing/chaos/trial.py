@@ -255,7 +255,7 @@ class Scaler:
         return self.completed >= self.down_at[who] + 3
 
     def _request(self, e: ScaleEvent, at: int) -> None:
-        from flowrl.runtime.scaling import ScaleError, request
+        from flowrl.runtime.controller.scaling import ScaleError, request
 
         while not self.stop.is_set():
             try:
@@ -333,7 +333,7 @@ def hang_signature(run_dir: Path, wait_s: float = 3.0) -> list[str]:
     status --dump`); one line per process: its state, where its main loop waits and what its compute
     thread runs (`in collective all_gather: ...`), or `silent` (its event loop did not answer:
     blocked inside a call). The dumps go to `RUN.hang.txt`."""
-    from flowrl.runtime.dump import dump_processes
+    from flowrl.runtime.launch.dump import dump_processes
 
     run_dir = Path(run_dir)
     logs = run_dir / "logs"

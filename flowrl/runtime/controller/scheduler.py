@@ -1,0 +1,293 @@
+"""The scheduler: issues work tickets under a staleness bound and tracks them until every sink has them.
+
+Ticket `i` feeds training update `i`. With `max_staleness = k` it is issued only once the trainer
+holds version `>= i - k`, and rollouts must generate it with weights of at least that version.
+Stateful nodes take tickets in index order, so update `i` runs at version `i` and every sample it
+uses is at most `k` versions old. At most `k + 1` tickets are in flight.
+
+A ticket is complete when every sink node consumed it (or received its drop marker). Until then it
+is open: `reissue_open` sends it out again with `attempt + 1` when a node that held it died,
+`timed_out` when it took longer than `ticket_timeout_s`; past `max_attempts` the run fails with
+`TicketExhausted` naming it. `rollback(step)` undoes every stateful sink's consumption from `step`
+on (their state was restored to that checkpoint) and issues those tickets again.
+
+A ticket whose drop marker asks to be replaced (`flowrl.Drop(..., replace=True)`: a DAPO filter
+holds its groups for a later batch) extends the run by one ticket once it completes, so the run
+still makes `steps` training updates; at most `max_replaced` tickets are added per run.
+
+Memory and per-call cost are O(open tickets): consumption per sink is an `IndexSet` (a watermark
+plus the few above it), and complete tickets are forgotten. Pure bookkeeping: no sockets, no
+processes; the controller drives it and every event goes to the ledger.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from flowrl.errors import FlowrlError
+from flowrl.runtime.protocol.indexset import IndexSet
+from flowrl.runtime.protocol.ledger import Ledger
+from flowrl.node import Ticket, is_replace
+
+log = logging.getLogger("flowrl.scheduler")
+
+
+class TicketExhausted(FlowrlError):
+    """A ticket was issued `max_attempts` times and still not consumed by every sink."""
+
+    def __init__(self, batch_id: str, index: int, attempts: int, reason: str):
+        self.batch_id, self.index, self.attempts, self.reason = batch_id, index, attempts, reason
+        super().__init__(f"ticket {batch_id} (index {index}) was issued {attempts} times and is still not "
+                         f"consumed by every sink (last re-issue: {reason})")
+
+
+@dataclass
+class TicketState:
+    attempt: int = 0
+    issued_at: float = 0.0
+    reason: str = ""
+
+
+class Scheduler:
+    """Tickets, versions and per-sink consumption for one run."""
+
+    def __init__(self, *, steps: int, batch_size: int, max_staleness: int, sinks: list[str],
+                 ticket_timeout_s: float, ledger: Ledger, run_id: str = "t", stateful_sinks=(),
+                 max_attempts: int = 10, epoch: int = 0, max_replaced: int | None = None):
+        self.base_steps, self.batch_size, self.k = steps, batch_size, max_staleness
+        self.max_replaced = 10 * steps if max_replaced is None else max_replaced
+        self.sinks = list(sinks)
+        self.stateful_sinks = set(stateful_sinks)
+        self.ticket_timeout_s = ticket_timeout_s
+        self.max_attempts = max_attempts
+        self.ledger = ledger
+        self.run_id = run_id
+        self.epoch = epoch
+        self.next_index = 0
+        self.version = 0  # trainer's policy version (published, or completed count without a trainer)
+        self.consumed_by = {s: IndexSet() for s in self.sinks}
+        self.complete = IndexSet()
+        self.open: dict[int, TicketState] = {}
+        self.attempts: dict[int, int] = {}  # last attempt of indices issued before a rollback
+        # replaced tickets: sinks that got a replace marker (open tickets), then the completed ones
+        # above the last commit (a rollback may undo them) and a count of those below it
+        self.replace_marks: dict[int, set[str]] = {}
+        self.replaced: dict[int, set[str]] = {}
+        self.replaced_below = 0
+        self.replace_refused = 0
+        self.issued_end = 0  # one past the highest index ever issued (the end may shrink in a rollback)
+
+    # ids ------------------------------------------------------------------------------------
+    def batch_id(self, index: int) -> str:
+        return f"{self.run_id}-{index:06d}"
+
+    @staticmethod
+    def index_of(batch_id: str) -> int:
+        return int(batch_id.rsplit("-", 1)[1])
+
+    # state ----------------------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        """Tickets the run issues: `steps` plus one per replaced ticket."""
+        return self.base_steps + self.replaced_below + len(self.replaced)
+
+    @property
+    def completed(self) -> int:
+        """Tickets consumed by every sink."""
+        return self.complete.low + len(self.complete.extras)
+
+    @property
+    def complete_below(self) -> int:
+        return self.complete.low
+
+    @property
+    def done(self) -> bool:
+        return self.complete.low >= self.steps
+
+    @property
+    def in_flight(self) -> list[str]:
+        return [self.batch_id(i) for i in sorted(self.open)]
+
+    def _ticket(self, index: int) -> Ticket:
+        return Ticket(batch_id=self.batch_id(index), index=index, attempt=self.open[index].attempt,
+                      min_policy_version=max(0, index - self.k), size=self.batch_size, epoch=self.epoch)
+
+    # issuing --------------------------------------------------------------------------------
+    def issuable(self) -> list[Ticket]:
+        """Tickets that may go out now (and are recorded as issued)."""
+        out = []
+        while self.next_index < self.steps and self.version >= self.next_index - self.k:
+            i = self.next_index
+            self.next_index += 1
+            self.issued_end = max(self.issued_end, self.next_index)
+            if i in self.complete:
+                continue
+            previous = self.attempts.pop(i, None)
+            state = TicketState(attempt=0 if previous is None else previous + 1, issued_at=time.monotonic())
+            self.open[i] = state
+            if previous is None:
+                self.ledger.write("issued", self.batch_id(i), 0, index=i, min_version=max(0, i - self.k))
+            else:
+                state.reason = "rollback"
+                self.ledger.write("reissued", self.batch_id(i), state.attempt, reason="rollback")
+            out.append(self._ticket(i))
+        return out
+
+    def _again(self, i: int, reason: str, now: float) -> Ticket:
+        state = self.open[i]
+        if state.attempt + 1 >= self.max_attempts:
+            raise TicketExhausted(self.batch_id(i), i, state.attempt + 1, reason)
+        state.attempt += 1
+        state.issued_at = now
+        state.reason = reason
+        self.ledger.write("reissued", self.batch_id(i), state.attempt, reason=reason)
+        return self._ticket(i)
+
+    def reissue_open(self, reason: str) -> list[Ticket]:
+        """Every open ticket again, attempt + 1 (a node that may have held it died)."""
+        now = time.monotonic()
+        return [self._again(i, reason, now) for i in sorted(self.open)]
+
+    def timed_out(self, now: float | None = None) -> list[Ticket]:
+        """Open tickets older than the timeout, re-issued (a lost message, a stuck node)."""
+        now = time.monotonic() if now is None else now
+        return [self._again(i, "timeout", now) for i in sorted(self.open)
+                if now - self.open[i].issued_at > self.ticket_timeout_s]
+
+    def restart_clock(self) -> None:
+        """Open tickets count their timeout from now (after a pause in which nothing could move)."""
+        now = time.monotonic()
+        for state in self.open.values():
+            state.issued_at = now
+
+    # consumption ----------------------------------------------------------------------------
+    def consumed(self, sink: str, index: int, attempt: int = 0, *, dropped_by: str | None = None, **extra) -> bool:
+        """Sink node `sink` consumed ticket `index` (or its drop marker). Returns True when that
+        completes the ticket; a second consumption by the same sink is a recorded duplicate."""
+        bid = self.batch_id(index)
+        seen = self.consumed_by.get(sink)
+        if seen is None or not 0 <= index < max(self.steps, self.issued_end) or not seen.add(index):
+            self.ledger.write("duplicate_dropped", bid, attempt, node=sink, why="already consumed by this sink")
+            return False
+        if dropped_by is not None:
+            replace = is_replace(dropped_by)
+            self.ledger.write("dropped", bid, attempt, node=sink, by=dropped_by, **({"replace": True} if replace else {}))
+            if replace:
+                self.replace_marks.setdefault(index, set()).add(sink)
+        else:
+            self.ledger.write("consumed", bid, attempt, node=sink, **extra)
+        if all(index in s for s in self.consumed_by.values()):
+            self.complete.add(index)
+            self.open.pop(index, None)
+            self.ledger.write("completed", bid, attempt)
+            self._maybe_replace(index, attempt)
+            for i in [i for i in self.attempts if i < self.complete.low]:
+                del self.attempts[i]
+            return True
+        return False
+
+    def _maybe_replace(self, index: int, attempt: int) -> None:
+        sinks = self.replace_marks.pop(index, None)
+        if not sinks:
+            return
+        if self.replaced_below + len(self.replaced) >= self.max_replaced:
+            self.replace_refused += 1
+            self.ledger.write("replace_refused", self.batch_id(index), attempt, limit=self.max_replaced)
+            log.warning("ticket %s was dropped with replace=True but schedule.max_replaced=%d tickets were added "
+                        "already: it is not replaced, so the run makes one update fewer", self.batch_id(index),
+                        self.max_replaced)
+            return
+        self.replaced[index] = sinks
+        self.ledger.write("replaced", self.batch_id(index), attempt, steps=self.steps)
+
+    def consumed_above(self, sink: str, n: int) -> list[int]:
+        """Tickets >= n that sink node `sink` already has (to tell a restarted sink)."""
+        return self.consumed_by[sink].above(n)
+
+    def set_version(self, version: int) -> None:
+        self.version = max(self.version, version)
+
+    # recovery -------------------------------------------------------------------------------
+    def rollback(self, step: int, version: int, epoch: int, reason: str) -> None:
+        """Every stateful node was restored to checkpoint `step`: stateful sinks lose what they
+        consumed from `step` on, and every ticket from `step` on is issued again."""
+        self.epoch = epoch
+        for sink in self.stateful_sinks:
+            for i in self.consumed_by[sink].truncate(step):
+                self.ledger.write("rolled_back", self.batch_id(i), 0, node=sink, reason=reason)
+        for i in [i for i in self.replaced if i >= step]:  # replaced again if they drop again
+            self.replace_marks[i] = self.replaced.pop(i)
+            self.ledger.write("replace_undone", self.batch_id(i), 0, reason=reason)
+        for i in [i for i in self.replace_marks if i >= step]:
+            self.replace_marks[i] -= self.stateful_sinks
+            if not self.replace_marks[i]:
+                del self.replace_marks[i]
+        self.complete.truncate(step)
+        for i, state in self.open.items():
+            self.attempts[i] = max(self.attempts.get(i, 0), state.attempt)
+        for i in range(step, self.next_index):
+            self.attempts.setdefault(i, 0)
+        self.open = {}
+        self.next_index = min(self.next_index, step)
+        self.version = version
+
+    def state_dict(self, step: int) -> dict:
+        """What the checkpoint at `step` needs beyond the node states: small. Tickets below `step`
+        are complete: the ones replaced there count from now on as a number."""
+        for i in [i for i in self.replaced if i < step]:
+            del self.replaced[i]
+            self.replaced_below += 1
+        return {"version": self.version, "replaced_below": self.replaced_below,
+                "stateless_consumed": {s: self.consumed_by[s].above(self.complete.low)
+                                       for s in self.sinks if s not in self.stateful_sinks}}
+
+    def resume(self, step: int, version: int, epoch: int, ledger_rows: list[dict], replaced_below: int = 0) -> None:
+        """Continue a run from its checkpoint at `step`: tickets below it are complete; what
+        stateless sinks consumed from `step` on stays consumed; stateful sinks' is rolled back."""
+        self.epoch = epoch
+        self.replaced_below, self.replaced, self.replace_marks = replaced_below, {}, {}
+        self.issued_end = step
+        self.complete = IndexSet(step)
+        for s in self.sinks:
+            self.consumed_by[s] = IndexSet(step)
+        net: dict[tuple[str, int], int] = {}
+        undo: dict[int, int] = {}  # replacements past the checkpoint: decided again, so undone
+        for row in ledger_rows:
+            event, node, bid = row.get("event"), row.get("node"), row.get("batch_id", "")
+            if not isinstance(bid, str) or "-" not in bid:
+                continue
+            try:
+                i = self.index_of(bid)
+            except ValueError:
+                continue
+            if i < step:
+                continue
+            delta = {"consumed": 1, "dropped": 1, "rolled_back": -1}.get(event, 0)
+            if delta and node in self.consumed_by:
+                net[(node, i)] = net.get((node, i), 0) + delta
+                if event == "dropped" and row.get("replace") and node not in self.stateful_sinks:
+                    self.replace_marks.setdefault(i, set()).add(node)
+            if event in ("replaced", "replace_undone"):
+                undo[i] = undo.get(i, 0) + (1 if event == "replaced" else -1)
+            if event in ("issued", "reissued"):
+                self.attempts[i] = max(self.attempts.get(i, 0), row.get("attempt", 0))
+        for i, n in sorted(undo.items()):
+            if n > 0:
+                self.ledger.write("replace_undone", self.batch_id(i), 0, reason="resume")
+        for (node, i), n in sorted(net.items()):
+            if n <= 0:
+                continue
+            if node in self.stateful_sinks:
+                self.ledger.write("rolled_back", self.batch_id(i), 0, node=node, reason="resume")
+            else:
+                self.consumed_by[node].add(i)
+        i = step
+        while i < self.steps:  # a replaced ticket adds one to `steps`
+            if all(i in s for s in self.consumed_by.values()):
+                self.complete.add(i)
+                self._maybe_replace(i, 0)
+            i += 1
+        self.next_index = step
+        self.version = version

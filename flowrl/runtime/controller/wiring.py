@@ -1,0 +1,159 @@
+"""Setting node processes up (mixed into `Controller`): what each one is told and where it starts.
+
+It owns the controller's side of the data plane's addresses: the `ProcSpec` each process reads
+before it starts (its inputs, outputs, ranks, keys, devices), where a (re)started process begins
+(the current recovery epoch, the committed checkpoint, `--resume`), the addresses consumers
+report they bound and the routes producers are wired with (`Wire` once every process is READY;
+`Connect`/`Disconnect` when a consumer moved). Also the run's private socket folder and the free
+ports of the torch.distributed groups.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from flowrl.runtime.protocol import messages as m
+from flowrl.runtime.controller.procs import Proc
+from flowrl.runtime.protocol.procspec import OutputRoute, ProcSpec
+from flowrl.runtime.protocol.addresses import shard_address
+
+
+class Wiring:
+    """The controller's set-up half: process specs, start points, bound addresses, routes."""
+
+    def address(self, node: str, replica: int, port: str) -> str:
+        return self.bound.get((node, replica, port)) or self.net.input_address(node, replica, port)
+
+    def routes_for(self, proc: Proc) -> dict:
+        """edge -> [[address, CURVE key], ...] of each consumer replica, as bound now (for Wire)."""
+        out = {}
+        for route in proc.spec.outputs:
+            e = next(e for e in self.spec.edges if str(e) == route.edge)
+            out[route.edge] = [[a, self.net.server_key(e.dst, r, a)] for r in range(self.spec.nodes[e.dst].replicas)
+                               for a in [self.address(e.dst, r, e.dst_port)]]
+        return out
+
+    async def on_bound(self, proc: Proc, inputs: dict | None) -> None:
+        """A consumer reported the addresses it bound: a restart binds them again; a consumer that
+        moved (re-plan) or got another port is reached there by every wired producer."""
+        ps = proc.spec
+        for port, address in (inputs or {}).items():
+            if port not in ps.inputs or not isinstance(address, str):
+                continue
+            key = (ps.node, ps.replica, port)
+            old = self.bound.get(key)
+            self.bound[key] = ps.inputs[port] = address
+            if old is None or old == address:
+                continue
+            for e in [e for e in self.spec.edges if e.dst == ps.node and e.dst_port == port]:
+                for p in self.procs.of_node(e.src):
+                    if p.ready and p.down_since is None:  # it got Wire already (or gets these routes in it)
+                        await self.send(p, m.Connect(edge=str(e), address=address,
+                                                     key=self.net.server_key(ps.node, ps.replica, address) or None))
+                        await self.send(p, m.Disconnect(edge=str(e), address=old))
+
+    def build_procs(self) -> None:
+        master_ports: dict[tuple, int] = {}
+        for entry in self.plan.entries:
+            group = (entry.node, entry.replica)
+            if group not in master_ports:
+                master_ports[group] = free_port()
+            self.procs.add(Proc(spec=self.proc_spec(entry, master_ports[group])))
+
+    def proc_spec(self, entry, master_port: int) -> ProcSpec:
+        """What process `entry` of the plan is told about itself (written as JSON before it starts)."""
+        spec = self.spec
+        cls = self.classes[entry.node]
+        node = spec.nodes[entry.node]
+        pid = f"{entry.node}/{entry.replica}/{entry.rank}"
+        if pid not in self.net.where:  # a replica added by `flowrl scale`
+            self.net.place(pid, self.launcher.host_address(entry.host))
+        inputs = {p: self.address(entry.node, entry.replica, p) for p in cls.inputs}
+        clients = {p: c for p in cls.inputs for c in [self.net.input_clients(entry.node, entry.replica, p)] if c is not None}
+        outputs = [OutputRoute(edge=str(e), port=e.src_port,
+                               addresses=[self.address(e.dst, r, e.dst_port) for r in range(spec.nodes[e.dst].replicas)],
+                               capacity=e.capacity, capacity_bytes=e.capacity_bytes)
+                   for e in spec.edges if e.src == entry.node]
+        env = dict(self.plan.env_for(entry, master_port=master_port))
+        rank_addresses = ([shard_address(str(self.sockdir), entry.node, entry.replica, r)
+                           for r in range(entry.world_size)] if entry.world_size > 1 else [])
+        return ProcSpec(node=entry.node, kind=node.kind, replica=entry.replica, replicas=node.replicas,
+                        rank=entry.rank, world_size=entry.world_size, incarnation=0, run_dir=str(self.run_dir),
+                        graph_file=str(self.run_dir / "graph.yaml"), control=self.net.control_address(pid), inputs=inputs,
+                        outputs=outputs, env=env, device_type=entry.device_type, devices=list(entry.devices),
+                        cpu_cores=list(entry.local_devices) if entry.device_type == "cpu" else [],
+                        is_sink=entry.node in self.sinks, is_source=entry.node in self.sources,
+                        faults=self.faults, heartbeat_s=spec.supervision.heartbeat_s, secret=self.secret,
+                        serving_dtype=next((spec.nodes[w.dst].dtype for w in spec.weights if w.src == entry.node), None),
+                        sys_path=[p for p in sys.path if p and os.path.isdir(p)], rank_addresses=rank_addresses,
+                        host=getattr(entry, "host", None), host_address=self.net.where[pid],
+                        curve_public=self.net.keys[pid][0], curve_secret=self.net.keys[pid][1],
+                        control_key=self.net.control_key(pid), input_clients=clients)
+
+    def resume_from(self, record: dict) -> None:
+        """Continue a run whose controller died, from its committed checkpoint."""
+        from flowrl.runtime.protocol.ledger import read_ledger
+
+        step = record["step"]
+        self.book.committed = record
+        self.book.epoch = record.get("epoch", 0) + 1
+        self.scheduler.resume(step, record.get("version", step), self.book.epoch,
+                              read_ledger(self.run_dir), record.get("scheduler", {}).get("replaced_below", 0))
+        self.ledger.write("resumed", "-", 0, step=step, epoch=self.book.epoch)
+        for proc in self.procs:
+            self.prepare_start(proc)
+
+    def prepare_start(self, proc: Proc) -> None:
+        """Where a (re)started process begins: the current epoch, the committed checkpoint."""
+        ps = proc.spec
+        ps.epoch = self.book.epoch
+        ps.steps = self.scheduler.steps
+        committed = self.book.committed
+        if ps.node in self.stateful:
+            ps.resume_from = self.book.file_for(proc.id)
+            ps.watermark = committed["step"] if committed else 0
+        elif ps.node in self.sinks:
+            ps.watermark = self.scheduler.complete_below
+            ps.consumed = self.scheduler.consumed_above(ps.node, ps.watermark)
+
+    async def after_ready(self, proc: Proc) -> None:
+        """Wire outputs once every consumer can receive: all at the start, a restarted one at once."""
+        if not self.started:
+            if all(p.ready for p in self.procs):
+                self.started = True
+                for p in self.procs:
+                    await self.send(p, m.Wire(routes=self.routes_for(p)))
+            return
+        await self.send(proc, m.Wire(routes=self.routes_for(proc)))
+
+
+def make_sockdir() -> Path:
+    """A private folder for this run's sockets; folders of runs whose controller died go first."""
+    tmp = Path(tempfile.gettempdir())
+    for old in tmp.glob("flowrl-*"):
+        try:
+            pid = int((old / "pid").read_text())
+            if old.stat().st_uid != os.getuid():
+                continue
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(old, ignore_errors=True)
+        except (OSError, ValueError):
+            continue
+    path = Path(tempfile.mkdtemp(prefix="flowrl-"))
+    os.chmod(path, 0o700)
+    (path / "pid").write_text(str(os.getpid()))
+    return path
+
+
+def free_port() -> int:
+    """A free TCP port on loopback for a node's own torch.distributed group (MASTER_PORT)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

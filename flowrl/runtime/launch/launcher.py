@@ -1,0 +1,185 @@
+"""Launchers start node processes; the worker code does not care which one did.
+
+`local` (default): processes on this host, forked from a fork server (`forkserver.py`) that has
+already imported torch and the worker, so a restarted node is running in well under the ~1.5 s a
+fresh `import torch` costs. `subprocess`: plain `python -m flowrl.runtime.worker` (no preloading).
+`ray`: each node process under a Ray actor on its planned host (`ray_launcher.py`).
+
+Every handle is ended by PID: SIGTERM, a bounded wait, SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from flowrl.runtime.launch.child import die_with_parent
+from flowrl.runtime.protocol.procspec import WORKER_MODULE
+
+
+class ProcessHandle(ABC):
+    pid: int
+
+    @abstractmethod
+    def poll(self) -> int | None:
+        """Exit code (negative: killed by that signal), or None while running."""
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, timeout_s: float) -> int | None:
+        """SIGTERM (SIGCONT first, in case it is stopped), wait, then SIGKILL."""
+        if self.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while self.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+        if self.poll() is None:
+            self.signal(signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while self.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return self.poll()
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class Launcher(ABC):
+    @abstractmethod
+    def start(self, spec_path: Path, log_path: Path) -> ProcessHandle: ...
+
+    def close(self) -> None:
+        pass
+
+    # where processes run (flowrl/runtime/protocol/addresses.py decides links from these) ---------------
+    def host_address(self, host: str | None) -> str:
+        """The cluster address of a plan host: what its processes bind. One machine: loopback."""
+        return "127.0.0.1"
+
+    def controller_address(self) -> str:
+        """The cluster address of the controller's own host."""
+        return "127.0.0.1"
+
+    def is_lost(self, host: str | None) -> bool:
+        """True when `host` has left the cluster (its processes must move: flowrl/runtime/controller/replan.py)."""
+        return False
+
+    def inventory(self):
+        """The hosts that are there now, as a placement Inventory (for a re-plan)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot re-plan")
+
+
+class _ForkedHandle(ProcessHandle):
+    def __init__(self, pid: int, server: "LocalLauncher"):
+        self.pid = pid
+        self.server = server
+
+    def poll(self) -> int | None:
+        return self.server.exit_codes.get(self.pid)
+
+
+class LocalLauncher(Launcher):
+    """Node processes forked from `flowrl.runtime.launch.forkserver`, which has torch imported already.
+
+    The server dies with the controller (and its children with it), so a `kill -9` of the
+    controller leaves nothing behind."""
+
+    def __init__(self, start_timeout_s: float = 120.0, entry: str = WORKER_MODULE):
+        import queue
+        import threading
+
+        self.start_timeout_s, self.entry = start_timeout_s, entry
+        self.exit_codes: dict[int, int] = {}
+        self.replies: queue.Queue = queue.Queue()
+        self.server = subprocess.Popen([sys.executable, "-m", "flowrl.runtime.launch.forkserver", entry], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, bufsize=0)
+        self.reader = threading.Thread(target=self._read, daemon=True, name="flowrl-forkserver-reader")
+        self.reader.start()
+
+    def _read(self) -> None:
+        import json
+
+        for line in self.server.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if "exit" in msg:
+                self.exit_codes[msg["exit"]] = msg["code"]
+            elif "pid" in msg:
+                self.replies.put(msg["pid"])
+        self.replies.put(None)  # the server is gone
+
+    def start(self, spec_path: Path, log_path: Path) -> ProcessHandle:
+        import json
+        import queue
+
+        if self.server.poll() is not None:
+            raise RuntimeError(f"the fork server exited ({describe_exit(self.server.returncode)}); "
+                               "run with launcher: {type: subprocess} to see why")
+        self.server.stdin.write((json.dumps({"spec": str(spec_path), "log": str(log_path)}) + "\n").encode())
+        self.server.stdin.flush()
+        try:
+            pid = self.replies.get(timeout=self.start_timeout_s)
+        except queue.Empty:
+            raise RuntimeError(f"the fork server did not start a process within {self.start_timeout_s} s") from None
+        if pid is None:
+            raise RuntimeError("the fork server exited; run with launcher: {type: subprocess} to see why")
+        return _ForkedHandle(pid, self)
+
+    def close(self) -> None:
+        if self.server.poll() is None:
+            try:
+                self.server.stdin.close()  # the server kills what is left and exits
+            except OSError:
+                pass
+            try:
+                self.server.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+                self.server.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+class _PopenHandle(ProcessHandle):
+    def __init__(self, popen: subprocess.Popen):
+        self.popen = popen
+        self.pid = popen.pid
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+
+class SubprocessLauncher(Launcher):
+    """A fresh interpreter per node process (slower start, nothing shared)."""
+
+    def __init__(self, entry: str = WORKER_MODULE):
+        self.entry = entry
+
+    def start(self, spec_path: Path, log_path: Path) -> ProcessHandle:
+        log = open(log_path, "ab")
+        try:
+            popen = subprocess.Popen([sys.executable, "-m", self.entry, str(spec_path)],
+                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, preexec_fn=die_with_parent)
+        finally:
+            log.close()
+        return _PopenHandle(popen)

@@ -1,0 +1,191 @@
+"""Where each process of a run listens, and what protects each link: the one place that decides.
+
+    net = Network(spec, classes, sockdir, controller_address="10.0.0.1", curve=True)
+    net.place("rollout/0/0", "10.0.0.2")          # every process's host address, from the launcher
+    net.input_address("reward", 0, "in")          # ipc://SOCKDIR/reward.0.in  or  tcp://10.0.0.2:0
+    net.input_clients("reward", 0, "in")          # CURVE: the producers' public keys, or None
+    net.control_address("rollout/0/0")            # ipc:// on the controller's host, else tcp
+
+Both launchers go through here; the local one places every process at 127.0.0.1, so everything
+stays ipc. The rules (docs/multi-host.md):
+
+| link | both ends on one host | ends on two hosts |
+|---|---|---|
+| data edge (one consumer port) | ipc in the run's 0700 socket folder | tcp bound to the consumer's host address (port chosen at bind, reported in READY) + CURVE |
+| control (node -> controller) | ipc | tcp bound to the controller's host address + CURVE |
+| weight store | the publisher's host address | the same; keys and values sealed by the run's secret |
+
+"One host" means one address: two Ray nodes that share an IP address share a machine. A consumer
+port binds tcp as soon as one of its producers runs elsewhere (its producers on its own host then
+reach it over tcp too). CURVE keys: one pair per process and one for the controller, made here
+per run; a process gets its own secret key and the public keys it needs (ProcSpec; under Ray in
+the actor call's memory, never a file on the remote host). A consumer admits only its producers'
+keys, the controller only the run's processes' keys. The per-run secret proof still runs inside.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+import zmq
+
+log = logging.getLogger("flowrl.controller")
+
+LOOPBACK = "127.0.0.1"
+CONTROL_DOMAIN = "flowrl-control"  # the control's ZAP domain (data channels have their own)
+
+
+def shard_address(sockdir: str, node: str, replica: int, rank: int) -> str:
+    """Where rank `rank` of a data-parallel replica takes its shards from its leader (one host)."""
+    return f"ipc://{sockdir}/{node}.{replica}.rank{rank}"
+
+
+def keypair() -> tuple[str, str]:
+    public, secret = zmq.curve_keypair()
+    return public.decode(), secret.decode()
+
+
+def tcp_address(host: str, port: int | str = 0) -> str:
+    """`tcp://HOST:PORT`, IPv6 in brackets; never all interfaces."""
+    if host in ("", "0.0.0.0", "::", "*"):
+        raise ValueError(f"a flowrl socket binds to its host's cluster address, not {host!r} (all interfaces)")
+    try:
+        bracket = isinstance(ipaddress.ip_address(host), ipaddress.IPv6Address)
+    except ValueError:
+        bracket = False
+    return f"tcp://[{host}]:{port}" if bracket else f"tcp://{host}:{port}"
+
+
+class Network:
+    """Hosts, addresses and CURVE keys of one run's processes (mutable: a re-plan moves processes)."""
+
+    def __init__(self, spec, classes: dict, sockdir, controller_address: str = LOOPBACK, *, curve: bool = True):
+        self.spec, self.classes, self.sockdir = spec, classes, str(sockdir)
+        self.controller_address = controller_address
+        self.curve = curve
+        self.where: dict[str, str] = {}  # process id -> its host's cluster address
+        self.keys: dict[str, tuple[str, str]] = {}  # process id -> (public, secret), Z85
+        self.control_keys = keypair()
+        self.control_tcp: str | None = None  # the controller's tcp address, once bound
+
+    def place(self, proc_id: str, address: str) -> None:
+        self.where[proc_id] = address or LOOPBACK
+        self.keys.setdefault(proc_id, keypair())
+
+    @property
+    def multi_host(self) -> bool:
+        """Some process runs on another host than the controller: control goes over tcp too."""
+        return any(a != self.controller_address for a in self.where.values())
+
+    def producers(self, node: str, port: str) -> list[str]:
+        """Every process that may send into `node.port` (all ranks of every upstream node)."""
+        srcs = {e.src for e in self.spec.edges if e.dst == node and e.dst_port in (None, port)}
+        return [p for p in self.where if p.split("/")[0] in srcs]
+
+    def crosses(self, node: str, replica: int, port: str) -> bool:
+        me = self.where[f"{node}/{replica}/0"]
+        return any(self.where[p] != me for p in self.producers(node, port))
+
+    def input_address(self, node: str, replica: int, port: str) -> str:
+        """What the consumer binds: ipc when its producers share its host, else tcp on its host's
+        address with the port left to the kernel (the bound address comes back in READY)."""
+        if not self.crosses(node, replica, port):
+            return f"ipc://{self.sockdir}/{node}.{replica}.{port}"
+        return tcp_address(self.where[f"{node}/{replica}/0"], 0)
+
+    def input_clients(self, node: str, replica: int, port: str) -> list[str] | None:
+        """CURVE on a tcp input: the public keys of the producers it admits (None: no CURVE)."""
+        if not self.curve or not self.crosses(node, replica, port):
+            return None
+        return sorted(self.keys[p][0] for p in self.producers(node, port))
+
+    def server_key(self, node: str, replica: int, address: str) -> str:
+        """The public key a producer must expect at `address` of that consumer ('' for none)."""
+        return self.keys[f"{node}/{replica}/0"][0] if self.curve and address.startswith("tcp://") else ""
+
+    def control_address(self, proc_id: str) -> str:
+        if self.where.get(proc_id, self.controller_address) == self.controller_address or self.control_tcp is None:
+            return f"ipc://{self.sockdir}/control"
+        return self.control_tcp
+
+    def control_key(self, proc_id: str) -> str | None:
+        address = self.control_address(proc_id)
+        return self.control_keys[0] if self.curve and address.startswith("tcp://") else None
+
+    def check_ranks(self, groups: dict) -> None:
+        """The ranks of one node replica exchange shards over ipc: they must share a host."""
+        for (node, replica), entries in groups.items():
+            hosts = {self.where.get(f"{node}/{replica}/{e.rank}") for e in entries}
+            if len(hosts) > 1:
+                raise ValueError(f"node {node!r} replica {replica} has ranks on several hosts ({', '.join(sorted(hosts))}); "
+                                 "the ranks of one replica must share a host in this release: give the node "
+                                 "`host:` or fewer devices, or use replicas across hosts")
+
+
+def apply_control_client(sock, proc_public: str, proc_secret: str, server_key: str | None) -> None:
+    """A node's control sockets (worker and heartbeat thread): CURVE client when the control is tcp."""
+    if server_key:
+        sock.curve_serverkey = server_key.encode()
+        sock.curve_publickey = proc_public.encode()
+        sock.curve_secretkey = proc_secret.encode()
+
+
+def bind_control(net: Network):
+    """The controller's control ROUTER: ipc for its own host's processes (and `flowrl scale`);
+    when a process runs on another host, also tcp on the controller's host address with CURVE,
+    admitting only the keys of this run's processes. Returns (zmq.asyncio context, socket)."""
+    import zmq.asyncio
+
+    from flowrl.transport import CurveConfig, security
+    from flowrl.transport.sockets import shared_context
+
+    multi = net.multi_host
+    # CURVE's ZAP handler lives in the transport's process-wide context: share it then
+    zctx = zmq.asyncio.Context.shadow(shared_context().underlying) if multi else zmq.asyncio.Context()
+    router = zctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(f"ipc://{net.sockdir}/control")  # options are copied at bind: this endpoint has no CURVE
+    if multi:
+        if net.curve:
+            public, secret = net.control_keys
+            security.apply_server(router, CurveConfig(server_public=public, server_secret=secret,
+                                                      authorized_clients=tuple(k for k, _ in net.keys.values())),
+                                  CONTROL_DOMAIN)
+        router.bind(tcp_address(net.controller_address, "*"))
+        net.control_tcp = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        log.info("control channel on %s (%s)", net.control_tcp, "CURVE" if net.curve else "no CURVE")
+    return zctx, router
+
+
+def release_control(net: Network, zctx) -> None:
+    """After the ROUTER closed: the ZAP domain goes; a private context is ended (the shared one stays)."""
+    if net.control_tcp:
+        from flowrl.transport import security
+
+        security.release(CONTROL_DOMAIN)
+    else:
+        zctx.term()
+
+
+def input_security(spec, port: str, address: str) -> dict:
+    """ChannelConfig fields of a node's input: a tcp input (a producer on another host) binds its
+    host's address, as CURVE server with the process's keys, admitting the producers' keys only."""
+    from flowrl.transport import CurveConfig
+
+    if not address.startswith("tcp://"):
+        return {}
+    clients = spec.input_clients.get(port)
+    curve = None if clients is None else CurveConfig(
+        server_public=spec.curve_public, server_secret=spec.curve_secret, authorized_clients=tuple(clients))
+    return {"transport": "tcp", "allow_remote": True, "curve": curve}
+
+
+def output_curve(spec, key: str | None):
+    """CURVE client keys for a consumer on another host (`key`: its public key, from the controller)."""
+    from flowrl.transport import CurveConfig
+
+    if not key:
+        return None
+    return CurveConfig(server_public=key, client_public=spec.curve_public, client_secret=spec.curve_secret)

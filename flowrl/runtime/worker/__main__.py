@@ -1,0 +1,5 @@
+import sys
+
+from flowrl.runtime.worker.worker import main
+
+sys.exit(main())

@@ -1,0 +1,237 @@
+"""Data parallelism inside a node: the ranks of one replica share every batch.
+
+A node with `devices: N` (or a mesh) runs N processes, one torch.distributed group. Rank 0 (the
+leader) owns the node's inputs and every input policy (fence, order, joins, version gate); for
+each batch it decides to run, it splits the batch into N shards, sends shard r to rank r, runs
+shard 0 itself while the others run theirs (so a collective inside `process` — a DDP/FSDP
+backward, an all-reduce of a loss count — has every rank in it), gathers the outputs and emits
+them concatenated in rank order. Followers see every ticket the leader runs, drops included (as
+a marker, without a call), so their watermark and checkpoints follow the leader's exactly.
+
+    shards = split_groups(batch, 2)          # a GRPO group (samples_per_prompt rows) stays whole
+    merged = merge_outputs([out0, out1])     # rank order; drops count as empty
+
+Every rank makes the same collectives in the same order, because one place decides them: the
+leader. For each ticket it decides a `GroupStep` (run the shard; then publish a new weight
+version, save a checkpoint) and, for a rollback, one that restores the state; the step travels to
+the followers with their shard, in the order the leader takes them. A follower answers each step
+at once: `accept` (it is in the step's recovery epoch) or a drop (it already left that epoch). Then
+the leader tells every rank that accepted its verdict: `go` when all accepted, else `abort` (no
+rank does the step; the new epoch replays the ticket). A rank that accepted does a `go` step even
+if it entered a newer epoch meanwhile. So no rank waits in a collective for a rank that will not
+come, with any number of ranks.
+
+Shards travel over flowrl's own channels (ipc between the ranks of one host): no pickle, credit
+flow, the same codec as every edge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import logging
+
+from flowrl.node import REPLACE_MARK, Drop, is_replace
+from flowrl.runtime.worker.contract import NodeContractError
+
+if TYPE_CHECKING:
+    from flowrl.runtime.worker.inputs import Item
+
+log = logging.getLogger("flowrl.worker")
+
+SHARD = "__rank_shard__"  # the pseudo input port on which a follower rank gets its shards
+FENCED = "older epoch"  # a follower's answer to a shard of the epoch it left (its leader has yet to hear)
+
+
+def split_groups(batch, parts: int) -> list:
+    """`parts` contiguous shards of near-equal size that never cut a prompt group in two
+    (`meta["samples_per_prompt"]` rows each; 1 when absent)."""
+    n = batch.num_samples
+    g = int(batch.meta.get("samples_per_prompt", 1) or 1)
+    if g < 1 or n % g:
+        g = 1
+    groups = n // g
+    base, extra = divmod(groups, parts)
+    out, start = [], 0
+    for r in range(parts):
+        stop = start + (base + (1 if r < extra else 0)) * g
+        out.append(batch.select(slice(start, stop)))
+        start = stop
+    return out
+
+
+def merge_outputs(outputs: list):
+    """The ranks' outputs for one ticket as one: batches concatenated in rank order; a rank that
+    dropped (or returned nothing) contributes no samples; all dropped -> a Drop."""
+    from flowrl.transport import Batch
+
+    kept = [o for o in outputs if not isinstance(o, Drop) and o is not None and o.num_samples]
+    held = [o for o in outputs if isinstance(o, Drop) and o.replace]
+    if held and (kept or len(held) < len(outputs)):
+        raise NodeContractError(
+            f"{len(held)} of {len(outputs)} ranks returned Drop(replace=True) (holding their shard for a later "
+            "ticket) and the others did not: a node that holds work across tickets must decide the same on every "
+            "rank. Decide from data every rank sees (all-reduce the decision), or run it with devices: 1")
+    if not kept:
+        drops = [o for o in outputs if isinstance(o, Drop)]
+        return drops[0] if drops else Drop("every rank returned an empty batch")
+    return Batch.concat(kept) if len(kept) > 1 else kept[0]
+
+
+@dataclass(frozen=True)
+class GroupStep:
+    """What every rank of a node does for one ticket or one rollback, in this order, after running
+    its shard (if the step has one): restore the state of the recovery epoch, publish a new weight
+    version, save a checkpoint at a watermark, take part in weight-sync epoch `sync` (a subscriber:
+    every rank is a member of the sync group). Decided once, by the leader (`after_ticket`, a
+    rollback, a `Sync` order), and followed by every rank (`follow`)."""
+
+    restore: bool = False
+    publish: bool = False
+    checkpoint: int | None = None
+    sync: int | None = None
+
+    def meta(self) -> list:
+        return [self.restore, self.publish, self.checkpoint, self.sync]
+
+    @classmethod
+    def of(cls, meta: list) -> "GroupStep":
+        restore, publish, checkpoint, sync = (list(meta) + [None])[:4]
+        return cls(bool(restore), bool(publish), None if checkpoint is None else int(checkpoint),
+                   None if sync is None else int(sync))
+
+
+SKIPPED = GroupStep()  # a ticket no rank ran (a follower was in a newer recovery epoch)
+
+
+class RankMember:
+    """The worker's data-parallel half (mixed into `Worker`): the leader's fan-out and gather, a
+    follower's shard loop."""
+
+    async def lead(self, item: Item | None, step: GroupStep, *, epoch: int, shards: list | None = None,
+                   marker: str = "rollback") -> bool:
+        """Leader: hand every follower its part of one step (its shard of `item`, or a marker: a
+        dropped ticket, a rollback) and wait until each answered. True: every follower accepted and
+        will do the step; False: one had left `epoch` (no rank does the step). Delivery is proven by
+        the answers, not assumed from a queued send: only then may any rank enter a collective."""
+        from flowrl.transport import Batch
+
+        route = dict(batch_id=item.batch_id, attempt=item.attempt, index=item.index, epoch=epoch) if item is not None \
+            else dict(batch_id=f"{marker}-{epoch}-{self.markers}", attempt=0, index=-1, epoch=epoch)
+        self.markers += item is None
+        key = (route["batch_id"], route["attempt"])
+        for k in [k for k in self.rank_replies if k[:2] != key]:
+            del self.rank_replies[k]  # answers to work the leader gave up on (an older attempt)
+        for r, tx in self.rank_tx.items():
+            if shards is not None:
+                part = self.stamp(shards[r], item)
+                part = part.replace(meta={**shards[r].meta, "_port": item.port, "_step": step.meta()})
+            else:
+                part = Batch(meta={"_step": step.meta()}, drop=(item.drop or "dropped") if item else marker, **route)
+            await self.faults.hold()
+            await tx.send(part)
+        answers = [await self.rank_reply(*key, r, "accept") for r in self.rank_tx]
+        go = all(a.drop is None for a in answers)
+        for (r, tx), a in zip(self.rank_tx.items(), answers):  # the verdict, to every rank that accepted
+            if a.drop is None:
+                await tx.send(Batch(meta={"_verdict": "go" if go else "abort"}, **route))
+        return go
+
+    async def run_ranks(self, item: Item, step: GroupStep, method: str):
+        """Leader: shard r to rank r, shard 0 here, gather the results in rank order. Returns
+        SKIPPED when a follower is in a newer recovery epoch (nobody ran the ticket)."""
+        from flowrl.runtime.worker.contract import outputs_of
+        from flowrl.runtime.worker.ranks import merge_outputs, split_groups
+
+        shards = split_groups(item.batch, self.spec.world_size)
+        if not await self.lead(item, step, epoch=item.epoch, shards=shards):
+            return SKIPPED
+        self.recorder.count("rank_samples", shards[0].num_samples, rank="0", per_node=True)
+        mine = await self.call_node(item.batch_id, self.node.process, shards[0], item.port)
+        outputs = [None if self.is_sink else outputs_of(mine, node=self.spec.node, method=method,
+                                                        ports=self.cls.outputs)[self.cls.outputs[0]]]
+        for r in range(1, self.spec.world_size):
+            outputs.append(await self.gather(item, r))
+        if self.is_sink:
+            return None
+        return {self.cls.outputs[0]: merge_outputs(outputs)}
+
+    async def gather(self, item: Item, rank: int):
+        """The result of `rank` for `item`."""
+        out = await self.rank_reply(item.batch_id, item.attempt, rank, "result")
+        if out.drop is not None:
+            return Drop(out.drop.removeprefix(REPLACE_MARK), replace=is_replace(out.drop))
+        return out.replace(meta={k: v for k, v in out.meta.items() if k not in ("_rank", "_reply")})
+
+    async def rank_reply(self, batch_id: str, attempt: int, rank: int, kind: str):
+        """The answer (`accept`) or result (`result`) of `rank` for one step. Replies come in any
+        order (of ranks and kinds): the others are kept for their turn."""
+        key = (batch_id, attempt, rank, kind)
+        got = self.rank_replies.pop(key, None)
+        while got is None:
+            msg = await self.rank_rx.recv()
+            await self.rank_rx.ack(msg)
+            k = (msg.batch_id, msg.attempt, msg.meta.get("_rank"), msg.meta.get("_reply", "result"))
+            if k == key:
+                got = msg
+            elif k[:2] == key[:2]:
+                self.rank_replies[k] = msg
+        return got
+
+    async def on_shard(self, shard, rx) -> None:
+        """Follower: answer the leader's step at once (accept, or a drop when this rank already left
+        the step's recovery epoch); do an accepted step when the leader's verdict says go."""
+        from flowrl.transport import Batch
+
+        await rx.ack(shard)
+        verdict = shard.meta.get("_verdict")
+        if verdict is not None:
+            pending, self.accepted = self.accepted, None
+            if pending is None or (pending[0].batch_id, pending[0].attempt) != (shard.batch_id, shard.attempt):
+                log.warning("verdict %s for %s, which this rank has not accepted; ignored", verdict, shard.batch_id)
+            elif verdict == "go":  # every rank does it now, even one that entered a newer epoch meanwhile
+                await self.do_step(*pending)
+            return
+        if shard.epoch < self.fence.epoch:  # the leader has yet to hear of the recovery: nobody does this
+            await self.faults.hold()  # step (the new epoch replays the ticket)
+            await self.rank_tx[0].send(Batch(meta={"_rank": self.spec.rank, "_reply": "accept"}, drop=FENCED,
+                                             batch_id=shard.batch_id, attempt=shard.attempt, index=shard.index,
+                                             epoch=shard.epoch))
+            return
+        self.accepted = (shard, GroupStep.of(shard.meta.get("_step") or [False, False, None]))
+        await self.faults.hold()
+        await self.rank_tx[0].send(Batch(meta={"_rank": self.spec.rank, "_reply": "accept"}, batch_id=shard.batch_id,
+                                         attempt=shard.attempt, index=shard.index, epoch=shard.epoch))
+
+    async def do_step(self, shard, step: GroupStep) -> None:
+        """Follower: run the step's shard (if it has one), send the result back, then follow the step.
+        A rank that entered a newer recovery epoch since it accepted still makes the step's
+        collectives (its leader is in them), but keeps none of its bookkeeping: no watermark, no
+        checkpoint (the newer epoch's restore comes next, at the leader's word)."""
+        from flowrl.runtime.worker.contract import outputs_of
+        from flowrl.transport import Batch
+
+        route = dict(batch_id=shard.batch_id, attempt=shard.attempt, index=shard.index, epoch=shard.epoch)
+        if shard.drop is None:
+            port = shard.meta.get("_port") or self.cls.inputs[0]
+            batch = shard.replace(meta={k: v for k, v in shard.meta.items() if k not in ("_port", "_step")})
+            self.recorder.count("rank_samples", batch.num_samples, rank=str(self.spec.rank), per_node=True)
+            out = await self.call_node(shard.batch_id, self.node.process, batch, port)
+            result = None if self.is_sink else \
+                outputs_of(out, node=self.spec.node, method="process", ports=self.cls.outputs)[self.cls.outputs[0]]
+            meta = {"_rank": self.spec.rank, "_reply": "result"}
+            if isinstance(result, Drop):
+                answer = Batch(meta=meta, drop=result.marker, **route)
+            elif result is None:
+                answer = Batch(meta=meta, **route)
+            else:
+                answer = result.replace(meta={**result.meta, **meta}, **route)
+            await self.faults.hold()
+            await self.rank_tx[0].send(answer)
+        if shard.epoch != self.fence.epoch:
+            await self.follow(GroupStep(restore=step.restore, publish=step.publish, sync=step.sync), epoch=shard.epoch)
+            return
+        if self.ordered is not None and shard.index >= 0:  # the leader's watermark: checkpoints at the same ticket
+            self.ordered.watermark = shard.index + 1
+        await self.follow(step, epoch=shard.epoch)

@@ -1,0 +1,87 @@
+"""The import layering of flowrl (pyproject.toml [tool.importlinter]; docs/architecture.md): a new
+back edge between the runtime's programs, or an import circle anywhere in flowrl, fails here."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_import_linter_contracts_hold():
+    from importlinter.cli import lint_imports
+
+    sys.path.insert(0, str(ROOT))
+    try:
+        assert lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True) == 0
+    finally:
+        sys.path.remove(str(ROOT))
+
+
+def _cycles(graph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.find_modules_directly_imported_by(w)))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+@pytest.fixture(scope="module")
+def graph():
+    sys.path.insert(0, str(ROOT))
+    try:
+        return grimp.build_graph("flowrl", exclude_type_checking_imports=True, cache_dir=None)
+    finally:
+        sys.path.remove(str(ROOT))
+
+
+def test_no_module_of_flowrl_is_in_an_import_circle(graph):
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_circle(graph):
+    graph.add_import(importer="flowrl.runtime.protocol.messages", imported="flowrl.runtime.protocol.ledger")
+    graph.add_import(importer="flowrl.runtime.protocol.ledger", imported="flowrl.runtime.protocol.messages")
+    assert ["flowrl.runtime.protocol.ledger", "flowrl.runtime.protocol.messages"] in _cycles(graph)
+
+
+def test_no_runtime_module_is_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "flowrl" / "runtime").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}, "split these modules (docs/architecture.md says which part owns what)"
