@@ -31,7 +31,7 @@ def _fix_for(err: dict, model_fields: list[str]) -> str:
             return f"use a value {word} {ctx[bound]}"
     if kind.startswith("literal_error"):
         return f"use one of {err.get('ctx', {}).get('expected', 'the allowed values')}"
-    return "see the graph file reference in README.md"
+    return "see the graph file reference in docs/graph.md"
 
 
 def _allowed_keys(model: type[BaseModel], loc: Loc) -> list[str]:
