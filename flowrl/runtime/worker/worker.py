@@ -294,7 +294,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
 
     async def send_metrics(self) -> None:
         self.last_metrics = time.monotonic()
-        await self.send_ctl(m.Heartbeat(metrics=self.recorder.drain(), version=self.version))
+        await self.send_ctl(m.Heartbeat(metrics=self.recorder.drain()))
 
     async def main_loop(self) -> None:
         while True:
