@@ -19,9 +19,9 @@ dicts; tools and tests match on `row["event"]`). Run-level events have `batch_id
     resumed       Resumed {step, epoch}                   a run continued from its checkpoint
     node_down     NodeDown {node, why}                    a process died (`attempt`: its incarnation)
     weights       WeightsHeld {node, version, digest}     a process holds weights `version`
-    scaled        Scaled {node, replicas, was}            `flowrl scale` changed a node's replicas
+    scaled        NodeScaled {node, replicas, was}      `flowrl scale` changed a node's replicas
     replanned     Replanned {host, moved}                 a lost host's processes moved: {id: new host}
-    failed        RunFailed {why}                         the run failed (first line of the reason)
+    failed        RunFailure {why}                        the run failed (first line of the reason)
 
 Exactly once (`net_consumption`): for every issued ticket and every sink node,
 consumed + dropped - rolled_back == 1. Rows are written with one `write` each (a line survives a
@@ -187,7 +187,7 @@ class WeightsHeld(RunEvent):
 
 
 @event("scaled")
-class Scaled(RunEvent):
+class NodeScaled(RunEvent):
     node: str
     replicas: int
     was: int
@@ -200,7 +200,7 @@ class Replanned(RunEvent):
 
 
 @event("failed")
-class RunFailed(RunEvent):
+class RunFailure(RunEvent):
     why: str
 
 
