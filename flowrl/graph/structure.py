@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from flowrl.graph.errors import GraphError, Problem
 from flowrl.graph.kinds import KindError, resolve_kind
+from flowrl.graph.shapes import is_observer, is_source
 from flowrl.graph.spec import GraphSpec
 
 
@@ -154,9 +155,7 @@ def check_structure(spec: GraphSpec, located=None) -> dict[str, type]:
             problems.extend(problems_from_validation(e, loc_src, classes[name].Config, ("nodes", name, "config")))
 
     problems.extend(_async_problems(classes, spec, located))
-    from flowrl.node import Source
-
-    if not any(issubclass(cls, Source) for cls in classes.values()):
+    if not any(is_source(cls) for cls in classes.values()):
         problems.append(_p(located, ("nodes",), "the graph has no source node (a node without inputs)",
                            "add a source such as `prompts` that turns tickets into batches"))
     if problems:
@@ -168,15 +167,15 @@ def _async_problems(classes: dict, spec: GraphSpec, located) -> list[Problem]:
     """Hooks the runtime awaits must be `async def`: a plain `def` would fail deep in the worker."""
     import inspect
 
-    from flowrl.node import Join, Source
+    from flowrl.node import Join
 
     out = []
     for name, cls in classes.items():
-        if issubclass(cls, Source):
+        if is_source(cls):
             hooks = ["generate"]
         elif issubclass(cls, Join):
             hooks = ["join"]
-        elif not cls.inputs and not cls.outputs:
+        elif is_observer(cls):
             hooks = ["observe"]
         else:
             hooks = ["process"]

@@ -38,6 +38,7 @@ import anyio
 import zmq
 import zmq.asyncio
 
+from flowrl.graph.shapes import node_shapes  # re-exported: the rule lives below the runtime
 from flowrl.runtime.protocol import messages as m
 from flowrl.runtime.protocol.errors import RunFailed
 from flowrl.runtime.protocol.addresses import Network, bind_control, release_control
@@ -56,17 +57,6 @@ from flowrl.runtime.controller.wiring import Wiring, free_port, make_sockdir
 __all__ = ["Controller", "RunFailed", "node_shapes", "make_sockdir", "free_port"]
 
 log = logging.getLogger("flowrl.controller")
-
-
-def node_shapes(classes: dict) -> dict[str, list[str]]:
-    """Which nodes are sources, sinks, observers, stateful, publishers and subscribers."""
-    from flowrl.node import Source
-
-    observers = [n for n, c in classes.items() if not issubclass(c, Source) and not c.inputs and not c.outputs]
-    return {"sources": [n for n, c in classes.items() if issubclass(c, Source)],
-            "sinks": [n for n, c in classes.items() if not c.outputs and n not in observers],
-            "observers": observers,
-            "stateful": [n for n, c in classes.items() if c.stateful]}
 
 
 class Controller(Wiring, Restarts, WeightOrders, Tickets, ScaleClient):

@@ -28,7 +28,9 @@ from dataclasses import dataclass
 
 from flowrl.errors import FlowrlError
 from flowrl.runtime.protocol.indexset import IndexSet
-from flowrl.runtime.protocol.ledger import Ledger
+from flowrl.runtime.protocol.ledger import (DuplicateDropped, Ledger, ReplaceRefused, ReplaceUndone, RolledBack,
+                                            TicketCompleted, TicketConsumed, TicketDropped, TicketIssued,
+                                            TicketReissued, TicketReplaced, net_consumption)
 from flowrl.node import Ticket, is_replace
 
 log = logging.getLogger("flowrl.scheduler")
@@ -87,6 +89,16 @@ class Scheduler:
     def index_of(batch_id: str) -> int:
         return int(batch_id.rsplit("-", 1)[1])
 
+    @classmethod
+    def _index_in(cls, batch_id) -> int | None:
+        """The ticket index of a ledger row's batch_id; None for run-level rows ("-")."""
+        if not isinstance(batch_id, str) or "-" not in batch_id:
+            return None
+        try:
+            return cls.index_of(batch_id)
+        except ValueError:
+            return None
+
     # state ----------------------------------------------------------------------------------
     @property
     def steps(self) -> int:
@@ -128,10 +140,10 @@ class Scheduler:
             state = TicketState(attempt=0 if previous is None else previous + 1, issued_at=time.monotonic())
             self.open[i] = state
             if previous is None:
-                self.ledger.write("issued", self.batch_id(i), 0, index=i, min_version=max(0, i - self.k))
+                self.ledger.record(TicketIssued(batch_id=self.batch_id(i), index=i, min_version=max(0, i - self.k)))
             else:
                 state.reason = "rollback"
-                self.ledger.write("reissued", self.batch_id(i), state.attempt, reason="rollback")
+                self.ledger.record(TicketReissued(batch_id=self.batch_id(i), attempt=state.attempt, reason="rollback"))
             out.append(self._ticket(i))
         return out
 
@@ -142,7 +154,7 @@ class Scheduler:
         state.attempt += 1
         state.issued_at = now
         state.reason = reason
-        self.ledger.write("reissued", self.batch_id(i), state.attempt, reason=reason)
+        self.ledger.record(TicketReissued(batch_id=self.batch_id(i), attempt=state.attempt, reason=reason))
         return self._ticket(i)
 
     def reissue_open(self, reason: str) -> list[Ticket]:
@@ -169,19 +181,19 @@ class Scheduler:
         bid = self.batch_id(index)
         seen = self.consumed_by.get(sink)
         if seen is None or not 0 <= index < max(self.steps, self.issued_end) or not seen.add(index):
-            self.ledger.write("duplicate_dropped", bid, attempt, node=sink, why="already consumed by this sink")
+            self.ledger.record(DuplicateDropped(batch_id=bid, attempt=attempt, node=sink, why="already consumed by this sink"))
             return False
         if dropped_by is not None:
             replace = is_replace(dropped_by)
-            self.ledger.write("dropped", bid, attempt, node=sink, by=dropped_by, **({"replace": True} if replace else {}))
+            self.ledger.record(TicketDropped(batch_id=bid, attempt=attempt, node=sink, by=dropped_by, replace=replace))
             if replace:
                 self.replace_marks.setdefault(index, set()).add(sink)
         else:
-            self.ledger.write("consumed", bid, attempt, node=sink, **extra)
+            self.ledger.record(TicketConsumed(batch_id=bid, attempt=attempt, node=sink, **extra))
         if all(index in s for s in self.consumed_by.values()):
             self.complete.add(index)
             self.open.pop(index, None)
-            self.ledger.write("completed", bid, attempt)
+            self.ledger.record(TicketCompleted(batch_id=bid, attempt=attempt))
             self._maybe_replace(index, attempt)
             for i in [i for i in self.attempts if i < self.complete.low]:
                 del self.attempts[i]
@@ -194,13 +206,13 @@ class Scheduler:
             return
         if self.replaced_below + len(self.replaced) >= self.max_replaced:
             self.replace_refused += 1
-            self.ledger.write("replace_refused", self.batch_id(index), attempt, limit=self.max_replaced)
+            self.ledger.record(ReplaceRefused(batch_id=self.batch_id(index), attempt=attempt, limit=self.max_replaced))
             log.warning("ticket %s was dropped with replace=True but schedule.max_replaced=%d tickets were added "
                         "already: it is not replaced, so the run makes one update fewer", self.batch_id(index),
                         self.max_replaced)
             return
         self.replaced[index] = sinks
-        self.ledger.write("replaced", self.batch_id(index), attempt, steps=self.steps)
+        self.ledger.record(TicketReplaced(batch_id=self.batch_id(index), attempt=attempt, steps=self.steps))
 
     def consumed_above(self, sink: str, n: int) -> list[int]:
         """Tickets >= n that sink node `sink` already has (to tell a restarted sink)."""
@@ -216,10 +228,10 @@ class Scheduler:
         self.epoch = epoch
         for sink in self.stateful_sinks:
             for i in self.consumed_by[sink].truncate(step):
-                self.ledger.write("rolled_back", self.batch_id(i), 0, node=sink, reason=reason)
+                self.ledger.record(RolledBack(batch_id=self.batch_id(i), node=sink, reason=reason))
         for i in [i for i in self.replaced if i >= step]:  # replaced again if they drop again
             self.replace_marks[i] = self.replaced.pop(i)
-            self.ledger.write("replace_undone", self.batch_id(i), 0, reason=reason)
+            self.ledger.record(ReplaceUndone(batch_id=self.batch_id(i), reason=reason))
         for i in [i for i in self.replace_marks if i >= step]:
             self.replace_marks[i] -= self.stateful_sinks
             if not self.replace_marks[i]:
@@ -252,35 +264,26 @@ class Scheduler:
         self.complete = IndexSet(step)
         for s in self.sinks:
             self.consumed_by[s] = IndexSet(step)
-        net: dict[tuple[str, int], int] = {}
         undo: dict[int, int] = {}  # replacements past the checkpoint: decided again, so undone
         for row in ledger_rows:
-            event, node, bid = row.get("event"), row.get("node"), row.get("batch_id", "")
-            if not isinstance(bid, str) or "-" not in bid:
+            event, node, i = row.get("event"), row.get("node"), self._index_in(row.get("batch_id"))
+            if i is None or i < step:
                 continue
-            try:
-                i = self.index_of(bid)
-            except ValueError:
-                continue
-            if i < step:
-                continue
-            delta = {"consumed": 1, "dropped": 1, "rolled_back": -1}.get(event, 0)
-            if delta and node in self.consumed_by:
-                net[(node, i)] = net.get((node, i), 0) + delta
-                if event == "dropped" and row.get("replace") and node not in self.stateful_sinks:
-                    self.replace_marks.setdefault(i, set()).add(node)
+            if event == "dropped" and row.get("replace") and node in self.consumed_by \
+                    and node not in self.stateful_sinks:
+                self.replace_marks.setdefault(i, set()).add(node)
             if event in ("replaced", "replace_undone"):
                 undo[i] = undo.get(i, 0) + (1 if event == "replaced" else -1)
             if event in ("issued", "reissued"):
                 self.attempts[i] = max(self.attempts.get(i, 0), row.get("attempt", 0))
         for i, n in sorted(undo.items()):
             if n > 0:
-                self.ledger.write("replace_undone", self.batch_id(i), 0, reason="resume")
-        for (node, i), n in sorted(net.items()):
-            if n <= 0:
-                continue
+                self.ledger.record(ReplaceUndone(batch_id=self.batch_id(i), reason="resume"))
+        held = sorted((node, i) for (bid, node), n in net_consumption(ledger_rows).net.items()
+                      if n > 0 and node in self.consumed_by and (i := self._index_in(bid)) is not None and i >= step)
+        for node, i in held:
             if node in self.stateful_sinks:
-                self.ledger.write("rolled_back", self.batch_id(i), 0, node=node, reason="resume")
+                self.ledger.record(RolledBack(batch_id=self.batch_id(i), node=node, reason="resume"))
             else:
                 self.consumed_by[node].add(i)
         i = step

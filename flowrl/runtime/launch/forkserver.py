@@ -10,23 +10,21 @@ the server asks the kernel for SIGKILL when its parent (the controller) dies, an
 stdin closes; every node it forks asks for SIGKILL when the server dies. The server reaps its
 children and reports each exit status, so the controller still sees exit codes and signals.
 
-Protocol (one JSON object per line):
-    controller -> server   {"spec": PATH, "log": PATH}
-    server -> controller   {"pid": PID}                       (the reply to a request, in order)
-                           {"exit": PID, "code": CODE}        (CODE < 0: killed by signal -CODE)
+Protocol: one JSON object per line, typed in `flowrl/runtime/protocol/forkserver.py`
+(StartRequest in; Started or Refused per request, in order, and Exited per child out).
 """
 
 from __future__ import annotations
 
 import gc
 import importlib
-import json
 import os
 import select
 import signal
 import sys
 
 from flowrl.runtime.launch.child import die_with_parent, run_child
+from flowrl.runtime.protocol.forkserver import Exited, ForkProtocolError, Refused, Started, decode_request, encode
 
 def _decode_status(status: int) -> int:
     if os.WIFSIGNALED(status):
@@ -34,8 +32,8 @@ def _decode_status(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
-def _write(out, msg: dict) -> None:
-    out.write(json.dumps(msg) + "\n")
+def _write(out, msg: Started | Refused | Exited) -> None:
+    out.write(encode(msg))
     out.flush()
 
 
@@ -58,7 +56,8 @@ def serve(entry: str) -> None:
     gc.collect()
     gc.freeze()  # every child inherits these objects; the cyclic collector never walks them again
 
-    out = sys.stdout
+    sys.stdout.flush()
+    out = sys.stdout.buffer  # JSON lines as bytes (protocol/forkserver.py), flushed one by one
     stdin = sys.stdin.fileno()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -79,7 +78,7 @@ def serve(entry: str) -> None:
             if pid == 0:
                 break
             children.discard(pid)
-            _write(out, {"exit": pid, "code": _decode_status(status)})
+            _write(out, Exited(pid=pid, code=_decode_status(status)))
         if stdin in ready:
             chunk = os.read(stdin, 65536)
             if not chunk:  # the controller closed our stdin (or died): end
@@ -92,7 +91,11 @@ def serve(entry: str) -> None:
             buf += chunk
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
-                req = json.loads(line)
+                try:
+                    req = decode_request(line)
+                except ForkProtocolError as e:  # answered, so the launcher's start fails now, naming it
+                    _write(out, Refused(why=str(e)))
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     os.close(wake_r)
@@ -100,9 +103,9 @@ def serve(entry: str) -> None:
                     signal.set_wakeup_fd(-1)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     die_with_parent()
-                    run_child(entry, req["spec"], req["log"])
+                    run_child(entry, req.spec, req.log)
                 children.add(pid)
-                _write(out, {"pid": pid})
+                _write(out, Started(pid=pid))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ Every handle is ended by PID: SIGTERM, a bounded wait, SIGKILL.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -19,7 +20,11 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 from flowrl.runtime.launch.child import die_with_parent
+from flowrl.runtime.protocol.forkserver import (Exited, ForkProtocolError, Refused, StartRequest, decode_reply,
+                                                encode)
 from flowrl.runtime.protocol.procspec import WORKER_MODULE
+
+log = logging.getLogger("flowrl.launcher")
 
 
 class ProcessHandle(ABC):
@@ -115,35 +120,37 @@ class LocalLauncher(Launcher):
         self.reader.start()
 
     def _read(self) -> None:
-        import json
-
+        """The reader thread: exit codes into `exit_codes`, replies to requests into `replies`. A
+        garbled line is logged and skipped: this thread must outlive anything the server writes."""
         for line in self.server.stdout:
             try:
-                msg = json.loads(line)
-            except ValueError:
+                msg = decode_reply(line)
+            except ForkProtocolError as e:
+                log.warning("%s: skipped", e)
                 continue
-            if "exit" in msg:
-                self.exit_codes[msg["exit"]] = msg["code"]
-            elif "pid" in msg:
-                self.replies.put(msg["pid"])
+            if isinstance(msg, Exited):
+                self.exit_codes[msg.pid] = msg.code
+            else:
+                self.replies.put(msg)
         self.replies.put(None)  # the server is gone
 
     def start(self, spec_path: Path, log_path: Path) -> ProcessHandle:
-        import json
         import queue
 
         if self.server.poll() is not None:
             raise RuntimeError(f"the fork server exited ({describe_exit(self.server.returncode)}); "
                                "run with launcher: {type: subprocess} to see why")
-        self.server.stdin.write((json.dumps({"spec": str(spec_path), "log": str(log_path)}) + "\n").encode())
+        self.server.stdin.write(encode(StartRequest(spec=str(spec_path), log=str(log_path))))
         self.server.stdin.flush()
         try:
-            pid = self.replies.get(timeout=self.start_timeout_s)
+            reply = self.replies.get(timeout=self.start_timeout_s)
         except queue.Empty:
             raise RuntimeError(f"the fork server did not start a process within {self.start_timeout_s} s") from None
-        if pid is None:
+        if reply is None:
             raise RuntimeError("the fork server exited; run with launcher: {type: subprocess} to see why")
-        return _ForkedHandle(pid, self)
+        if isinstance(reply, Refused):
+            raise RuntimeError(f"the fork server refused to start {spec_path}: {reply.why}")
+        return _ForkedHandle(reply.pid, self)
 
     def close(self) -> None:
         if self.server.poll() is None:

@@ -1,33 +1,210 @@
 """The ledger: `RUN_DIR/ledger.jsonl`, one JSON object per ticket event, and the audit that reads it.
 
-Events (field `event`), each with `batch_id`, `attempt` and `t`:
+Each event is a dataclass below, written with `Ledger.record(event)` as one JSON line
+`{"batch_id", "attempt", "event": NAME, "t", ...its fields}` (`read_ledger` reads them back as
+dicts; tools and tests match on `row["event"]`). Run-level events have `batch_id` "-":
 
-    issued        {index}                   the scheduler gave out a ticket
-    reissued      {reason}                  the same work again, attempt + 1
-    consumed      {node: SINK, ...}         sink node SINK consumed the ticket (one per ticket per sink)
-    dropped       {node: SINK, by: NODE}    SINK received the ticket's drop marker (NODE dropped it)
-    rolled_back   {node: SINK, reason}      undoes one consumed/dropped of SINK (its state was restored)
-    duplicate_dropped {node, why}           a copy dropped at a node's input (not counted)
-    checkpoint    {step, epoch}             a consistent checkpoint committed (batch_id "-")
-    recovery      {epoch, step, reason}     every stateful node rolled back to checkpoint `step`
-    node_down, resumed, weights, failed     what happened to processes, resume, weight digests
-    replanned     {host, moved}             a lost host's processes moved: {process id: new host}
+    issued        TicketIssued {index, min_version}       the scheduler gave out a ticket
+    reissued      TicketReissued {reason}                 the same work again, attempt + 1
+    consumed      TicketConsumed {node: SINK, ...}        sink node SINK consumed the ticket
+    dropped       TicketDropped {node: SINK, by, replace?} SINK received the ticket's drop marker
+    rolled_back   RolledBack {node: SINK, reason}         undoes one consumed/dropped of SINK
+    duplicate_dropped DuplicateDropped {node, why}        a copy dropped at a node's input (not counted)
+    completed     TicketCompleted {}                      every sink has the ticket
+    replaced      TicketReplaced {steps}                  a replace drop added a ticket: the run's end
+    replace_refused ReplaceRefused {limit}                past schedule.max_replaced: not replaced
+    replace_undone ReplaceUndone {reason}                 a rollback undid a replacement
+    checkpoint    CheckpointCommitted {step, epoch}       a consistent checkpoint committed
+    recovery      RecoveryStarted {epoch, step, reason}   every stateful node rolled back to `step`
+    resumed       Resumed {step, epoch}                   a run continued from its checkpoint
+    node_down     NodeDown {node, why}                    a process died (`attempt`: its incarnation)
+    weights       WeightsHeld {node, version, digest}     a process holds weights `version`
+    scaled        NodeScaled {node, replicas, was}      `flowrl scale` changed a node's replicas
+    replanned     Replanned {host, moved}                 a lost host's processes moved: {id: new host}
+    failed        RunFailure {why}                        the run failed (first line of the reason)
 
-Exactly once: for every issued ticket and every sink node, consumed + dropped - rolled_back == 1.
-Rows are written with one `write` each (a line survives a kill whole or not at all) and fsynced
-when a checkpoint commits, so a committed checkpoint never refers to events the disk lost.
+Exactly once (`net_consumption`): for every issued ticket and every sink node,
+consumed + dropped - rolled_back == 1. Rows are written with one `write` each (a line survives a
+kill whole or not at all) and fsynced when a checkpoint commits, so a committed checkpoint never
+refers to events the disk lost.
+
+    ledger.record(TicketIssued(batch_id="t-000003", index=3, min_version=1))
+    audit_ledger(read_ledger(run_dir), sinks=["actor"]).exactly_once
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, Iterable
+
+OMIT_DEFAULT = {"omit_default": True}
+"""Field metadata: the field is left out of the row when it holds its default (rows stay as short
+as the runtime always wrote them)."""
+
+_EVENTS: dict[str, type] = {}
 
 
+def event(name: str):
+    """Register a ledger event class under its row name `name` (the row's `event` field)."""
+
+    def wrap(cls):
+        cls = dataclass(frozen=True, kw_only=True)(cls)
+        cls.event = name
+        cls._layout = tuple((f.name, f.default if f.metadata.get("omit_default") else dataclasses.MISSING)
+                            for f in dataclasses.fields(cls) if f.name not in ("batch_id", "attempt"))
+        _EVENTS[name] = cls
+        return cls
+
+    return wrap
+
+
+def ledger_events() -> dict[str, type]:
+    """Every ledger event class by row name (the docstring table above is checked against this)."""
+    return dict(_EVENTS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LedgerEvent:
+    """One ledger row. `batch_id`: the ticket ("-" for run-level events); `attempt`: its issue."""
+
+    event: ClassVar[str]
+    _layout: ClassVar[tuple]
+    batch_id: str
+    attempt: int = 0
+
+    def row(self, t: float) -> dict:
+        """The JSON object written: batch_id, attempt, event, t, then the fields in order."""
+        out = {"batch_id": self.batch_id, "attempt": self.attempt, "event": self.event, "t": t}
+        for name, omit_when in self._layout:
+            value = getattr(self, name)
+            if value is not omit_when and value != omit_when:
+                out[name] = value
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunEvent(LedgerEvent):
+    """An event of the run, not of one ticket: `batch_id` "-"."""
+
+    batch_id: str = "-"
+
+
+# tickets ------------------------------------------------------------------------------------------
+@event("issued")
+class TicketIssued(LedgerEvent):
+    index: int
+    min_version: int
+
+
+@event("reissued")
+class TicketReissued(LedgerEvent):
+    reason: str
+
+
+@event("consumed")
+class TicketConsumed(LedgerEvent):
+    node: str
+    policy_version: int | None = field(default=None, metadata=OMIT_DEFAULT)
+    staleness: int | None = field(default=None, metadata=OMIT_DEFAULT)
+
+
+@event("dropped")
+class TicketDropped(LedgerEvent):
+    node: str
+    by: str
+    replace: bool = field(default=False, metadata=OMIT_DEFAULT)
+
+
+@event("rolled_back")
+class RolledBack(LedgerEvent):
+    node: str
+    reason: str
+
+
+@event("duplicate_dropped")
+class DuplicateDropped(LedgerEvent):
+    node: str
+    why: str
+
+
+@event("completed")
+class TicketCompleted(LedgerEvent):
+    pass
+
+
+@event("replaced")
+class TicketReplaced(LedgerEvent):
+    steps: int
+
+
+@event("replace_refused")
+class ReplaceRefused(LedgerEvent):
+    limit: int
+
+
+@event("replace_undone")
+class ReplaceUndone(LedgerEvent):
+    reason: str
+
+
+# the run ------------------------------------------------------------------------------------------
+@event("checkpoint")
+class CheckpointCommitted(RunEvent):
+    step: int
+    epoch: int
+
+
+@event("recovery")
+class RecoveryStarted(RunEvent):
+    epoch: int
+    step: int
+    reason: str
+
+
+@event("resumed")
+class Resumed(RunEvent):
+    step: int
+    epoch: int
+
+
+@event("node_down")
+class NodeDown(RunEvent):
+    node: str
+    why: str
+
+
+@event("weights")
+class WeightsHeld(RunEvent):
+    node: str
+    version: int
+    digest: str | None
+
+
+@event("scaled")
+class NodeScaled(RunEvent):
+    node: str
+    replicas: int
+    was: int
+
+
+@event("replanned")
+class Replanned(RunEvent):
+    host: str
+    moved: dict[str, str]
+
+
+@event("failed")
+class RunFailure(RunEvent):
+    why: str
+
+
+# reading and writing --------------------------------------------------------------------------------
 def read_jsonl(path: Path) -> list[dict]:
     """Rows of a JSONL file (ledger.jsonl, metrics.jsonl); a last line cut by a kill is skipped."""
     from flowrl.segments import read_file
@@ -53,7 +230,14 @@ class Ledger:
         self._f = open(path, "a", buffering=1) if path else None  # line by line: a kill -9 loses no row
         self.rows = 0
 
+    def record(self, ev: LedgerEvent) -> None:
+        """Append one event (a `LedgerEvent` subclass above) as one line."""
+        self.rows += 1
+        if self._f:
+            self._f.write(json.dumps(ev.row(round(time.time(), 6))) + "\n")
+
     def write(self, event: str, batch_id: str, attempt: int = 0, **extra) -> None:
+        """The untyped form of `record` (call sites not yet converted)."""
         self.rows += 1
         if self._f:
             row = {"batch_id": batch_id, "attempt": attempt, "event": event, "t": round(time.time(), 6), **extra}
@@ -84,6 +268,54 @@ class Ledger:
             self.sync()
             self._f.close()
             self._f = None
+
+
+# exactly once -----------------------------------------------------------------------------------------
+def sink_of(node) -> str | None:
+    """The node a ledger row's `node` names: a process id `node/replica/rank` counts as its node."""
+    return node.split("/")[0] if isinstance(node, str) else None
+
+
+@dataclass
+class Consumption:
+    """Per (batch_id, sink node): how often it was consumed and dropped, and the net count."""
+
+    net: Counter = field(default_factory=Counter)
+    """consumed + dropped - rolled_back: exactly once is 1 for every issued ticket and sink."""
+    consumed: Counter = field(default_factory=Counter)
+    dropped: Counter = field(default_factory=Counter)
+
+    @property
+    def sinks(self) -> set[str]:
+        """Every node that consumed or dropped a ticket."""
+        return {sink for _, sink in (self.consumed + self.dropped)}
+
+
+def net_consumption(rows: Iterable[dict]) -> Consumption:
+    """The one exactly-once rule over ledger rows (the audit, a resumed scheduler and the chaos
+    checker all count with it):
+
+    - `consumed` and `dropped` add one to (batch_id, node), `rolled_back` takes one away;
+    - a process id `node/replica/rank` counts as its node (replicas of a sink are that sink);
+    - a `rolled_back` without `node` (older runtimes) undoes the ticket's latest consumption,
+      whichever sink recorded it;
+    - nothing else counts (`duplicate_dropped` is a copy refused at an input).
+
+        net_consumption(rows).net[("t-000003", "actor")] == 1   # exactly once
+    """
+    out = Consumption()
+    last_sink: dict[str, str | None] = {}
+    for r in rows:
+        ev = r.get("event")
+        if ev == "consumed" or ev == "dropped":
+            bid, sink = r.get("batch_id"), sink_of(r.get("node"))
+            out.net[(bid, sink)] += 1
+            (out.consumed if ev == "consumed" else out.dropped)[(bid, sink)] += 1
+            last_sink[bid] = sink
+        elif ev == "rolled_back":
+            bid = r.get("batch_id")
+            out.net[(bid, sink_of(r.get("node")) or last_sink.get(bid))] -= 1
+    return out
 
 
 @dataclass
@@ -118,20 +350,8 @@ def audit_ledger(rows: list[dict], sinks: list[str] | None = None) -> Audit:
     """Check every issued ticket was consumed (or dropped) exactly once by every sink node.
     `sinks`: the sink nodes (default: every node that consumed anything)."""
     issued = {r["batch_id"] for r in rows if r.get("event") == "issued"}
-    net: Counter = Counter()
-    dropped = set()
-    seen_sinks = set()
-    for r in rows:
-        event = r.get("event")
-        key = (r.get("batch_id"), r.get("node"))
-        if event in ("consumed", "dropped"):
-            net[key] += 1
-            seen_sinks.add(r.get("node"))
-            if event == "dropped":
-                dropped.add(key)
-        elif event == "rolled_back" and r.get("node") is not None:
-            net[key] -= 1
-    sinks = set(sinks) if sinks is not None else seen_sinks
-    lost = sorted((b, s) for b in issued for s in sinks if net[(b, s)] < 1)
-    duplicated = sorted((b, s) for b in issued for s in sinks if net[(b, s)] > 1)
-    return Audit(issued, sinks, net, lost, duplicated, dropped)
+    counts = net_consumption(rows)
+    sinks = set(sinks) if sinks is not None else counts.sinks
+    lost = sorted((b, s) for b in issued for s in sinks if counts.net[(b, s)] < 1)
+    duplicated = sorted((b, s) for b in issued for s in sinks if counts.net[(b, s)] > 1)
+    return Audit(issued, sinks, counts.net, lost, duplicated, set(counts.dropped))

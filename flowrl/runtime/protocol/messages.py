@@ -2,11 +2,12 @@
 
 The controller binds one ROUTER socket; each node process connects a DEALER whose identity is
 `node/replica/rank#incarnation` (its heartbeat thread: the same plus `#hb`). Batch payloads never
-travel here, only small msgpack maps `{t: TYPE, k: SECRET?, ...fields}`. `decode` checks every
-field's type and rejects unknown or missing fields, so a malformed message is dropped and counted,
-never a crash. Every message from a node carries the run's secret in `k` (checked by the
-controller): a stray local process cannot speak for a node. docs/recovery.md lists these
-messages; a test checks that table against the classes below.
+travel here, only small msgpack maps `{t: TYPE, k: SECRET?, ...fields}`. Every field is declared
+with its type, containers included (`list[int]`, `dict[str, str]`); `decode` checks each one and
+rejects unknown or missing fields with a `ControlError` naming the message and the field, so a
+malformed message is dropped and counted, never a crash. Every message declares `k`, the run's
+secret: nodes send it (checked by the controller), so a stray local process cannot speak for a
+node. docs/recovery.md lists these messages; a test checks that table against the classes below.
 
     data = encode(Consumed(batch_id="t-000003", attempt=0, index=3, epoch=1), secret="ab12")
     msg = decode(data)          # -> Consumed(...), msg.k == "ab12"
@@ -18,6 +19,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import msgpack
 
@@ -29,25 +31,19 @@ class ControlError(ValueError):
     """A control message that is not one of ours (bad bytes, unknown type, wrong field types)."""
 
 
-@dataclass(frozen=True)
-class ProcId:
-    node: str
-    replica: int
-    rank: int = 0
-
-    def __str__(self) -> str:
-        return f"{self.node}/{self.replica}/{self.rank}"
-
-
 _TYPES: dict[str, type] = {}
 
 
 def message(t: str, direction: str):
-    """Register a message class under its wire name `t`; `direction` is for the docs table."""
+    """Register a message class under its wire name `t`; `direction` is for the docs table. Adds
+    the declared field `k: str | None` (the run's secret; not part of equality) to every message."""
 
     def wrap(cls):
+        cls.__annotations__ = {**cls.__dict__.get("__annotations__", {}), "k": "str | None"}
+        cls.k = field(default=None, compare=False)
         cls = dataclass(frozen=True)(cls)
         cls.t, cls.direction = t, direction
+        cls._names = tuple(f.name for f in dataclasses.fields(cls))
         _TYPES[t] = cls
         return cls
 
@@ -61,7 +57,7 @@ class Ready:
 
     pid: int
     store_port: int | None = None
-    inputs: dict | None = None  # input port -> the address it bound (a tcp port is chosen at bind)
+    inputs: dict[str, str] | None = None  # input port -> the address it bound (a tcp port is chosen at bind)
 
 
 @message("wired", "node -> controller")
@@ -76,9 +72,8 @@ class Heartbeat:
     """Alive. From the heartbeat thread: `busy` = [batch_id, seconds inside the current call] while
     the node is inside `process`/`generate`/`join`/a weight sync; from the event loop: metrics."""
 
-    busy: list | None = None
-    metrics: dict | None = None
-    version: int | None = None
+    busy: list[str | float] | None = None
+    metrics: dict[str, Any] | None = None  # checked by the metrics hub (flowrl/metrics/wire.py)
 
 
 @message("consumed", "node -> controller")
@@ -92,7 +87,7 @@ class Consumed:
     policy_version: int = -1
     staleness: int = 0
     dropped_by: str | None = None
-    metrics: dict | None = None
+    metrics: dict[str, Any] | None = None
 
 
 @message("published", "node -> controller")
@@ -169,7 +164,7 @@ class Wire:
     """Every consumer is ready: connect the outputs, then take input. `routes`: edge -> the
     [address, CURVE server key or ""] of each consumer replica, as they bound them."""
 
-    routes: dict | None = None
+    routes: dict[str, list[list[str]]] | None = None
 
 
 @message("ticket", "controller -> node")
@@ -192,7 +187,7 @@ class Sync:
     version: int
     rank: int
     world_size: int
-    store: list
+    store: list[str | int | None]  # [host, port] of the publisher's rendezvous store
     timeout_s: float
 
 
@@ -205,7 +200,7 @@ class Epoch:
     epoch: int
     watermark: int
     checkpoint: str | None = None
-    consumed: list = field(default_factory=list)
+    consumed: list[int] = field(default_factory=list)
 
 
 @message("progress", "controller -> node")
@@ -258,14 +253,19 @@ class Stop:
 
 # codec --------------------------------------------------------------------------------------------
 def encode(msg, secret: str | None = None) -> bytes:
-    body = {"t": msg.t, **dataclasses.asdict(msg)}
+    """A message -> msgpack bytes; `secret` (else `msg.k`) travels as `k`, omitted when None."""
+    body = {"t": msg.t}
+    for name in msg._names:
+        body[name] = getattr(msg, name)
     if secret is not None:
         body["k"] = secret
+    elif body["k"] is None:
+        del body["k"]
     return msgpack.packb(body, use_bin_type=True)
 
 
 def decode(data: bytes):
-    """bytes -> a message object (with `.k`, the sender's secret or None). Raises ControlError."""
+    """bytes -> a message object (`.k`: the sender's secret or None). Raises ControlError."""
     if len(data) > MAX_CONTROL_BYTES:
         raise ControlError(f"control message of {len(data)} bytes exceeds {MAX_CONTROL_BYTES}")
     try:
@@ -278,56 +278,81 @@ def decode(data: bytes):
     cls = _TYPES.get(body.pop("t"))
     if cls is None:
         raise ControlError("unknown control message type")
-    secret = body.pop("k", None)
-    hints = _hints(cls)
-    unknown = set(body) - set(hints)
+    schema = _schema(cls)
+    unknown = set(body) - set(schema)
     if unknown:
         raise ControlError(f"{cls.t}: unknown fields {sorted(unknown)[:5]}")
-    for name, hint in hints.items():
+    for name, (hint, fits, required) in schema.items():
         if name in body:
-            if not _fits(body[name], hint):
-                raise ControlError(f"{cls.t}.{name}: expected {hint}, got {type(body[name]).__name__}")
-        elif _required(cls, name):
+            if not fits(body[name]):
+                raise ControlError(f"{cls.t}.{name}: expected {hint}, got {_describe(body[name])}")
+        elif required:
             raise ControlError(f"{cls.t}: missing field {name!r}")
-    msg = cls(**body)
-    object.__setattr__(msg, "k", secret if type(secret) is str else None)
-    return msg
-
-
-_HINTS: dict[type, dict] = {}
-
-
-def _hints(cls) -> dict:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
-
-
-def _required(cls, name: str) -> bool:
-    f = cls.__dataclass_fields__[name]
-    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-
-
-def _fits(value, hint) -> bool:
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        return any(_fits(value, h) for h in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is int:
-        return type(value) is int and -(1 << 62) <= value < 1 << 62
-    if hint is float:
-        return type(value) in (int, float)
-    if hint is str:
-        return type(value) is str and len(value) <= (1 << 16 if value.count("\n") else MAX_STR)
-    if hint is bool:
-        return type(value) is bool
-    if hint is list:
-        return type(value) is list
-    if hint is dict:
-        return type(value) is dict
-    return False
+    return cls(**body)
 
 
 def message_types() -> dict[str, type]:
     """Every registered message class by wire name (the docs table is checked against this)."""
     return dict(_TYPES)
+
+
+# field checks: built once per class from its type hints ----------------------------------------------
+_SCHEMAS: dict[type, dict[str, tuple[str, Callable[[object], bool], bool]]] = {}
+
+
+def _schema(cls) -> dict:
+    """field name -> (hint as written, check, required)."""
+    if cls not in _SCHEMAS:  # every class at import (below): a bad hint fails there, not on a message
+        hints = typing.get_type_hints(cls)
+        _SCHEMAS[cls] = {f.name: (str(hints[f.name]).replace("typing.", ""), _check(hints[f.name], cls.t, f.name),
+                                  f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                         for f in dataclasses.fields(cls)}
+    return _SCHEMAS[cls]
+
+
+def _str(value) -> bool:
+    return type(value) is str and len(value) <= (1 << 16 if value.count("\n") else MAX_STR)
+
+
+def _int(value) -> bool:
+    return type(value) is int and -(1 << 62) <= value < 1 << 62
+
+
+_SCALARS: dict[object, Callable[[object], bool]] = {
+    int: _int, str: _str, float: lambda v: type(v) in (int, float), bool: lambda v: type(v) is bool,
+    type(None): lambda v: v is None, Any: lambda v: True,
+}
+
+
+def _check(hint, t: str, name: str) -> Callable[[object], bool]:
+    """A predicate for values of `hint`. Containers must say what they hold (`list[int]`, not
+    `list`): a bare one is a programming error, raised when the class is first used."""
+    if hint in _SCALARS:
+        return _SCALARS[hint]
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or origin is typing.Union:
+        options = [_check(h, t, name) for h in args]
+        return lambda v: any(ok(v) for ok in options)
+    if origin is list and len(args) == 1:
+        item = _check(args[0], t, name)
+        return lambda v: type(v) is list and all(item(x) for x in v)
+    if origin is dict and len(args) == 2:
+        key, val = _check(args[0], t, name), _check(args[1], t, name)
+        return lambda v: type(v) is dict and all(key(k) and val(x) for k, x in v.items())
+    raise TypeError(f"message {t!r} field {name!r}: type {hint} is not supported on the wire; use int, float, "
+                    "str, bool, None, Any or list[...] / dict[..., ...] of those")
+
+
+def _describe(value) -> str:
+    """What arrived, for the error: its type, and for a container the types it holds."""
+    if type(value) is list:
+        return f"list of {sorted({type(x).__name__ for x in value})[:4]}"
+    if type(value) is dict:
+        return f"dict of {sorted({f'{type(k).__name__}: {type(x).__name__}' for k, x in value.items()})[:4]}"
+    if type(value) is str:
+        return f"str of {len(value)} chars"
+    return type(value).__name__
+
+
+for _cls in _TYPES.values():
+    _schema(_cls)

@@ -111,8 +111,9 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
 
         from flowrl.graph import load_graph
         from flowrl.graph.kinds import resolve_kind
+        from flowrl.graph.shapes import is_join, is_observer, is_sink, is_source
         from flowrl.metrics import Recorder
-        from flowrl.node import NodeContext, Source
+        from flowrl.node import NodeContext
         from flowrl.runtime.worker.weightsync import WeightsClient
         from flowrl.transport import ChannelConfig, Receiver
 
@@ -137,10 +138,8 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
             recorder=self.recorder, log=logging.getLogger(f"flowrl.node.{spec.node}"),
         )
         # the node's shape decides its input policies
-        self.is_source = issubclass(cls, Source)
-        self.is_observer = not self.is_source and not cls.inputs and not cls.outputs
-        self.is_sink = not cls.outputs and not self.is_observer
-        self.is_join = len(cls.inputs) > 1
+        self.is_source, self.is_observer, self.is_sink = is_source(cls), is_observer(cls), is_sink(cls)
+        self.is_join = is_join(cls)
         self.stateful = cls.stateful
         self.ordered = Ordered(spec.watermark) if self.stateful else None
         self.cache = OutputCache() if self.stateful and not self.is_sink else None
@@ -294,7 +293,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
 
     async def send_metrics(self) -> None:
         self.last_metrics = time.monotonic()
-        await self.send_ctl(m.Heartbeat(metrics=self.recorder.drain(), version=self.version))
+        await self.send_ctl(m.Heartbeat(metrics=self.recorder.drain()))
 
     async def main_loop(self) -> None:
         while True:

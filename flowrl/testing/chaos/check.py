@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flowrl.runtime.protocol.ledger import net_consumption
 from flowrl.testing.chaos.model import Expected
 
 MAX_LISTED = 8
@@ -59,33 +60,17 @@ class LedgerCheck:
         return out
 
 
-def _sink_of(row: dict) -> str | None:
-    node = row.get("node")
-    return node.split("/")[0] if isinstance(node, str) else None
-
-
 def check_ledger(rows: list[dict], sinks: list[str], expected: Expected | None = None,
                  steps: int | None = None) -> LedgerCheck:
-    """Exactly-once per (ticket, sink) from `RUN_DIR/ledger.jsonl` rows.
-
-    A `rolled_back` row undoes one `consumed`/`dropped` of its `node`; a row without `node` (older
-    runtimes) undoes the ticket's latest consumption, whichever sink recorded it."""
+    """Exactly-once per (ticket, sink) from `RUN_DIR/ledger.jsonl` rows, counted by the runtime's
+    own rule (`net_consumption`: replicas count as their node, a `rolled_back` without `node`
+    undoes the ticket's latest consumption)."""
     issued: dict[str, int] = {}
-    net: dict[tuple[str, str], int] = Counter()
-    kind: dict[tuple[str, str], Counter] = defaultdict(Counter)
-    last_sink: dict[str, str] = {}
     for r in rows:
-        ev, bid = r.get("event"), r.get("batch_id")
-        if ev == "issued":
-            issued.setdefault(bid, r.get("index", -1))
-        elif ev in ("consumed", "dropped"):
-            sink = _sink_of(r)
-            net[(bid, sink)] += 1
-            kind[(bid, sink)][ev] += 1
-            last_sink[bid] = sink
-        elif ev == "rolled_back":
-            sink = _sink_of(r) or last_sink.get(bid)
-            net[(bid, sink)] -= 1
+        if r.get("event") == "issued":
+            issued.setdefault(r.get("batch_id"), r.get("index", -1))
+    counts = net_consumption(rows)
+    net = counts.net
     out = LedgerCheck(issued=len(issued))
     by_index = {i: b for b, i in issued.items()}
     for bid, index in sorted(issued.items(), key=lambda kv: kv[1]):
@@ -97,7 +82,7 @@ def check_ledger(rows: list[dict], sinks: list[str], expected: Expected | None =
                 out.duplicated.append(f"{bid}@{sink} x{n}")
             elif expected is not None and index in expected.outcomes.get(sink, {}):
                 want = expected.outcomes[sink][index]
-                got = "dropped" if kind[(bid, sink)]["dropped"] > kind[(bid, sink)]["consumed"] else "consumed"
+                got = "dropped" if counts.dropped[(bid, sink)] > counts.consumed[(bid, sink)] else "consumed"
                 if got != want:
                     out.wrong_outcome.append(f"{bid}@{sink}: {got}, model says {want}")
     if steps is not None:
