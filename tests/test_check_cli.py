@@ -134,7 +134,7 @@ def test_an_internal_error_exits_70_says_it_is_a_bug_and_saves_the_traceback(mon
 
 def test_an_internal_error_in_run_saves_the_traceback_in_the_run_dir(monkeypatch, tmp_path, capsys):
     from flowrl import cli
-    from flowrl.runtime.controller.controller import run
+    from flowrl.runtime.controller import run
 
     def broken(args):
         raise KeyError("plan")

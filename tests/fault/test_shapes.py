@@ -358,7 +358,7 @@ def test_scale_schedules_scale_a_stateless_node_up_then_down_and_kill_a_replica_
 
 
 def test_the_scaler_asks_at_observed_progress_and_again_while_the_run_recovers(tmp_path, monkeypatch):
-    from flowrl.runtime.controller.controller import scaling
+    from flowrl.runtime.controller import scaling
     from flowrl.testing.chaos.trial import Scaler
 
     asked, answers = [], ["the run is recovering from a failure; try again in a moment"]
