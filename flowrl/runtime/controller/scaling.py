@@ -10,7 +10,7 @@ next weight-sync epoch (subscribers get the current weights before any batch: th
 and its producers connect to it — from then on it takes work like the others. Removing one: its
 producers disconnect first and send whatever it had not acknowledged to the other replicas, then
 it is stopped; nothing it held is lost, and a batch it was finishing is at worst a duplicate that
-the consumers drop. Weight sync forms a new epoch without it at once (`follow_members`), so the
+the consumers drop. Weight sync forms a new epoch without it at once (`SyncGroup.follow`), so the
 trainer never waits for a replica that is going. A removed process that was (re)starting gets its
 Stop when it reports READY; one that has not stopped after `retire_grace_s` is stopped by PID
 (SIGTERM, then SIGKILL). A replica added again while its removed predecessor still stops takes

@@ -10,7 +10,7 @@ processes that `flowrl scale` has not removed. A new epoch is formed
 - when one joins: a (re)started member is wired and no other member is still starting (so the
   members that start together join one epoch);
 - when one leaves: it went down (exit, kill, missed heartbeats, a hung call, its rank group
-  restarting) or `flowrl scale` removed it (`follow_members`). The new epoch's order fences the
+  restarting) or `flowrl scale` removed it (`follow`). The new epoch's order fences the
   old one on every member (`WeightsClient.fence`): a publisher that waits for the departed
   member's ready, or forms a group with it, stops within a quarter second and serves the new
   epoch. A publisher left alone gets a one-member epoch (no broadcast), which fences as well;
