@@ -201,6 +201,52 @@ class SupervisionSpec(StrictModel):
     """A replica that has not reported READY this long after start has failed to start."""
     stop_timeout_s: float = Field(5.0, gt=0)
     """Grace between SIGTERM and SIGKILL at teardown."""
+    peer_timeout_s: float = Field(300.0, gt=0)
+    """How long a node's data channels wait for a peer that went silent (a consumer that died and is
+    being restarted) before giving up on it. Long on purpose: the supervision deadline, not the
+    channel, decides when a node is lost. Carried to each node process in its process spec."""
+
+
+class TicketDeskSpec(StrictModel):
+    """The controller's ticket desk: sending tickets and telling nodes how far the run is."""
+
+    progress_interval_s: float = Field(0.25, gt=0)
+    """Least time between two `Progress` messages (which tickets are complete) to every node; a
+    change of the run's end goes out at once."""
+
+
+class WeightSyncSpec(StrictModel):
+    """The controller's weight-sync group: sync epochs and Sync orders."""
+
+    max_failures: int = Field(5, ge=0)
+    """Sync rounds of the current epoch that may fail in a row (each forms a new epoch); one more
+    fails the run."""
+    min_timeout_s: float = Field(30.0, gt=0)
+    """Least timeout of each collective of a sync (forming the group, the broadcast)."""
+    timeout_deadlines: float = Field(4.0, gt=0)
+    """A sync's collective timeout in supervision deadlines (`supervision.deadline_s`), when that
+    is longer than `min_timeout_s`."""
+
+
+class RecoverySpec(StrictModel):
+    """The controller's recovery epochs (the deadline is `supervision.startup_timeout_s`)."""
+
+    epoch_resend_s: float = Field(2.0, gt=0)
+    """While a recovery runs, the `Epoch` order goes again this often to every process that has
+    not entered the epoch (a lost message, a process that was starting)."""
+
+
+class ControllerSpec(StrictModel):
+    """The controller's own loop and the sections of its components."""
+
+    tick_s: float = Field(0.05, gt=0)
+    """Control loop period: supervision, ticket flushes and progress run once per tick."""
+    final_checkpoint_wait_s: float = Field(60.0, ge=0)
+    """At the end of a run with stateful nodes, how long to wait for the final checkpoint to commit
+    (a finished run can then be extended with `--resume`)."""
+    tickets: TicketDeskSpec = Field(default_factory=TicketDeskSpec)
+    weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec)
+    recovery: RecoverySpec = Field(default_factory=RecoverySpec)
 
 
 class LauncherSpec(StrictModel):
@@ -243,6 +289,8 @@ class GraphSpec(StrictModel):
     weights: list[WeightEdgeSpec] = Field(default_factory=list)
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     supervision: SupervisionSpec = Field(default_factory=SupervisionSpec)
+    controller: ControllerSpec = Field(default_factory=ControllerSpec)
+    """Tuning of the controller's loop, ticket desk, weight-sync group and recovery."""
     launcher: LauncherSpec = Field(default_factory=LauncherSpec)
     faults: list[str] = Field(default_factory=list)
     """Fault-injection specs (same language as `flowrl run --fault`)."""

@@ -14,7 +14,7 @@ from flowrl.graph.structure import node_classes
 from flowrl.ray_cluster import RayNode
 from flowrl.runtime.protocol.addresses import Network
 from flowrl.runtime.protocol.procspec import ProcSpec
-from flowrl.runtime.controller.replan import move_off
+from flowrl.runtime.controller import replan
 
 N = "flowrl.testing.nodes"
 A = RayNode("host-a", "a" * 56, "127.0.0.1", {"CPU": 2})
@@ -60,8 +60,14 @@ edges: [numbers -> scale, scale -> collect]
             graph_file="g", control="ipc://c", inputs=inputs, host=host, host_address=net.where[f"{node}/0/0"])))
     ledger = []
     return types.SimpleNamespace(launcher=Launcher(live, C), procs=procs, spec=spec, classes=node_classes(spec),
-                                 net=net, hub=None, ledger=types.SimpleNamespace(write=lambda *a, **k: ledger.append((a, k))),
+                                 net=net, ledger=types.SimpleNamespace(write=lambda *a, **k: ledger.append((a, k))),
                                  rows=ledger)
+
+
+def move_off(c, lost: str):
+    """replan.move_off given the fakes' parts, as the controller gives its components."""
+    return replan.move_off(lost, launcher=c.launcher, procs=c.procs, spec=c.spec, classes=c.classes, net=c.net,
+                           ledger=c.ledger)
 
 
 def test_the_processes_of_a_lost_host_move_to_one_that_is_left_and_their_links_are_decided_again(tmp_path):

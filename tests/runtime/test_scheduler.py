@@ -13,9 +13,9 @@ def ledger_path(tmp_path):
     return tmp_path / "ledger.jsonl"
 
 
-def make(path, k=0, steps=6, sinks=("actor",), stateful=("actor",), max_attempts=10):
+def make(path, k=0, steps=6, sinks=("actor",), stateful=("actor",), max_attempts=10, epoch=lambda: 0):
     return Scheduler(steps=steps, batch_size=2, max_staleness=k, sinks=list(sinks), stateful_sinks=list(stateful),
-                     ticket_timeout_s=10, max_attempts=max_attempts, ledger=Ledger(path))
+                     ticket_timeout_s=10, max_attempts=max_attempts, ledger=Ledger(path), epoch=epoch)
 
 
 def rows(s):
@@ -82,11 +82,13 @@ def test_a_ticket_reissued_past_max_attempts_fails_naming_it(ledger_path):
 
 
 def test_rollback_replays_from_the_checkpoint_for_stateful_sinks_only(ledger_path):
-    s = make(ledger_path, k=0, steps=6, sinks=("actor", "logger"), stateful=("actor",))
+    epoch = [0]  # the recovery book's epoch: the scheduler asks, never keeps it
+    s = make(ledger_path, k=0, steps=6, sinks=("actor", "logger"), stateful=("actor",), epoch=lambda: epoch[0])
     for _ in range(4):
         s.issuable()
         consume_next(s, sinks=("actor", "logger"))
-    s.rollback(2, version=2, epoch=1, reason="critic/0/0 exited")
+    epoch[0] = 1  # book.begin_recovery()
+    s.rollback(2, version=2, reason="critic/0/0 exited")
     assert s.complete_below == 2 and s.next_index == 2 and s.version == 2
     replay = s.issuable()
     assert [(t.index, t.attempt, t.epoch) for t in replay] == [(2, 1, 1)]
@@ -109,7 +111,7 @@ def test_resume_rebuilds_consumption_from_the_ledger_after_the_checkpoint(ledger
     s.consumed("logger", min(s.open), 0)  # the logger ran ahead of the actor
     s.ledger.close()
     r = make(ledger_path, k=1, steps=6, sinks=("actor", "logger"), stateful=("actor",))
-    r.resume(2, version=2, epoch=1, ledger_rows=read_jsonl(ledger_path))
+    r.resume(2, version=2, ledger_rows=read_jsonl(ledger_path))
     assert r.complete_below == 2 and r.consumed_above("logger", 2) == [2, 3] and r.consumed_above("actor", 2) == []
     assert [t.index for t in r.issuable()] == [2, 3]
 
@@ -180,7 +182,7 @@ def test_a_rollback_undoes_replacements_made_after_the_checkpoint_and_keeps_thos
         s.set_version(s.completed)
     assert s.steps == 8
     assert s.state_dict(2)["replaced_below"] == 1  # the checkpoint at 2 counts ticket 1 as replaced
-    s.rollback(2, version=2, epoch=1, reason="actor/0/0 exited")
+    s.rollback(2, version=2, reason="actor/0/0 exited")
     assert s.steps == 7  # ticket 3 is open again; the logger's replace mark is kept for it
     for t in s.issuable():
         s.consumed("actor", t.index, t.attempt)
@@ -206,7 +208,7 @@ def test_resume_counts_the_replacements_of_the_checkpoint_and_those_stateless_si
     state = s.state_dict(2)
     s.ledger.close()
     r = make(ledger_path, k=0, steps=4, sinks=("actor", "logger"), stateful=("actor",))
-    r.resume(2, version=2, epoch=1, ledger_rows=read_jsonl(ledger_path), replaced_below=state["replaced_below"])
+    r.resume(2, version=2, ledger_rows=read_jsonl(ledger_path), replaced_below=state["replaced_below"])
     assert r.steps == 5  # ticket 0 (before the checkpoint); ticket 2 is the actor's to redo
     t = r.issuable()[0]
     r.consumed("actor", t.index, t.attempt, dropped_by=REPLACE)
@@ -221,7 +223,7 @@ def test_resume_undoes_the_replacements_past_its_checkpoint_in_the_ledger(ledger
         s.set_version(s.completed)
     s.ledger.close()
     r = make(ledger_path, k=0, steps=4, sinks=("actor",), stateful=("actor",))
-    r.resume(2, version=2, epoch=1, ledger_rows=read_jsonl(ledger_path))
+    r.resume(2, version=2, ledger_rows=read_jsonl(ledger_path))
     events = rows(r)
     net = sum(1 for e in events if e["event"] == "replaced") - sum(1 for e in events if e["event"] == "replace_undone")
     assert net == 0 and r.steps == 4  # ticket 3 is the actor's to redo; its replacement is decided again
@@ -236,7 +238,7 @@ def test_a_sink_may_still_report_a_ticket_above_an_end_a_rollback_moved_back(led
         s.set_version(s.completed)
     t = s.issuable()[0]
     assert t.index == 2 and s.steps == 3
-    s.rollback(1, version=1, epoch=1, reason="actor/0/0 exited")
+    s.rollback(1, version=1, reason="actor/0/0 exited")
     assert s.steps == 2  # ticket 1 is open again (the logger's replace mark on it stays)
     s.consumed("logger", 2, 0)  # late, from before the rollback, above today's end: recorded, not lost
     assert s.consumed_above("logger", 0) == [0, 1, 2]

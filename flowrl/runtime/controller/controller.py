@@ -1,21 +1,25 @@
 """The controller: spawns node processes, runs the scheduler, supervises, checkpoints, recovers.
 
 It never carries batch payloads — data flows node to node over the edges' channels; the controller
-only handles the control plane. Each invariant has its own home and the controller wires them:
+only handles the control plane. Each piece of state has one owner, a component that is its only
+writer; components are handed what they need and talk through method calls:
 
-    Supervisor     launch, watch (exit, READY, heartbeats, process timeout), restart budget
-    Scheduler      tickets under the staleness bound, per-sink consumption, re-issue, max attempts
-    RecoveryBook   consistent checkpoints, recovery epochs, rollback target, pruning
-    messages       the typed control messages (one dataclass each)
+    Supervisor     launch, watch (exit, READY, heartbeats, process timeout), restart budget (supervisor.py)
+    Scheduler      tickets under the staleness bound, per-sink consumption, re-issue, max attempts (scheduler.py)
+    RecoveryBook   consistent checkpoints, the recovery epoch, rollback target, pruning (recovery.py)
+    Recovery       a recovery epoch in progress: who has yet to enter it, its deadline (recovery.py)
+    TicketDesk     tickets going out, where they were seen busy, the progress watermark (tickets.py)
+    SyncGroup      weight-sync epochs, members and Sync orders (weightorders.py)
+    Wiring         process specs, start points, bound addresses, routes, the plan (wiring.py)
+    Restarts       a process down: restart, rank groups, re-planning a lost host (restarts.py, replan.py)
+    Retirement     replicas `flowrl scale` removed, until they are gone (scaling.py)
+    RunReport      metrics rows and the live view (report.py)
+    ControlSocket  the control ROUTER, the run's secret, control.json (control.py)
 
-The controller's own work is split by responsibility into mixins of `Controller`; this module
-keeps the state they share, the control socket (receive, dispatch, send) and the run's lifetime:
-
-    Wiring         process specs, start points, bound addresses, routes (wiring.py)
-    Restarts       a process down: restart, rank groups, recovery epochs and their deadline (restarts.py)
-    WeightOrders   weight-sync epochs and Sync orders (weightorders.py)
-    Tickets        issuing tickets, consumption, steps, commits, progress (tickets.py)
-    ScaleClient    `flowrl scale` requests on the control socket (scaling.py)
+This module wires them, dispatches each control message to its handler (one per message type)
+and runs the loop and the run's lifetime. Tuning lives in the graph: `controller:` (loop tick,
+final checkpoint wait, and the sections of the ticket desk, weight sync and recovery) and
+`supervision:`.
 
 Recovery (docs/recovery.md): a stateless node that dies is restarted and the open tickets are
 issued again. A stateful node that dies opens a new recovery epoch: issuing pauses, every stateful
@@ -26,245 +30,305 @@ again.
 
 from __future__ import annotations
 
-import hmac
 import logging
-import secrets
-import shutil
 import signal
 import time
+from functools import partial
 from pathlib import Path
 
 import anyio
-import zmq
-import zmq.asyncio
 
-from flowrl.graph.shapes import node_shapes  # re-exported: the rule lives below the runtime
-from flowrl.runtime.protocol import messages as m
-from flowrl.runtime.protocol.errors import RunFailed
-from flowrl.runtime.protocol.addresses import Network, bind_control, release_control
-from flowrl.runtime.launch.launcher import Launcher
-from flowrl.runtime.protocol.ledger import Ledger
+from flowrl.runtime.controller.control import ControlSocket
+from flowrl.runtime.controller.outcome import Outcome
 from flowrl.runtime.controller.procs import NodeFailure, Proc, ProcTable
-from flowrl.runtime.controller.recovery import RecoveryBook
+from flowrl.runtime.controller.recovery import Recovery, RecoveryBook
+from flowrl.runtime.controller.replan import move_off
+from flowrl.runtime.controller.report import RunReport
 from flowrl.runtime.controller.restarts import Restarts
-from flowrl.runtime.controller.scaling import ScaleClient
+from flowrl.runtime.controller.roles import Roles, node_shapes
+from flowrl.runtime.controller.scaling import Retirement, ScaleError, scale
 from flowrl.runtime.controller.scheduler import Scheduler
 from flowrl.runtime.controller.supervisor import Supervisor
-from flowrl.runtime.controller.tickets import Tickets
-from flowrl.runtime.controller.weightorders import WeightOrders
-from flowrl.runtime.controller.wiring import Wiring, free_port, make_sockdir
+from flowrl.runtime.controller.tickets import TicketDesk
+from flowrl.runtime.controller.weightorders import SyncGroup
+from flowrl.runtime.controller.wiring import RunFacts, Wiring, free_port, make_sockdir
+from flowrl.runtime.launch.launcher import Launcher
+from flowrl.runtime.protocol import messages as m
+from flowrl.runtime.protocol.addresses import Network
+from flowrl.runtime.protocol.errors import RunFailed
+from flowrl.runtime.protocol.ledger import Ledger
 
-__all__ = ["Controller", "RunFailed", "node_shapes", "make_sockdir", "free_port"]
+__all__ = ["Controller", "Outcome", "RunFailed", "node_shapes", "make_sockdir", "free_port"]
 
 log = logging.getLogger("flowrl.controller")
 
 
-class Controller(Wiring, Restarts, WeightOrders, Tickets, ScaleClient):
+class Controller:
     def __init__(self, spec, plan, run_dir: Path, launcher: Launcher, *, faults: list[str] = (),
                  resume: dict | None = None, hub=None, on_tick=None, summary: dict | None = None,
                  inventory: str | None = None):
         from flowrl.graph import node_classes
 
-        self.spec, self.plan, self.run_dir = spec, plan, run_dir
-        self.faults = list(spec.faults) + list(faults)
-        self.classes = node_classes(spec)
-        self.hub, self.on_tick, self.summary = hub, on_tick, summary
-        shapes = node_shapes(self.classes)
-        self.sources, self.sinks, self.stateful = shapes["sources"], shapes["sinks"], shapes["stateful"]
-        self.publishers = [w.src for w in spec.weights]
-        self.subscribers = [w.dst for w in spec.weights]
-        self.secret = secrets.token_hex(16)
-        self.launcher = launcher
+        self.spec = spec
+        classes = node_classes(spec)
+        self.roles = roles = Roles.of(spec, classes)
         # where every process runs decides its links (addresses.py); a host the launcher cannot
         # place fails the run here, before anything is made
-        self.net = Network(spec, self.classes, "", launcher.controller_address(), curve=spec.launcher.curve)
+        net = Network(spec, classes, "", launcher.controller_address(), curve=spec.launcher.curve)
         for entry in plan.entries:
-            self.net.place(f"{entry.node}/{entry.replica}/{entry.rank}", launcher.host_address(entry.host))
+            net.place(f"{entry.node}/{entry.replica}/{entry.rank}", launcher.host_address(entry.host))
         try:
-            self.net.check_ranks(plan.groups())
+            net.check_ranks(plan.groups())
         except ValueError as e:
             raise RunFailed(str(e)) from None
-        self.sockdir = make_sockdir()
-        self.net.sockdir = str(self.sockdir)
-        self.bound: dict[tuple, str] = {}  # (node, replica, port) -> the address that consumer bound
-        self.zctx, self.router = bind_control(self.net)
-        self.control_addr = f"ipc://{self.sockdir}/control"
-        self.inventory = inventory
-        from flowrl.runtime.controller.scaling import write_control_file
-
-        write_control_file(run_dir, self.control_addr, self.secret)
+        self.control = control = ControlSocket(net, run_dir)
         for sub in ("logs", "procs", "checkpoints"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
-        sched, sup = spec.schedule, spec.supervision
-        self.ledger = Ledger(run_dir / "ledger.jsonl")
-        self.scheduler = Scheduler(steps=sched.steps, batch_size=sched.batch_size, max_staleness=sched.max_staleness,
-                                   sinks=self.sinks, stateful_sinks=[s for s in self.sinks if s in self.stateful],
-                                   ticket_timeout_s=sched.ticket_timeout_s, max_attempts=sched.max_attempts,
-                                   max_replaced=sched.max_replaced, ledger=self.ledger)
-        self.procs = ProcTable()
-        self.supervisor = Supervisor(launcher, run_dir, sup, {n: node.on_failure for n, node in spec.nodes.items()})
-        self.build_procs()
-        members = [p.id for p in self.procs if p.spec.node in self.stateful]  # every rank saves its own state
-        self.book = RecoveryBook(run_dir, members, keep=sched.keep_checkpoints, ledger=self.ledger,
-                                 publishers=self.publishers)
-        self.recovering: set[str] | None = None
-        self.sync_epoch = 0
-        self.sync_failures = 0
-        self.sync_members: list[Proc] = []
-        self.sync_identities: frozenset[bytes] = frozenset()  # who the current sync epoch was formed of
-        self.retiring: list[Proc] = []  # removed replicas still stopping whose id a new replica took
-        self.pending_tickets: list = []
-        self.source_rr = 0
-        self.stuck_at: dict[str, str] = {}  # batch id -> the process last seen busy with it
-        self.rejected = 0
-        self.failure: str | None = None
-        self.interrupted = None
-        self.started = False
-        self.last_progress, self.progress_sent, self.steps_sent = 0.0, -1, sched.steps
-        self.last_row: dict | None = None  # the last step's row, written once the nodes have stopped
+        sched, sup, ctl = spec.schedule, spec.supervision, spec.controller
+        self.ledger = ledger = Ledger(run_dir / "ledger.jsonl")
+        self.procs = procs = ProcTable()
+        supervisor = Supervisor(launcher, run_dir, sup, {n: node.on_failure for n, node in spec.nodes.items()})
+        self.outcome = outcome = Outcome(supervisor, ledger)
+        self.report = report = RunReport(hub, run_dir, summary, on_tick)
+        members = [f"{e.node}/{e.replica}/{e.rank}" for e in plan.entries if e.node in roles.stateful]
+        self.book = book = RecoveryBook(run_dir, members, keep=sched.keep_checkpoints, ledger=ledger,
+                                        publishers=roles.publishers)  # every rank saves its own state
+        self.scheduler = scheduler = Scheduler(
+            steps=sched.steps, batch_size=sched.batch_size, max_staleness=sched.max_staleness, sinks=list(roles.sinks),
+            stateful_sinks=roles.stateful_sinks, ticket_timeout_s=sched.ticket_timeout_s,
+            max_attempts=sched.max_attempts, max_replaced=sched.max_replaced, ledger=ledger,
+            epoch=lambda: book.epoch)  # the book holds the epoch; the scheduler asks
+        send = control.send
+        self.wiring = wiring = Wiring(spec, plan, classes, roles, net,
+                                      RunFacts(run_dir, control.secret, tuple(spec.faults) + tuple(faults), inventory),
+                                      launcher=launcher, procs=procs, send=send, book=book, scheduler=scheduler)
+        self.desk = TicketDesk(scheduler, procs, sources=roles.sources, send=send, fail=outcome.fail, ledger=ledger,
+                               section=ctl.tickets)
+        self.sync = sync = SyncGroup(procs, roles, send=send, fail=outcome.fail, ledger=ledger,
+                                     section=ctl.weight_sync, deadline_s=sup.deadline_s)
+        self.recovery = Recovery(book, scheduler, procs, roles, send=send, ledger=ledger, section=ctl.recovery,
+                                 startup_timeout_s=sup.startup_timeout_s)
+        self.restarts = Restarts(supervisor, launcher, procs, wiring=wiring, report=report, ledger=ledger,
+                                 fail=outcome.fail, replan=partial(move_off, launcher=launcher, procs=procs, spec=spec,
+                                                                   classes=classes, net=net, ledger=ledger,
+                                                                   report=report))
+        self.retirement = Retirement(procs, sync, report, stop_timeout_s=sup.stop_timeout_s)
+        wiring.build_procs()
         if resume:
-            self.resume_from(resume)
+            self.resume_from(resume, run_dir)
 
-    # messages to nodes ------------------------------------------------------------------------
-    async def send(self, proc: Proc, msg) -> bool:
-        try:
-            await self.router.send_multipart([proc.identity, m.encode(msg)])
-            return True
-        except zmq.ZMQError:  # not connected (yet, or any more): the caller retries or replays
-            return False
+    @property
+    def failure(self) -> str | None:
+        return self.outcome.failure
 
-    def fail(self, proc: Proc | None, why: str) -> None:
-        if self.failure:
+    @property
+    def interrupted(self) -> int | None:
+        return self.outcome.interrupted
+
+    def resume_from(self, record: dict, run_dir: Path) -> None:
+        """Continue a run whose controller died, from its committed checkpoint."""
+        from flowrl.runtime.protocol.ledger import read_ledger
+
+        step = record["step"]
+        epoch = self.book.resume(record)
+        self.scheduler.resume(step, record.get("version", step), read_ledger(run_dir),
+                              record.get("scheduler", {}).get("replaced_below", 0))
+        self.ledger.write("resumed", "-", 0, step=step, epoch=epoch)
+        for proc in self.procs:
+            self.wiring.prepare_start(proc)
+
+    # what several components do together ----------------------------------------------------
+    async def flush(self) -> None:
+        await self.desk.flush(held=self.recovery.active or bool(self.failure), epoch=self.book.epoch)
+
+    def commit_if_ready(self) -> None:
+        step = self.book.committable(self.scheduler.complete_below)
+        if step is not None:
+            self.book.commit(step, self.scheduler.state_dict(step))
+            log.info("checkpoint %d committed", step)
+
+    async def begin_recovery(self, reason: str) -> None:
+        self.desk.drop_pending()
+        self.sync.disband()
+        await self.recovery.begin(reason)
+
+    async def recovered(self) -> None:
+        """The recovery epoch is complete: clocks restart, weights sync again, tickets go out."""
+        self.scheduler.restart_clock()
+        await self.sync.form(self.scheduler.version)
+        await self.flush()
+
+    async def on_down(self, proc: Proc, why: str) -> None:
+        if not self.restarts.on_down(proc, why):
             return
-        self.failure = self.supervisor.describe(proc, why) if proc is not None else why
-        self.ledger.write("failed", "-", 0, why=self.failure.splitlines()[0][:500])
-        log.error("run failed: %s", self.failure)
+        if proc.spec.node in self.roles.stateful:
+            await self.begin_recovery(f"{proc.id} {why}")
+        elif self.recovery.active:
+            self.recovery.also_wait_for(p.id for p in self.restarts.rank_group(proc))
+        else:  # weight sync goes on without it (and its rank group); it joins a new epoch once wired again
+            await self.sync.follow(self.scheduler.version, recovering=False)
 
     async def supervise(self) -> None:
-        await self.watch_recovery()
-        self.retire_stopped()
-        for proc, why in self.supervisor.check([p for p in self.procs if not p.retired]):
+        ended, why = await self.recovery.watch()
+        if why:
+            self.outcome.fail(None, why)
+            return
+        if ended:
+            await self.recovered()
+        self.retirement.reap()
+        for proc, why in self.restarts.down():
             await self.on_down(proc, why)
             if self.failure:
                 return
-        for proc in self.supervisor.due(self.procs):
-            self.restart(proc)
+        for proc in self.restarts.due():
+            self.restarts.restart(proc)
 
-    # messages from nodes ---------------------------------------------------------------------
+    async def on_step(self, staleness) -> None:
+        sched = self.scheduler
+        if not self.roles.publishers:
+            sched.set_version(sched.completed)
+        self.report.step(sched.completed, sched.version, staleness, sched.done)
+        self.commit_if_ready()
+        if self.desk.end_moved():  # a replaced ticket: nodes learn the new end first
+            self.report.total_steps(sched.steps)
+            await self.desk.progress()
+        await self.flush()
+
+    # messages from nodes: one handler per type ----------------------------------------------
+    async def on_heartbeat(self, proc: Proc, msg: m.Heartbeat) -> None:
+        if msg.busy is not None and len(msg.busy) == 2 and isinstance(msg.busy[1], (int, float)):
+            proc.busy = (str(msg.busy[0]), float(msg.busy[1]))
+            self.desk.seen_busy(proc.busy[0], proc.id)
+        elif msg.metrics is None:
+            proc.busy = None
+        self.report.ingest(proc, msg.metrics)
+
+    async def on_ready(self, proc: Proc, msg: m.Ready) -> None:
+        proc.ready = True
+        proc.pid = msg.pid
+        proc.store_port = msg.store_port
+        if proc.retired:  # removed by `flowrl scale` while it (re)started: its Stop found no one
+            await self.control.send(proc, m.Stop())
+            return
+        await self.wiring.on_bound(proc, msg.inputs)
+        self.report.node_up(proc, True)
+        await self.wiring.after_ready(proc)
+
+    async def on_wired(self, proc: Proc, msg: m.Wired) -> None:
+        proc.wired = True
+        if proc.retired:
+            return
+        sched = self.scheduler
+        if sched.steps != self.spec.schedule.steps:  # the end moved since its spec was written
+            await self.control.send(proc, m.Progress(complete_below=sched.complete_below, steps=sched.steps))
+        if self.recovery.active:
+            if msg.epoch == self.book.epoch:
+                if self.recovery.entered(proc, msg.epoch):
+                    await self.recovered()
+            else:  # it was starting when the rollback began: it rolls back now
+                await self.control.send(proc, self.recovery.order_for(proc))
+            return
+        await self.sync.joined(proc, sched.version)  # a weight process joins the next epoch
+        if proc.spec.incarnation > proc.first_incarnation and proc.spec.rank == 0:
+            # a restarted stateless node: what it held goes out again
+            self.desk.drop_pending()
+            await self.desk.reissue(sched.reissue_open, f"{proc.id} restarted")
+        await self.flush()
+
+    async def on_consumed(self, proc: Proc, msg: m.Consumed) -> None:
+        self.report.ingest(proc, msg.metrics)
+        if proc.spec.node in self.roles.stateful and msg.epoch != self.book.epoch:
+            self.ledger.write("duplicate_dropped", msg.batch_id, msg.attempt, node=proc.id, why="older epoch")
+            return
+        if self.desk.consumed(proc.spec.node, msg):
+            await self.on_step(msg.staleness)
+
+    async def on_published(self, proc: Proc, msg: m.Published) -> None:
+        if msg.digest:
+            self.ledger.write("weights", "-", 0, node=proc.id, version=msg.version, digest=msg.digest)
+        if msg.epoch == self.book.epoch:
+            self.scheduler.set_version(msg.version)
+            await self.sync.order(msg.version, recovering=self.recovery.active)
+
+    async def on_synced(self, proc: Proc, msg: m.Synced) -> None:
+        self.sync.synced(proc, msg)
+
+    async def on_sync_failed(self, proc: Proc, msg: m.SyncFailed) -> None:
+        await self.sync.sync_failed(proc, msg, self.scheduler.version, recovering=self.recovery.active)
+
+    async def on_checkpointed(self, proc: Proc, msg: m.Checkpointed) -> None:
+        self.book.report(proc.id, step=msg.step, epoch=msg.epoch, file=msg.file, version=msg.version)
+        self.commit_if_ready()
+
+    async def on_recovered(self, proc: Proc, msg: m.Recovered) -> None:
+        if self.recovery.entered(proc, msg.epoch):
+            await self.recovered()
+
+    async def on_duplicate(self, proc: Proc, msg: m.Duplicate) -> None:
+        self.ledger.write("duplicate_dropped", msg.batch_id, msg.attempt, node=proc.id, why=msg.why)
+
+    async def on_error(self, proc: Proc, msg: m.Error) -> None:
+        proc.error = NodeFailure(msg.where, msg.type, msg.message, msg.file, msg.line, msg.batch_id, msg.traceback)
+
+    HANDLERS = {m.Heartbeat: on_heartbeat, m.Ready: on_ready, m.Wired: on_wired, m.Consumed: on_consumed,
+                m.Published: on_published, m.Synced: on_synced, m.SyncFailed: on_sync_failed,
+                m.Checkpointed: on_checkpointed, m.Recovered: on_recovered, m.Duplicate: on_duplicate,
+                m.Error: on_error}
+
+    # the control socket -----------------------------------------------------------------------
     async def receive_loop(self) -> None:
         while True:
             await self.receive_one()
 
     async def receive_one(self, only: type | None = None) -> None:
         """Take one control message and act on it (only messages of type `only`, if given)."""
-        frames = await self.router.recv_multipart()
-        if len(frames) != 2:
-            self.rejected += 1
+        got = await self.control.receive(self.procs)
+        if got is None:
             return
-        identity, data = frames
-        if identity.startswith(b"client#"):
+        kind, who, what = got
+        if kind == "client":
             if only is None:
-                await self.on_client(identity, data)
+                await self.on_client(who, what)
             return
-        proc, current = self.procs.by_identity(identity)
-        if proc is None or not current:
-            return  # a stranger, or an old incarnation's last words
+        if only is not None and not isinstance(what, only):
+            return
+        handler = self.HANDLERS.get(type(what))
+        self.procs.seen(who)
+        if handler is not None:
+            await handler(self, who, what)
+
+    async def on_client(self, identity: bytes, data: bytes) -> None:
+        """A request from `flowrl scale` (or `flowrl.scale`): answered on the same socket."""
+        msg = self.control.client_request(data)
+        if msg is None:
+            return
         try:
-            msg = m.decode(data)
-        except m.ControlError as e:
-            self.rejected += 1
-            log.warning("bad control message from %s: %s", proc.id, e)
-            return
-        if not hmac.compare_digest(msg.k or "", self.secret):
-            self.rejected += 1
-            log.warning("control message for %s without the run's secret: dropped", proc.id)
-            return
-        if only is None or isinstance(msg, only):
-            await self.on_message(proc, msg)
-
-    async def on_message(self, proc: Proc, msg) -> None:
-        self.procs.seen(proc)
-        if isinstance(msg, m.Heartbeat):
-            if msg.busy is not None and len(msg.busy) == 2 and isinstance(msg.busy[1], (int, float)):
-                proc.busy = (str(msg.busy[0]), float(msg.busy[1]))
-                if proc.busy[0] in self.open_ids():
-                    self.stuck_at[proc.busy[0]] = proc.id
-            elif msg.metrics is None:
-                proc.busy = None
-            self.ingest(proc, msg.metrics)
-        elif isinstance(msg, m.Ready):
-            proc.ready = True
-            proc.pid = msg.pid
-            proc.store_port = msg.store_port
-            if proc.retired:  # removed by `flowrl scale` while it (re)started: its Stop found no one
-                await self.send(proc, m.Stop())
-                return
-            await self.on_bound(proc, msg.inputs)
-            if self.hub:
-                self.hub.set("node_up", 1, node=proc.spec.node, replica=str(proc.spec.replica), across="min")
-            await self.after_ready(proc)
-        elif isinstance(msg, m.Wired):
-            proc.wired = True
-            if not proc.retired:
-                await self.after_wired(proc, msg.epoch)
-        elif isinstance(msg, m.Consumed):
-            await self.on_consumed(proc, msg)
-        elif isinstance(msg, (m.Published, m.Synced, m.SyncFailed)):
-            await self.on_weights(proc, msg)
-        elif isinstance(msg, m.Checkpointed):
-            self.book.report(proc.id, step=msg.step, epoch=msg.epoch, file=msg.file, version=msg.version)
-            self.maybe_commit()
-        elif isinstance(msg, m.Recovered):
-            if msg.epoch == self.book.epoch:
-                await self.entered(proc)
-        elif isinstance(msg, m.Duplicate):
-            self.ledger.write("duplicate_dropped", msg.batch_id, msg.attempt, node=proc.id, why=msg.why)
-        elif isinstance(msg, m.Error):
-            proc.error = NodeFailure(msg.where, msg.type, msg.message, msg.file, msg.line, msg.batch_id, msg.traceback)
-
-    def ingest(self, proc: Proc, metrics: dict | None) -> None:
-        if metrics and self.hub:
-            try:
-                self.hub.ingest(metrics)
-            except Exception as e:  # noqa: BLE001 - a bad snapshot is dropped, the run goes on
-                log.warning("dropped a metrics snapshot from %s: %s", proc.id, e)
-
-    async def after_wired(self, proc: Proc, epoch: int) -> None:
-        if self.scheduler.steps != self.spec.schedule.steps:  # the end moved since its spec was written
-            await self.send(proc, m.Progress(complete_below=self.scheduler.complete_below, steps=self.scheduler.steps))
-        if self.recovering is not None:
-            if epoch == self.book.epoch:
-                await self.entered(proc)
-            else:  # it was starting when the rollback began: it rolls back now
-                await self.send(proc, self.epoch_order(proc, self.book.epoch))
-            return
-        if proc in self.weight_procs():  # it joins the next epoch, with every other member now starting
-            if all(p.ready and p.wired for p in self.weight_procs() if p.down_since is None):
-                await self.new_sync_epoch()
-        if proc.spec.incarnation > proc.first_incarnation and proc.spec.rank == 0:
-            # a restarted stateless node: what it held goes out again
-            self.pending_tickets = []
-            await self.reissue(self.scheduler.reissue_open, f"{proc.id} restarted")
-        await self.flush_tickets()
+            text = await scale(msg.node, msg.replicas, spec=self.spec, roles=self.roles, procs=self.procs,
+                               wiring=self.wiring, launch=self.restarts.launch, send=self.control.send, sync=self.sync,
+                               retirement=self.retirement, report=self.report, ledger=self.ledger,
+                               recovering=self.recovery.active, version=self.scheduler.version)
+            reply = m.Scaled(ok=True, message=text)
+        except ScaleError as e:
+            reply = m.Scaled(ok=False, message=str(e))
+        await self.control.reply(identity, reply)
 
     # lifetime -------------------------------------------------------------------------------
     async def run(self) -> int:
         for proc in self.procs:
-            self.supervisor.launch(proc)
-            if self.hub:
-                self.hub.set("node_up", 0, node=proc.spec.node, replica=str(proc.spec.replica), across="min")
+            self.restarts.launch(proc)
+        wait_s = self.spec.controller.final_checkpoint_wait_s
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.receive_loop)
                 tg.start_soon(self.watch_signals, tg.cancel_scope)
-                await self.loop_until(lambda: self.scheduler.done and self.recovering is None)
-                if not self.failure and self.stateful:  # the final checkpoint: a finished run can be extended
-                    with anyio.move_on_after(60):
-                        await self.loop_until(lambda: (self.book.committed or {}).get("step") == self.scheduler.steps)
-                    if (self.book.committed or {}).get("step") != self.scheduler.steps:
-                        log.warning("the final checkpoint (step %d) was not committed within 60 s; the last "
-                                    "committed one is step %s", self.scheduler.steps,
-                                    (self.book.committed or {}).get("step"))
+                await self.loop_until(lambda: self.scheduler.done and not self.recovery.active)
+                if not self.failure and self.roles.stateful:  # the final checkpoint: a finished run can be extended
+                    with anyio.move_on_after(wait_s):
+                        await self.loop_until(lambda: self.book.committed_step == self.scheduler.steps)
+                    if self.book.committed_step != self.scheduler.steps:
+                        log.warning("the final checkpoint (step %d) was not committed within %g s "
+                                    "(controller.final_checkpoint_wait_s); the last committed one is step %s",
+                                    self.scheduler.steps, wait_s, (self.book.committed or {}).get("step"))
                 if self.scheduler.replace_refused:
                     log.warning("%d tickets dropped with replace=True were not replaced (schedule.max_replaced=%d "
                                 "reached): the run made fewer updates than schedule.steps; raise max_replaced",
@@ -278,39 +342,35 @@ class Controller(Wiring, Restarts, WeightOrders, Tickets, ScaleClient):
         return 0
 
     async def loop_until(self, condition) -> None:
+        tick_s = self.spec.controller.tick_s
         while not self.failure and not condition():
             await self.supervise()
-            await self.flush_tickets()
-            await self.progress()
-            if self.on_tick:
-                self.on_tick(self)
-            await anyio.sleep(0.05)
+            await self.flush()
+            await self.desk.progress()
+            self.report.tick(self)
+            await anyio.sleep(tick_s)
 
     async def watch_signals(self, scope) -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
-                self.failure = f"interrupted by {signal.Signals(signum).name}; every node process was stopped"
-                self.interrupted = signum
+                self.outcome.interrupt(signum)
                 scope.cancel()
                 return
 
     async def shutdown(self) -> None:
         for proc in self.procs:
             if proc.ready and proc.alive:
-                await self.send(proc, m.Stop())
+                await self.control.send(proc, m.Stop())
         deadline = time.monotonic() + self.spec.supervision.stop_timeout_s
         while any(p.alive for p in self.procs) and time.monotonic() < deadline:
-            with anyio.move_on_after(0.05):  # the last metrics each node sends on its way out
+            with anyio.move_on_after(self.spec.controller.tick_s):  # the last metrics each node sends on its way out
                 await self.receive_one(only=m.Heartbeat)
-        self.write_last_row()  # the last step's row, with those last metrics in it
+        self.report.write_last_row()  # the last step's row, with those last metrics in it
         for proc in self.procs:
             if proc.handle:
                 proc.handle.stop(1.0)
         self.ledger.close()
-        (self.run_dir / "control.json").unlink(missing_ok=True)
-        self.router.close(linger=0)
-        release_control(self.net, self.zctx)
-        shutil.rmtree(self.sockdir, ignore_errors=True)
+        self.control.close()
 
     def kill_all(self) -> None:
         for proc in self.procs:

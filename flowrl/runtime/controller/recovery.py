@@ -18,6 +18,14 @@ the same rollback after a controller death.
     book.committable(complete_below=25)   # -> 25
     book.commit(25, scheduler_state)      # latest.json, ledger fsynced, old checkpoints pruned
     epoch = book.begin_recovery()         # a stateful node died: roll back to book.committed
+
+The book holds the run's recovery epoch, the one copy of it: `begin_recovery` (and `resume`, for
+`--resume`) are its only writers, and everything else that needs the epoch (the scheduler stamping
+tickets, process specs, messages checked against the current epoch) asks `book.epoch`.
+
+`Recovery` is an epoch in progress: who has yet to enter it, its deadline
+(`supervision.startup_timeout_s`) and the orders sent again to whoever has not entered
+(`controller.recovery.epoch_resend_s`).
 """
 
 from __future__ import annotations
@@ -25,8 +33,18 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import logging
+import time
+from typing import Awaitable, Callable
+
+from flowrl.graph.spec import RecoverySpec
+from flowrl.runtime.controller.procs import Proc, ProcTable
+from flowrl.runtime.controller.roles import Roles
+from flowrl.runtime.protocol import messages as m
 from flowrl.runtime.protocol.checkpoints import confine, step_dir, write_json_atomic
 from flowrl.runtime.protocol.ledger import Ledger
+
+log = logging.getLogger("flowrl.controller")
 
 
 class RecoveryBook:
@@ -38,9 +56,23 @@ class RecoveryBook:
         self.publishers = set(publishers)
         self.keep = keep
         self.ledger = ledger
-        self.epoch = epoch
+        self._epoch = epoch
         self.committed = committed
         self.reports: dict[int, dict[str, tuple[str, int]]] = {}  # step -> proc -> (file, version)
+
+    @property
+    def epoch(self) -> int:
+        """The run's current recovery epoch (read-only: `begin_recovery` and `resume` advance it)."""
+        return self._epoch
+
+    @property
+    def committed_step(self) -> int:
+        """The step of the committed checkpoint (0: none yet)."""
+        return self.committed["step"] if self.committed else 0
+
+    @property
+    def committed_version(self) -> int:
+        return self.committed["version"] if self.committed else 0
 
     # reports -----------------------------------------------------------------------------------
     def report(self, proc: str, *, step: int, epoch: int, file: str, version: int) -> bool:
@@ -104,9 +136,17 @@ class RecoveryBook:
     # recovery ----------------------------------------------------------------------------------
     def begin_recovery(self) -> int:
         """A stateful node restarts: a new epoch; every half-collected checkpoint is abandoned."""
-        self.epoch += 1
+        self._epoch += 1
         self.reports.clear()
-        return self.epoch
+        return self._epoch
+
+    def resume(self, record: dict) -> int:
+        """Continue a run whose controller died from its committed checkpoint `record`: the epoch
+        after the one it was committed in."""
+        self.committed = record
+        self._epoch = record.get("epoch", 0) + 1
+        self.reports.clear()
+        return self._epoch
 
     def file_for(self, proc: str) -> str | None:
         """Absolute path of `proc`'s state in the committed checkpoint (None: none committed)."""
@@ -114,3 +154,96 @@ class RecoveryBook:
             return None
         name = self.committed["files"].get(proc)
         return str(confine(self.root, name)) if name else None
+
+
+Send = Callable[[Proc, object], Awaitable[bool]]
+
+
+class Recovery:
+    """A recovery epoch in progress. The epoch itself is the book's."""
+
+    def __init__(self, book: RecoveryBook, scheduler, procs: ProcTable, roles: Roles, *, send: Send, ledger,
+                 section: RecoverySpec, startup_timeout_s: float, clock: Callable[[], float] = time.monotonic):
+        self.book = book
+        self.scheduler = scheduler
+        self.procs = procs
+        self.roles = roles
+        self.send = send
+        self.ledger = ledger
+        self.section = section
+        self.startup_timeout_s = startup_timeout_s
+        self.clock = clock
+        self.waiting: set[str] | None = None  # processes yet to enter the epoch; None: no recovery runs
+        self.started = self.last_order = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.waiting is not None
+
+    async def begin(self, reason: str) -> int:
+        """Every stateful node rolls back to the committed checkpoint; the tickets after it replay.
+        Returns the new epoch."""
+        epoch = self.book.begin_recovery()
+        step = self.book.committed_step
+        self.scheduler.rollback(step, self.book.committed_version, reason)
+        self.ledger.write("recovery", "-", 0, epoch=epoch, step=step, reason=reason)
+        log.warning("recovery epoch %d: every stateful node back to step %d (%s)", epoch, step, reason)
+        self.waiting = {p.id for p in self.procs if not p.retired}  # removed replicas never enter it
+        self.started = self.last_order = self.clock()
+        for proc in self.procs:
+            if proc.ready and proc.down_since is None and proc.restart_at is None:
+                await self.send(proc, self.order_for(proc))
+        return epoch
+
+    def order_for(self, proc: Proc) -> m.Epoch:
+        """The `Epoch` order for `proc`: stateful nodes load the committed checkpoint, sinks learn
+        what they consumed, everyone drops older epochs' batches."""
+        epoch = self.book.epoch
+        if proc.spec.node in self.roles.stateful:
+            return m.Epoch(epoch=epoch, watermark=self.book.committed_step, checkpoint=self.book.file_for(proc.id))
+        if proc.spec.node in self.roles.sinks:
+            low = self.scheduler.complete_below
+            return m.Epoch(epoch=epoch, watermark=low, consumed=self.scheduler.consumed_above(proc.spec.node, low))
+        return m.Epoch(epoch=epoch, watermark=0)
+
+    def also_wait_for(self, proc_ids) -> None:
+        """Processes restarting during the recovery (a stateless rank group) must enter it too."""
+        if self.waiting is not None:
+            self.waiting.update(proc_ids)
+
+    def entered(self, proc: Proc, epoch: int) -> bool:
+        """`proc` reports being in `epoch`. True when that ended the recovery."""
+        if self.waiting is None or epoch != self.book.epoch:
+            return False
+        self.waiting.discard(proc.id)
+        return self._over()
+
+    def _over(self) -> bool:
+        if self.waiting:
+            return False
+        self.waiting = None
+        log.warning("recovery epoch %d complete", self.book.epoch)
+        return True
+
+    async def watch(self) -> tuple[bool, str | None]:
+        """Each tick: (ended, failure). A replica `flowrl scale` removed is not waited for; orders
+        go again to whoever has not entered; a recovery past `startup_timeout_s` fails naming who
+        is missing."""
+        if self.waiting is None:
+            return False, None
+        gone = self.waiting - {p.id for p in self.procs if not p.retired}
+        if gone:
+            self.waiting -= gone
+            if self._over():
+                return True, None
+        now = self.clock()
+        missing = [p for p in self.procs if p.id in self.waiting]
+        if now - self.started > self.startup_timeout_s:
+            return False, (f"recovery epoch {self.book.epoch} did not complete within {self.startup_timeout_s:.0f} s "
+                           f"(supervision.startup_timeout_s); still waiting for {', '.join(p.id for p in missing)}")
+        if now - self.last_order > self.section.epoch_resend_s:
+            self.last_order = now
+            for proc in missing:
+                if proc.wired and proc.down_since is None and proc.restart_at is None:
+                    await self.send(proc, self.order_for(proc))
+        return False, None

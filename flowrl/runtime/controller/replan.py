@@ -1,6 +1,7 @@
 """A lost host: its node processes move to the hosts that are left, or the run fails naming it.
 
-    why = move_off(controller, "host-b")   # None: moved (restart them); else the failure text
+    why = move_off("host-b", launcher=launcher, procs=procs, spec=spec, classes=classes, net=net,
+                   ledger=ledger, report=report)   # None: moved (restart them); else the failure text
 
 The controller calls this when a process it restarts sat on a host the launcher reports lost (a
 Ray node that left the cluster). Every process of that host moves at once, re-planned by the
@@ -12,7 +13,7 @@ What moves with a process: its host, devices (cores or GPUs on the new host) and
 input addresses are decided again (addresses.py: a port whose producers now share its host goes
 back to ipc, one fed from another host binds tcp on the new host's address); its CURVE keys stay,
 so consumers that admit it still do. When a moved consumer reports READY at its new address the
-controller tells every producer to connect there and leave the old one (controller.on_bound).
+controller tells every producer to connect there and leave the old one (`Wiring.on_bound`).
 The move is recorded as a `replanned` event in the ledger and shown in the live view.
 """
 
@@ -23,24 +24,25 @@ import logging
 log = logging.getLogger("flowrl.replan")
 
 
-def move_off(c, lost: str) -> str | None:
-    """Move every process of `lost` (c: the Controller). Returns None, or why the run must fail."""
+def move_off(lost: str, *, launcher, procs, spec, classes: dict, net, ledger, report=None) -> str | None:
+    """Move every process of host `lost` (procs: the process table; net: the run's addresses, where
+    the moved processes are placed again; report: the run's report, told of the move). Returns None,
+    or why the run must fail."""
     from flowrl.placement import make_plan
     from flowrl.runtime.controller.wiring import free_port
 
-    launcher = c.launcher
     gone = launcher.lost_node(lost)
-    procs = [p for p in c.procs if p.spec.host == lost]
+    procs = [p for p in procs if p.spec.host == lost]
     where = f"Ray node {lost!r} ({gone.address}, node id {gone.node_id[:8]}) is gone"
     nodes = sorted({p.spec.node for p in procs})
     try:
         inventory = launcher.inventory()
     except Exception as e:  # noqa: BLE001 - no host left, or the cluster cannot be read
         return f"{where}, and its processes cannot be re-planned: {str(e).splitlines()[0]}"
-    wanted = c.spec.model_copy(deep=True)
+    wanted = spec.model_copy(deep=True)
     for name in nodes:
         wanted.nodes[name].host = None
-    plan = make_plan(wanted, inventory, c.classes)
+    plan = make_plan(wanted, inventory, classes)
     errors = [f for f in plan.errors if f.node in nodes or not f.node]
     fresh = {(e.node, e.replica, e.rank): e for e in plan.entries}
     missing = [p.id for p in procs if (p.spec.node, p.spec.replica, p.spec.rank) not in fresh]
@@ -57,20 +59,19 @@ def move_off(c, lost: str) -> str | None:
         ps.host, ps.devices = e.host, list(e.devices)
         ps.cpu_cores = list(e.local_devices) if e.device_type == "cpu" else []
         ps.env = dict(plan.env_for(e, master_port=int(ps.env.get("MASTER_PORT") or free_port())))
-        c.net.place(p.id, launcher.host_address(e.host))
-        ps.host_address = c.net.where[p.id]
+        net.place(p.id, launcher.host_address(e.host))
+        ps.host_address = net.where[p.id]
         moved[p.id] = e.host
     for p in procs:  # addresses after every move: a port's producers may have moved with it
         ps = p.spec
         for port in ps.inputs:
-            ps.inputs[port] = c.net.input_address(ps.node, ps.replica, port)
+            ps.inputs[port] = net.input_address(ps.node, ps.replica, port)
         ps.input_clients = {port: k for port in ps.inputs
-                            for k in [c.net.input_clients(ps.node, ps.replica, port)] if k is not None}
-        ps.control, ps.control_key = c.net.control_address(p.id), c.net.control_key(p.id)
-    c.ledger.write("replanned", "-", 0, host=lost, moved=moved)
+                            for k in [net.input_clients(ps.node, ps.replica, port)] if k is not None}
+        ps.control, ps.control_key = net.control_address(p.id), net.control_key(p.id)
+    ledger.write("replanned", "-", 0, host=lost, moved=moved)
     text = f"{lost} lost: " + ", ".join(f"{pid} -> {host}" for pid, host in sorted(moved.items()))
     log.warning("re-planned: %s", text)
-    if c.hub:
-        c.hub.event("replanned", host=lost, moved=moved)
-        c.hub.replans.append(text)
+    if report is not None:
+        report.replanned(lost, moved, text)
     return None

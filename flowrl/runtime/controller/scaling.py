@@ -10,109 +10,161 @@ next weight-sync epoch (subscribers get the current weights before any batch: th
 and its producers connect to it — from then on it takes work like the others. Removing one: its
 producers disconnect first and send whatever it had not acknowledged to the other replicas, then
 it is stopped; nothing it held is lost, and a batch it was finishing is at worst a duplicate that
-the consumers drop. Weight sync forms a new epoch without it at once (`follow_members`), so the
+the consumers drop. Weight sync forms a new epoch without it at once (`SyncGroup.follow`), so the
 trainer never waits for a replica that is going. A removed process that was (re)starting gets its
 Stop when it reports READY; one that has not stopped after `retire_grace_s` is stopped by PID
 (SIGTERM, then SIGKILL). A replica added again while its removed predecessor still stops takes
 over its id as a later incarnation (the predecessor is killed). Each change is a `scaled` row in
 the ledger.
 
-The client speaks the control plane: `RUN_DIR/control.json` (readable by the run's user only)
-holds the controller's address and the run's secret. The controller's side is `ScaleClient`
-(mixed into `Controller`): it answers requests on the control socket and forgets removed
-processes once they are gone.
+The client speaks the control plane: `RUN_DIR/control.json` (a `ControlFile`, control.py,
+readable by the run's user only) holds the controller's address and the run's secret. The
+controller answers a request with `scale(...)`, given the components it changes; `Retirement`
+is the one writer of the removed processes still stopping, and forgets them once they are gone.
 """
 
 from __future__ import annotations
 
-import hmac
-import json
 import logging
 import signal
 import time
 from pathlib import Path
+from typing import Awaitable, Callable
 
 from flowrl.errors import FlowrlError
+from flowrl.runtime.controller.control import ControlFile, ControlFileError
+from flowrl.runtime.controller.procs import Proc, ProcTable
+from flowrl.runtime.controller.report import RunReport
+from flowrl.runtime.controller.roles import Roles
+from flowrl.runtime.controller.weightorders import SyncGroup
+from flowrl.runtime.controller.wiring import Wiring, free_port
 from flowrl.runtime.protocol import messages as m
 
 log = logging.getLogger("flowrl.controller")
+
+MAX_REPLICAS = 256  # most replicas `flowrl scale` runs of one node
+
+Send = Callable[[Proc, object], Awaitable[bool]]
 
 
 class ScaleError(FlowrlError):
     """The scale request was refused (the message says why) or got no answer."""
 
 
-async def scale(controller, node: str, replicas: int) -> str:
-    """Run `replicas` replicas of `node`; returns what changed. Raises ScaleError."""
-    from flowrl.placement import get_inventory, make_plan
-    from flowrl.runtime.controller.procs import Proc
+class Retirement:
+    """Processes `flowrl scale` removed: stopping, then forgotten (one that outstays its grace is
+    stopped by PID); and removed ones displaced by a new replica that takes their id."""
 
-    c = controller
-    spec = c.spec
+    def __init__(self, procs: ProcTable, sync: SyncGroup, report: RunReport, *, stop_timeout_s: float):
+        self.procs = procs
+        self.sync = sync
+        self.report = report
+        self.stop_timeout_s = stop_timeout_s
+        self.retiring: list[Proc] = []  # removed replicas still stopping whose id a new replica took
+
+    def grace_s(self) -> float:
+        """How long a removed process may take to stop on its own: a weight-sync collective it was
+        in ends within its timeout, then it takes its Stop. Its producers handed whatever it had not
+        acknowledged to the other replicas, so stopping it later loses nothing."""
+        return self.sync.timeout_s() + self.stop_timeout_s
+
+    async def retire(self, proc: Proc, send: Send) -> None:
+        proc.retired, proc.retired_at = True, time.monotonic()
+        await send(proc, m.Stop())  # not there (restarting)? it gets Stop at its READY
+
+    def reap(self, now: float | None = None) -> None:
+        """Forget removed processes once they are gone; one that outstays its grace gets SIGTERM,
+        and SIGKILL stop_timeout_s later (by PID)."""
+        now = time.monotonic() if now is None else now
+        for proc in [p for p in self.procs if p.retired] + list(self.retiring):
+            if proc.handle is not None and proc.alive:
+                late = now - (proc.retired_at or now) - self.grace_s()
+                if late > self.stop_timeout_s:
+                    proc.handle.signal(signal.SIGKILL)
+                elif late > 0 and not proc.terminated:
+                    log.warning("%s was removed %.0f s ago and has not stopped: SIGTERM", proc.id, now - proc.retired_at)
+                    proc.handle.signal(signal.SIGTERM)
+                    proc.terminated = True
+                continue
+            self.sync.drop(proc)
+            if proc in self.retiring:
+                self.retiring.remove(proc)
+                continue
+            del self.procs.procs[proc.id]
+            self.report.forget(proc)
+
+    def displace(self, proc: Proc) -> None:
+        """A new replica takes the id of `proc`, removed but not gone yet: SIGKILL it (its producers
+        handed its unacknowledged work to the others) and reap it apart from the table."""
+        if proc.handle is not None and proc.alive:
+            proc.handle.signal(signal.SIGKILL)
+            self.retiring.append(proc)
+        self.sync.drop(proc)
+        del self.procs.procs[proc.id]
+
+
+async def scale(node: str, replicas: int, *, spec, roles: Roles, procs: ProcTable, wiring: Wiring,
+                launch: Callable[[Proc], None], send: Send, sync: SyncGroup, retirement: Retirement,
+                report: RunReport, ledger, recovering: bool, version: int) -> str:
+    """Run `replicas` replicas of `node`; returns what changed. Raises ScaleError.
+
+    spec: the graph as it runs (its replica count changes); wiring: plans, specs and addresses of
+    the new replicas; launch: starts one; sync: the weight-sync group (a new epoch without removed
+    ones); recovering: whether a recovery runs (refused then); version: the trainer's newest."""
     if node not in spec.nodes:
         raise ScaleError(f"no node {node!r}; nodes are {', '.join(spec.nodes)}")
-    if node in c.stateful:
+    if node in roles.stateful:
         raise ScaleError(f"node {node!r} is stateful: its replicas would each train their own state; "
                          "scale stateless nodes (rollout, reward, reference), or use devices: N")
-    if not 1 <= replicas <= 256:
-        raise ScaleError(f"replicas must be between 1 and 256, got {replicas}")
-    if c.net.multi_host:
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise ScaleError(f"replicas must be between 1 and {MAX_REPLICAS}, got {replicas}")
+    if wiring.multi_host:
         raise ScaleError("this run spans several hosts; scaling it while it runs is not supported yet (new replicas "
                          "would need CURVE keys its consumers and control admit): set replicas in the graph and resume")
-    if c.recovering is not None:
+    if recovering:
         raise ScaleError("the run is recovering from a failure; try again in a moment")
     old = spec.nodes[node].replicas
     if replicas == old:
         return f"{node} already has {old} replica(s)"
     if replicas > old:
-        wanted = spec.model_copy(deep=True)
-        wanted.nodes[node].replicas = replicas
-        plan = make_plan(wanted, get_inventory(c.inventory))
-        errors = [f for f in plan.errors if f.node == node]
+        entries, errors = wiring.plan_replicas(node, replicas)
         if errors:
             raise ScaleError("; ".join(f"{f.code}: {f.message}" for f in errors))
-        entries = [e for e in plan.entries if e.node == node and e.replica >= old]
         spec.nodes[node].replicas = replicas
-        from flowrl.runtime.controller.wiring import free_port
-
         ports: dict[int, int] = {}
         for entry in entries:
-            c.plan.entries.append(entry)
-            proc = Proc(spec=c.proc_spec(entry, ports.setdefault(entry.replica, free_port())))
-            gone = c.procs.procs.get(proc.id)
+            wiring.add_entry(entry)
+            proc = Proc(spec=wiring.proc_spec(entry, ports.setdefault(entry.replica, free_port())))
+            gone = procs.procs.get(proc.id)
             if gone is not None:  # removed a moment ago and still stopping: it goes now, and nothing it
-                c.displace_retired(gone)  # still says is taken for the new one's (a later incarnation)
+                retirement.displace(gone)  # still says is taken for the new one's (a later incarnation)
                 proc.spec.incarnation = proc.first_incarnation = gone.spec.incarnation + 1
-            c.prepare_start(proc)
-            c.procs.add(proc)
-            c.supervisor.launch(proc)
+            wiring.prepare_start(proc)
+            procs.add(proc)
+            launch(proc)
         for r in range(old, replicas):
-            await _rewire(c, node, r, add=True)
+            await _rewire(spec, wiring, procs, send, node, r, add=True)
     else:
         spec.nodes[node].replicas = replicas
-        c.plan.entries = [e for e in c.plan.entries if not (e.node == node and e.replica >= replicas)]
+        wiring.drop_entries(node, replicas)
         for r in range(old - 1, replicas - 1, -1):
-            await _rewire(c, node, r, add=False)
-            for proc in [p for p in c.procs.of_node(node) if p.spec.replica == r]:
-                proc.retired, proc.retired_at = True, time.monotonic()
-                await c.send(proc, m.Stop())  # not there (restarting)? it gets Stop at its READY
-        c.retire_stopped()
-        await c.follow_members()  # weight sync goes on without them at once, not when they are gone
-    if c.summary is not None:
-        c.summary.setdefault("nodes", {})[node] = replicas
-    c.ledger.write("scaled", "-", 0, node=node, replicas=replicas, was=old)
-    if c.hub:
-        c.hub.event("scale", node=node, replicas=replicas, was=old)
+            await _rewire(spec, wiring, procs, send, node, r, add=False)
+            for proc in [p for p in procs.of_node(node) if p.spec.replica == r]:
+                await retirement.retire(proc, send)
+        retirement.reap()
+        await sync.follow(version, recovering=False)  # weight sync goes on without them at once
+    ledger.write("scaled", "-", 0, node=node, replicas=replicas, was=old)
+    report.scaled(node, replicas, old)
     return f"{node}: {old} -> {replicas} replica(s)"
 
 
-async def _rewire(c, node: str, replica: int, *, add: bool) -> None:
+async def _rewire(spec, wiring: Wiring, procs: ProcTable, send: Send, node: str, replica: int, *, add: bool) -> None:
     """Tell every producer of `node` (and the specs they restart with) about one replica."""
-    for e in c.spec.edges:
+    for e in spec.edges:
         if e.dst != node:
             continue
-        address = c.address(node, replica, e.dst_port)
-        for proc in c.procs.of_node(e.src):
+        address = wiring.address(node, replica, e.dst_port)
+        for proc in procs.of_node(e.src):
             for route in proc.spec.outputs:
                 if route.edge != str(e):
                     continue
@@ -122,75 +174,7 @@ async def _rewire(c, node: str, replica: int, *, add: bool) -> None:
                     route.addresses.remove(address)
             if proc.wired:
                 msg = m.Connect if add else m.Disconnect
-                await c.send(proc, msg(edge=str(e), address=address))
-
-
-class ScaleClient:
-    """The controller's scaling half: `flowrl scale` requests and the retirement of removed processes."""
-
-    async def on_client(self, identity: bytes, data: bytes) -> None:
-        """A request from `flowrl scale` (or `flowrl.scale`): answered on the same socket."""
-        import zmq
-
-        try:
-            msg = m.decode(data)
-        except m.ControlError:
-            self.rejected += 1
-            return
-        if not isinstance(msg, m.Scale) or not hmac.compare_digest(msg.k or "", self.secret):
-            self.rejected += 1
-            return
-        try:
-            reply = m.Scaled(ok=True, message=await scale(self, msg.node, msg.replicas))
-        except ScaleError as e:
-            reply = m.Scaled(ok=False, message=str(e))
-        try:
-            await self.router.send_multipart([identity, m.encode(reply)])
-        except zmq.ZMQError:
-            pass
-
-    def retire_grace_s(self) -> float:
-        """How long a removed process may take to stop on its own: a weight-sync collective it was
-        in ends within its timeout, then it takes its Stop. Its producers handed whatever it had not
-        acknowledged to the other replicas, so stopping it later loses nothing."""
-        return self.sync_timeout_s() + self.spec.supervision.stop_timeout_s
-
-    def retire_stopped(self) -> None:
-        """Forget processes removed by `flowrl scale` once they are gone; one that outstays its
-        grace gets SIGTERM, and SIGKILL stop_timeout_s later (by PID)."""
-        now = time.monotonic()
-        for proc in [p for p in self.procs if p.retired] + list(self.retiring):
-            if proc.handle is not None and proc.alive:
-                late = now - (proc.retired_at or now) - self.retire_grace_s()
-                if late > self.spec.supervision.stop_timeout_s:
-                    proc.handle.signal(signal.SIGKILL)
-                elif late > 0 and not proc.terminated:
-                    log.warning("%s was removed %.0f s ago and has not stopped: SIGTERM", proc.id, now - proc.retired_at)
-                    proc.handle.signal(signal.SIGTERM)
-                    proc.terminated = True
-                continue
-            self.sync_members = [p for p in self.sync_members if p is not proc]
-            if proc in self.retiring:
-                self.retiring.remove(proc)
-                continue
-            del self.procs.procs[proc.id]
-            if self.hub:
-                self.hub.forget(proc.spec.node, proc.spec.replica)
-
-    def displace_retired(self, proc) -> None:
-        """A new replica takes the id of `proc`, removed but not gone yet: SIGKILL it (its producers
-        handed its unacknowledged work to the others) and reap it apart from the table."""
-        if proc.handle is not None and proc.alive:
-            proc.handle.signal(signal.SIGKILL)
-            self.retiring.append(proc)
-        self.sync_members = [p for p in self.sync_members if p is not proc]
-        del self.procs.procs[proc.id]
-
-
-def write_control_file(run_dir: Path, address: str, secret: str) -> None:
-    path = Path(run_dir) / "control.json"
-    path.write_text(json.dumps({"address": address, "secret": secret, "pid": __import__("os").getpid()}))
-    path.chmod(0o600)
+                await send(proc, msg(edge=str(e), address=address))
 
 
 def request(run_dir: str | Path, node: str, replicas: int, timeout_s: float = 30.0) -> str:
@@ -199,18 +183,17 @@ def request(run_dir: str | Path, node: str, replicas: int, timeout_s: float = 30
 
     import zmq
 
-    path = Path(run_dir) / "control.json"
     try:
-        info = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        raise ScaleError(f"{path} is missing or unreadable: is the run still going?") from None
+        control = ControlFile.read(run_dir)
+    except ControlFileError as e:
+        raise ScaleError(str(e)) from None
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, f"client#{secrets.token_hex(4)}".encode())
     sock.setsockopt(zmq.LINGER, 0)
     try:
-        sock.connect(info["address"])
-        sock.send(m.encode(m.Scale(node=node, replicas=replicas), info["secret"]))
+        sock.connect(control.address)
+        sock.send(m.encode(m.Scale(node=node, replicas=replicas), control.secret))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if sock.poll(200):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from flowrl.errors import FlowrlError
 from flowrl.runtime.protocol.indexset import IndexSet
@@ -57,7 +58,7 @@ class Scheduler:
 
     def __init__(self, *, steps: int, batch_size: int, max_staleness: int, sinks: list[str],
                  ticket_timeout_s: float, ledger: Ledger, run_id: str = "t", stateful_sinks=(),
-                 max_attempts: int = 10, epoch: int = 0, max_replaced: int | None = None):
+                 max_attempts: int = 10, epoch: Callable[[], int] = lambda: 0, max_replaced: int | None = None):
         self.base_steps, self.batch_size, self.k = steps, batch_size, max_staleness
         self.max_replaced = 10 * steps if max_replaced is None else max_replaced
         self.sinks = list(sinks)
@@ -66,7 +67,7 @@ class Scheduler:
         self.max_attempts = max_attempts
         self.ledger = ledger
         self.run_id = run_id
-        self.epoch = epoch
+        self._epoch = epoch  # the recovery epoch is the recovery book's: asked, never kept here
         self.next_index = 0
         self.version = 0  # trainer's policy version (published, or completed count without a trainer)
         self.consumed_by = {s: IndexSet() for s in self.sinks}
@@ -104,6 +105,11 @@ class Scheduler:
     def steps(self) -> int:
         """Tickets the run issues: `steps` plus one per replaced ticket."""
         return self.base_steps + self.replaced_below + len(self.replaced)
+
+    @property
+    def epoch(self) -> int:
+        """The current recovery epoch (tickets are stamped with it), as its owner says."""
+        return self._epoch()
 
     @property
     def completed(self) -> int:
@@ -222,10 +228,10 @@ class Scheduler:
         self.version = max(self.version, version)
 
     # recovery -------------------------------------------------------------------------------
-    def rollback(self, step: int, version: int, epoch: int, reason: str) -> None:
-        """Every stateful node was restored to checkpoint `step`: stateful sinks lose what they
-        consumed from `step` on, and every ticket from `step` on is issued again."""
-        self.epoch = epoch
+    def rollback(self, step: int, version: int, reason: str) -> None:
+        """Every stateful node was restored to checkpoint `step` (in the epoch the book just
+        began): stateful sinks lose what they consumed from `step` on, and every ticket from
+        `step` on is issued again."""
         for sink in self.stateful_sinks:
             for i in self.consumed_by[sink].truncate(step):
                 self.ledger.record(RolledBack(batch_id=self.batch_id(i), node=sink, reason=reason))
@@ -255,10 +261,9 @@ class Scheduler:
                 "stateless_consumed": {s: self.consumed_by[s].above(self.complete.low)
                                        for s in self.sinks if s not in self.stateful_sinks}}
 
-    def resume(self, step: int, version: int, epoch: int, ledger_rows: list[dict], replaced_below: int = 0) -> None:
+    def resume(self, step: int, version: int, ledger_rows: list[dict], replaced_below: int = 0) -> None:
         """Continue a run from its checkpoint at `step`: tickets below it are complete; what
         stateless sinks consumed from `step` on stays consumed; stateful sinks' is rolled back."""
-        self.epoch = epoch
         self.replaced_below, self.replaced, self.replace_marks = replaced_below, {}, {}
         self.issued_end = step
         self.complete = IndexSet(step)

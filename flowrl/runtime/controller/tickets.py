@@ -1,96 +1,84 @@
-"""Tickets and progress (mixed into `Controller`): sending work to sources, and what a consumed
-ticket sets off.
+"""The ticket desk: sending tickets to sources, what a sink's `Consumed` report completes, and
+telling nodes how far the run is.
 
 Issuable and timed-out tickets go to the sources' rank-0 processes round-robin (held while a
-recovery runs; kept for later when no source can take them); a ticket past its attempts fails the
-run naming where it was last seen. A sink's `Consumed` report advances the scheduler; each step
-ends the metrics step, commits a checkpoint when one is ready and tells the nodes how far the run
-is (`Progress`: which tickets are complete, where the run ends).
+recovery runs; kept for later when no source can take them; dropped when a rollback made them a
+past epoch's); a ticket past its attempts fails the run naming where it was last seen busy. Every
+so often (`controller.tickets.progress_interval_s`), and at once when the run's end moved, every
+wired node hears `Progress`: which tickets are complete, where the run ends.
+
+The desk is the one writer of the tickets waiting to go out, of where each open ticket was last
+seen busy, of the source round-robin and of the progress watermark. The scheduler decides what is
+issued and complete; the desk only carries it.
+
+    desk = TicketDesk(scheduler, procs, sources=["rollout"], send=socket.send, fail=outcome.fail,
+                      ledger=ledger, section=spec.controller.tickets)
+    await desk.flush(held=False, epoch=0)      # each tick: issuable and timed-out tickets go out
+    if desk.consumed("actor", msg): ...        # a sink's report completed a ticket: a step
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Awaitable, Callable
 
+from flowrl.graph.spec import TicketDeskSpec
+from flowrl.runtime.controller.procs import Proc, ProcTable
+from flowrl.runtime.controller.scheduler import Scheduler, TicketExhausted
 from flowrl.runtime.protocol import messages as m
-from flowrl.runtime.controller.procs import Proc
-from flowrl.runtime.controller.scheduler import TicketExhausted
 
 log = logging.getLogger("flowrl.controller")
 
+Send = Callable[[Proc, object], Awaitable[bool]]
+Fail = Callable[[Proc | None, str], None]
 
-class Tickets:
-    """The controller's ticket half: issue, re-issue, consumption, steps, commits, progress."""
 
+class TicketDesk:
+    def __init__(self, scheduler: Scheduler, procs: ProcTable, *, sources, send: Send, fail: Fail, ledger,
+                 section: TicketDeskSpec, clock: Callable[[], float] = time.monotonic):
+        self.scheduler = scheduler
+        self.procs = procs
+        self.sources = list(sources)
+        self.send = send
+        self.fail = fail
+        self.ledger = ledger
+        self.section = section
+        self.clock = clock
+        self.pending: list = []  # tickets waiting for a source to take them
+        self.stuck_at: dict[str, str] = {}  # batch id -> the process last seen busy with it
+        self.source_rr = 0
+        self.last_progress, self.progress_sent, self.steps_sent = 0.0, -1, scheduler.steps
+
+    # what nodes report ------------------------------------------------------------------------
     def open_ids(self) -> set[str]:
         return {self.scheduler.batch_id(i) for i in self.scheduler.open}
 
-    async def on_consumed(self, proc: Proc, msg: m.Consumed) -> None:
-        self.ingest(proc, msg.metrics)
-        sink = proc.spec.node
-        if sink in self.stateful and msg.epoch != self.book.epoch:
-            self.ledger.write("duplicate_dropped", msg.batch_id, msg.attempt, node=proc.id, why="older epoch")
-            return
+    def seen_busy(self, batch_id: str, proc_id: str) -> None:
+        """A heartbeat says `proc_id` is inside a call on `batch_id` (named if the ticket runs out)."""
+        if batch_id in self.open_ids():
+            self.stuck_at[batch_id] = proc_id
+
+    def where(self, batch_id: str) -> str | None:
+        return self.stuck_at.get(batch_id)
+
+    def consumed(self, sink: str, msg: m.Consumed) -> bool:
+        """A sink consumed a ticket (or its drop marker). True when that completed it: a step."""
         extra = {} if msg.dropped_by else {"policy_version": msg.policy_version, "staleness": msg.staleness}
         if self.scheduler.consumed(sink, msg.index, msg.attempt, dropped_by=msg.dropped_by, **extra):
             self.stuck_at.pop(msg.batch_id, None)
-            await self.on_step(msg)
+            return True
+        return False
 
-    async def on_step(self, msg) -> None:
-        sched = self.scheduler
-        if not self.publishers:
-            sched.set_version(sched.completed)
-        if self.hub:
-            from flowrl.metrics import write_status
+    # tickets ----------------------------------------------------------------------------------
+    def drop_pending(self) -> None:
+        """Tickets waiting to go out are void (a rollback, or a restart that re-issues them all)."""
+        self.pending = []
 
-            row = dict(step=sched.completed, policy_version=sched.version, extra={"staleness_max": msg.staleness})
-            self.write_last_row()  # one deferred before (a rollback moved the end back): written now
-            if sched.done:  # the last row waits for what nodes report on their way out (shutdown)
-                self.last_row = {**row, "now": self.hub.clock()}
-            else:
-                self.hub.end_step(**row)
-            write_status(self.run_dir, self.hub.live_state(), phase="running", graph=self.summary)
-        self.maybe_commit()
-        if self.scheduler.steps != self.steps_sent:  # a replaced ticket: nodes learn the new end first
-            if self.summary is not None:
-                self.summary["total_steps"] = self.scheduler.steps  # the live view's "step i/N"
-            await self.progress()
-        await self.flush_tickets()
-
-    def write_last_row(self) -> None:
-        """The deferred row of the last step, if any (a metrics file that cannot be written is logged,
-        never a reason to leave node processes running)."""
-        row, self.last_row = self.last_row, None
-        if row is None or not self.hub:
-            return
-        try:
-            self.hub.end_step(**row)
-        except Exception as e:  # noqa: BLE001
-            log.warning("the last metrics row (step %s) was not written: %s", row.get("step"), e)
-
-    def maybe_commit(self) -> None:
-        step = self.book.committable(self.scheduler.complete_below)
-        if step is not None:
-            self.book.commit(step, self.scheduler.state_dict(step))
-            log.info("checkpoint %d committed", step)
-
-    async def progress(self) -> None:
-        """Tell every node which tickets are complete (they forget cached outputs), now and then."""
-        now = time.monotonic()
-        low = self.scheduler.complete_below
-        steps = self.scheduler.steps
-        if (now - self.last_progress < 0.25 or low == self.progress_sent) and steps == self.steps_sent:
-            return
-        self.last_progress, self.progress_sent, self.steps_sent = now, low, steps
-        for p in self.procs:
-            if p.wired:
-                await self.send(p, m.Progress(complete_below=low, steps=steps))
-
-    # tickets --------------------------------------------------------------------------------
     async def reissue(self, make, reason: str) -> None:
+        """Queue what `make` re-issues; a ticket past its attempts fails the run naming where it was."""
         try:
-            self.pending_tickets.extend(make(reason) if reason else make())
+            self.pending.extend(make(reason) if reason else make())
         except TicketExhausted as e:
             where = self.stuck_at.get(e.batch_id)
             errors = [f"{p.id}: {p.error.line().splitlines()[0]}" for p in self.procs if p.error]
@@ -98,14 +86,16 @@ class Tickets:
                             f"\n  last node errors: {'; '.join(errors) or 'none'}"
                             f"\n  raise schedule.max_attempts or ticket_timeout_s if the work is just slow")
 
-    async def flush_tickets(self) -> None:
-        if self.recovering is not None or self.failure:
+    async def flush(self, *, held: bool, epoch: int) -> None:
+        """Send what may go out now to the sources; `held` (recovering, failed): nothing moves.
+        A waiting ticket of another epoch than `epoch` is dropped."""
+        if held:
             return
-        self.pending_tickets.extend(self.scheduler.issuable())
+        self.pending.extend(self.scheduler.issuable())
         await self.reissue(self.scheduler.timed_out, "")
         keep = []
-        for ticket in self.pending_tickets:
-            if ticket.epoch != self.book.epoch:
+        for ticket in self.pending:
+            if ticket.epoch != epoch:
                 continue
             sent = False
             for node in self.sources:
@@ -114,9 +104,28 @@ class Tickets:
                     continue
                 p = procs[self.source_rr % len(procs)]
                 self.source_rr += 1
-                sent = await self.send(p, m.TicketMsg(batch_id=ticket.batch_id, index=ticket.index, attempt=ticket.attempt,
-                                                      min_policy_version=ticket.min_policy_version, size=ticket.size,
-                                                      epoch=ticket.epoch))
+                sent = await self.send(p, m.TicketMsg(batch_id=ticket.batch_id, index=ticket.index,
+                                                      attempt=ticket.attempt, min_policy_version=ticket.min_policy_version,
+                                                      size=ticket.size, epoch=ticket.epoch))
             if not sent:
                 keep.append(ticket)
-        self.pending_tickets = keep
+        self.pending = keep
+
+    # progress ---------------------------------------------------------------------------------
+    def end_moved(self) -> bool:
+        """The run's end changed since nodes last heard it (a replaced ticket)."""
+        return self.scheduler.steps != self.steps_sent
+
+    async def progress(self) -> None:
+        """Tell every wired node which tickets are complete (they forget cached outputs), at most
+        once per progress interval, and at once when the end moved."""
+        now = self.clock()
+        low = self.scheduler.complete_below
+        steps = self.scheduler.steps
+        if (now - self.last_progress < self.section.progress_interval_s or low == self.progress_sent) \
+                and steps == self.steps_sent:
+            return
+        self.last_progress, self.progress_sent, self.steps_sent = now, low, steps
+        for p in self.procs:
+            if p.wired:
+                await self.send(p, m.Progress(complete_below=low, steps=steps))

@@ -1,4 +1,4 @@
-"""Setting node processes up (mixed into `Controller`): what each one is told and where it starts.
+"""Setting node processes up: what each one is told and where it starts.
 
 It owns the controller's side of the data plane's addresses: the `ProcSpec` each process reads
 before it starts (its inputs, outputs, ranks, keys, devices), where a (re)started process begins
@@ -6,6 +6,15 @@ before it starts (its inputs, outputs, ranks, keys, devices), where a (re)starte
 report they bound and the routes producers are wired with (`Wire` once every process is READY;
 `Connect`/`Disconnect` when a consumer moved). Also the run's private socket folder and the free
 ports of the torch.distributed groups.
+
+`Wiring` is the one writer of the bound addresses, the plan's entries (`flowrl scale` adds and
+removes replicas through it) and whether the first `Wire` went out. Where a process starts comes
+from the recovery book (epoch, committed checkpoint) and the scheduler (end, consumption), asked.
+
+    wiring = Wiring(spec, plan, classes, roles, net, facts, launcher=launcher, procs=procs, send=send,
+                    book=book, scheduler=scheduler)
+    wiring.build_procs()                  # one Proc per plan entry, specs written at launch
+    wiring.prepare_start(proc)            # before each (re)start
 """
 
 from __future__ import annotations
@@ -14,16 +23,46 @@ import os
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Awaitable, Callable
 
 from flowrl.runtime.protocol import messages as m
-from flowrl.runtime.controller.procs import Proc
+from flowrl.runtime.controller.procs import Proc, ProcTable
+from flowrl.runtime.controller.recovery import RecoveryBook
+from flowrl.runtime.controller.roles import Roles
+from flowrl.runtime.controller.scheduler import Scheduler
 from flowrl.runtime.protocol.procspec import OutputRoute, ProcSpec
 from flowrl.runtime.protocol.addresses import shard_address
 
 
+@dataclass(frozen=True)
+class RunFacts:
+    """What every process of the run is told alike."""
+
+    run_dir: Path
+    secret: str  # the run's control-plane secret
+    faults: tuple[str, ...] = ()
+    inventory: str | None = None  # where `flowrl scale` plans new replicas (None: this machine)
+
+
 class Wiring:
-    """The controller's set-up half: process specs, start points, bound addresses, routes."""
+    def __init__(self, spec, plan, classes: dict, roles: Roles, net, facts: RunFacts, *, launcher, procs: ProcTable,
+                 send: Callable[[Proc, object], Awaitable[bool]], book: RecoveryBook, scheduler: Scheduler):
+        self.spec, self.plan, self.classes, self.roles = spec, plan, classes, roles
+        self.net = net
+        self.facts = facts
+        self.launcher = launcher
+        self.procs = procs
+        self.send = send
+        self.book = book
+        self.scheduler = scheduler
+        self.bound: dict[tuple, str] = {}  # (node, replica, port) -> the address that consumer bound
+        self.started = False  # every process got its first Wire
+
+    @property
+    def multi_host(self) -> bool:
+        return self.net.multi_host
 
     def address(self, node: str, replica: int, port: str) -> str:
         return self.bound.get((node, replica, port)) or self.net.input_address(node, replica, port)
@@ -64,6 +103,25 @@ class Wiring:
                 master_ports[group] = free_port()
             self.procs.add(Proc(spec=self.proc_spec(entry, master_ports[group])))
 
+    # the plan as `flowrl scale` changes it ----------------------------------------------------
+    def plan_replicas(self, node: str, replicas: int):
+        """Entries of replicas of `node` beyond today's, placed as if the graph said `replicas`, and
+        the plan's findings about `node` (nothing is added yet)."""
+        from flowrl.placement import get_inventory, make_plan
+
+        wanted = self.spec.model_copy(deep=True)
+        wanted.nodes[node].replicas = replicas
+        plan = make_plan(wanted, get_inventory(self.facts.inventory))
+        old = self.spec.nodes[node].replicas
+        return ([e for e in plan.entries if e.node == node and e.replica >= old],
+                [f for f in plan.errors if f.node == node])
+
+    def add_entry(self, entry) -> None:
+        self.plan.entries.append(entry)
+
+    def drop_entries(self, node: str, from_replica: int) -> None:
+        self.plan.entries = [e for e in self.plan.entries if not (e.node == node and e.replica >= from_replica)]
+
     def proc_spec(self, entry, master_port: int) -> ProcSpec:
         """What process `entry` of the plan is told about itself (written as JSON before it starts)."""
         spec = self.spec
@@ -79,44 +137,32 @@ class Wiring:
                                capacity=e.capacity, capacity_bytes=e.capacity_bytes)
                    for e in spec.edges if e.src == entry.node]
         env = dict(self.plan.env_for(entry, master_port=master_port))
-        rank_addresses = ([shard_address(str(self.sockdir), entry.node, entry.replica, r)
+        rank_addresses = ([shard_address(str(self.net.sockdir), entry.node, entry.replica, r)
                            for r in range(entry.world_size)] if entry.world_size > 1 else [])
+        run_dir = self.facts.run_dir
         return ProcSpec(node=entry.node, kind=node.kind, replica=entry.replica, replicas=node.replicas,
-                        rank=entry.rank, world_size=entry.world_size, incarnation=0, run_dir=str(self.run_dir),
-                        graph_file=str(self.run_dir / "graph.yaml"), control=self.net.control_address(pid), inputs=inputs,
+                        rank=entry.rank, world_size=entry.world_size, incarnation=0, run_dir=str(run_dir),
+                        graph_file=str(run_dir / "graph.yaml"), control=self.net.control_address(pid), inputs=inputs,
                         outputs=outputs, env=env, device_type=entry.device_type, devices=list(entry.devices),
                         cpu_cores=list(entry.local_devices) if entry.device_type == "cpu" else [],
-                        is_sink=entry.node in self.sinks, is_source=entry.node in self.sources,
-                        faults=self.faults, heartbeat_s=spec.supervision.heartbeat_s, secret=self.secret,
+                        is_sink=entry.node in self.roles.sinks, is_source=entry.node in self.roles.sources,
+                        faults=list(self.facts.faults), heartbeat_s=spec.supervision.heartbeat_s,
+                        peer_timeout_s=spec.supervision.peer_timeout_s, secret=self.facts.secret,
                         serving_dtype=next((spec.nodes[w.dst].dtype for w in spec.weights if w.src == entry.node), None),
                         sys_path=[p for p in sys.path if p and os.path.isdir(p)], rank_addresses=rank_addresses,
                         host=getattr(entry, "host", None), host_address=self.net.where[pid],
                         curve_public=self.net.keys[pid][0], curve_secret=self.net.keys[pid][1],
                         control_key=self.net.control_key(pid), input_clients=clients)
 
-    def resume_from(self, record: dict) -> None:
-        """Continue a run whose controller died, from its committed checkpoint."""
-        from flowrl.runtime.protocol.ledger import read_ledger
-
-        step = record["step"]
-        self.book.committed = record
-        self.book.epoch = record.get("epoch", 0) + 1
-        self.scheduler.resume(step, record.get("version", step), self.book.epoch,
-                              read_ledger(self.run_dir), record.get("scheduler", {}).get("replaced_below", 0))
-        self.ledger.write("resumed", "-", 0, step=step, epoch=self.book.epoch)
-        for proc in self.procs:
-            self.prepare_start(proc)
-
     def prepare_start(self, proc: Proc) -> None:
         """Where a (re)started process begins: the current epoch, the committed checkpoint."""
         ps = proc.spec
         ps.epoch = self.book.epoch
         ps.steps = self.scheduler.steps
-        committed = self.book.committed
-        if ps.node in self.stateful:
+        if ps.node in self.roles.stateful:
             ps.resume_from = self.book.file_for(proc.id)
-            ps.watermark = committed["step"] if committed else 0
-        elif ps.node in self.sinks:
+            ps.watermark = self.book.committed_step
+        elif ps.node in self.roles.sinks:
             ps.watermark = self.scheduler.complete_below
             ps.consumed = self.scheduler.consumed_above(ps.node, ps.watermark)
 

@@ -55,6 +55,7 @@ class ProcSpec:
     consumed: list[int] = field(default_factory=list)  # stateless sinks: tickets >= watermark already consumed
     faults: list[str] = field(default_factory=list)
     heartbeat_s: float = 0.5
+    peer_timeout_s: float = 300.0  # data channels wait this long for a silent peer (supervision.peer_timeout_s)
     host: str | None = None  # the plan's host for this process (the ray launcher pins it there)
     rank_addresses: list[str] = field(default_factory=list)  # data-parallel nodes: where each rank listens
     serving_dtype: str | None = None  # publishers: the dtype their subscribers hold weights in

@@ -98,7 +98,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
         self.output_labels: dict[str, str] = {}
         # A consumer that dies is restarted by the controller; until then senders wait rather
         # than fail (the supervision deadline, not the channel, decides when a node is lost).
-        self.peer_timeout_s = 300.0
+        self.peer_timeout_s = spec.peer_timeout_s
         # every data channel of the run proves this (a stray local process cannot join a link)
         self.channel_secret = spec.secret.encode() if spec.secret else None
 

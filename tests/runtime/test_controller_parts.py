@@ -1,0 +1,38 @@
+"""The controller's own parts (flowrl/runtime/controller/controller.py, outcome.py): every message a
+node sends has one handler; the first failure of a run is its failure; the tuning the controller's
+components take is in the graph, with the values the runtime always used."""
+
+from types import SimpleNamespace
+
+from flowrl.graph.spec import GraphSpec
+from flowrl.runtime.controller.controller import Controller
+from flowrl.runtime.controller.outcome import Outcome
+from flowrl.runtime.protocol import messages as m
+from flowrl.runtime.protocol.ledger import read_jsonl
+from tests.runtime.controller_fakes import ledger
+
+
+def test_every_message_a_node_sends_has_exactly_one_handler():
+    from_nodes = {cls for cls in m._TYPES.values() if cls.direction == "node -> controller"}
+    assert set(Controller.HANDLERS) == from_nodes
+    assert all(callable(h) for h in Controller.HANDLERS.values())
+
+
+def test_the_first_failure_is_the_runs_and_is_written_once(tmp_path):
+    led = ledger(tmp_path)
+    out = Outcome(SimpleNamespace(describe=lambda proc, why: f"{proc} {why}"), led)
+    out.fail(None, "recovery epoch 1 did not complete\n  details")
+    out.fail("actor/0/0", "exited")
+    assert out.failure == "recovery epoch 1 did not complete\n  details"
+    led.flush()
+    assert [r["why"] for r in read_jsonl(led.path) if r["event"] == "failed"] == ["recovery epoch 1 did not complete"]
+
+
+def test_the_controllers_tuning_is_in_the_graph_with_the_values_it_always_had():
+    g = GraphSpec(nodes={"a": {"kind": "x"}})
+    c = g.controller
+    assert (c.tick_s, c.final_checkpoint_wait_s) == (0.05, 60.0)
+    assert c.tickets.progress_interval_s == 0.25
+    assert (c.weight_sync.max_failures, c.weight_sync.min_timeout_s, c.weight_sync.timeout_deadlines) == (5, 30.0, 4.0)
+    assert c.recovery.epoch_resend_s == 2.0
+    assert g.supervision.peer_timeout_s == 300.0

@@ -1,0 +1,98 @@
+"""Restarts on their own (flowrl/runtime/controller/restarts.py): a process that went down is
+restarted by its policy with its whole rank group, moved off a lost host first, or fails the run.
+A real supervisor over fake process handles; no processes."""
+
+import time
+from types import SimpleNamespace
+
+from flowrl.graph.spec import FailurePolicy, SupervisionSpec
+from flowrl.runtime.controller.report import RunReport
+from flowrl.runtime.controller.restarts import Restarts
+from flowrl.runtime.controller.supervisor import Supervisor
+from flowrl.runtime.protocol.ledger import read_jsonl
+from tests.runtime.controller_fakes import Failures, ledger, table
+
+
+class Handle:
+    def __init__(self, pid=100):
+        self.pid, self.code, self.stopped = pid, None, None
+
+    def poll(self):
+        return self.code
+
+    def stop(self, grace):
+        self.stopped, self.code = grace, -15
+
+    def signal(self, sig):
+        self.code = -sig
+
+
+class Launcher:
+    def __init__(self, lost=()):
+        self.lost, self.started = set(lost), []
+
+    def start(self, spec_path, log_path):
+        self.started.append(spec_path.stem)
+        return Handle()
+
+    def is_lost(self, host):
+        return host in self.lost
+
+
+def restarts(tmp_path, *pids, policy="restart", lost=(), replan=lambda host: None):
+    (tmp_path / "procs").mkdir(exist_ok=True)
+    procs = table(*pids)
+    for p in procs:
+        p.handle, p.last_seen = Handle(), time.monotonic()  # alive and beating
+    launcher, fails, prepared = Launcher(lost), Failures(), []
+    nodes = {p.spec.node for p in procs}
+    sup = Supervisor(launcher, tmp_path, SupervisionSpec(), {n: FailurePolicy(policy=policy, backoff_s=1.0) for n in nodes})
+    led = ledger(tmp_path)
+    r = Restarts(sup, launcher, procs, wiring=SimpleNamespace(prepare_start=lambda p: prepared.append(p.id)),
+                 report=RunReport(None, tmp_path), ledger=led, fail=fails, replan=replan)
+    return r, procs, launcher, fails, prepared, led
+
+
+def test_a_dead_rank_takes_its_rank_group_down_and_they_restart_together_on_a_new_master_port(tmp_path):
+    r, procs, launcher, fails, _, led = restarts(tmp_path, "actor/0/0", "actor/0/1", "actor/1/0")
+    dead, mate, other = procs.procs["actor/0/0"], procs.procs["actor/0/1"], procs.procs["actor/1/0"]
+    dead.handle.code = 1
+    assert r.down() == [(dead, "exited")]
+    assert r.on_down(dead, "exited") is True and fails.why == []
+    assert mate.handle.stopped == 0.5 and mate.down_since is not None and not mate.ready
+    assert mate.restart_at == dead.restart_at is not None, "they start again together"
+    assert mate.spec.env["MASTER_PORT"] == dead.spec.env["MASTER_PORT"] and other.spec.env == {}
+    assert other.handle.stopped is None, "another replica goes on"
+    led.flush()
+    assert [(row["node"], row["why"]) for row in read_jsonl(led.path) if row["event"] == "node_down"] == [
+        ("actor/0/0", "exited"), ("actor/0/1", "its rank group lost actor/0/0")]
+
+
+def test_a_node_whose_policy_is_fail_fails_the_run(tmp_path):
+    r, procs, _, fails, _, _ = restarts(tmp_path, "actor/0/0", policy="fail")
+    assert r.on_down(procs.procs["actor/0/0"], "exited") is False
+    assert len(fails.why) == 1 and "its failure policy is `fail`" in fails.why[0]
+
+
+def test_a_restart_is_the_next_incarnation_from_its_start_point(tmp_path):
+    r, procs, launcher, fails, prepared, _ = restarts(tmp_path, "rollout/0/0")
+    p = procs.procs["rollout/0/0"]
+    r.on_down(p, "exited")
+    assert r.due() == [], "its backoff (1 s) has not passed"
+    p.restart_at = 0.0  # its backoff passed
+    (due,) = r.due()
+    r.restart(due)
+    assert p.spec.incarnation == 1 and prepared == ["rollout/0/0"] and launcher.started == ["rollout.0.0"]
+    assert p.handle.code is None and p.down_since is None
+
+
+def test_a_process_of_a_lost_host_is_moved_first_or_the_run_fails_with_why(tmp_path):
+    moved = []
+    r, procs, launcher, fails, prepared, _ = restarts(tmp_path, "rollout/0/0", lost={"local"},
+                                                      replan=lambda host: moved.append(host))
+    r.restart(procs.procs["rollout/0/0"])
+    assert moved == ["local"] and launcher.started == ["rollout.0.0"]
+    r, procs, launcher, fails, prepared, _ = restarts(tmp_path, "rollout/0/0", lost={"local"},
+                                                      replan=lambda host: f"{host} is gone and nothing fits")
+    r.restart(procs.procs["rollout/0/0"])
+    assert launcher.started == [] and prepared == [] and fails.why == ["local is gone and nothing fits"]
