@@ -18,6 +18,7 @@ re-sends keep their deliberate exceptions (a failed heartbeat is logged, not fat
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Awaitable, Callable
 
 import anyio
@@ -34,6 +35,8 @@ class ChannelTasks:
         self._group: TaskGroup | None = None  # ours, inside the owner's; None before start / after it ended
         self._ended: anyio.Event | None = None
         self._running = False  # our host task has begun (a task cancelled before its first step runs nothing)
+        self._queued: list[tuple[Callable[..., Awaitable[Any]], tuple]] = []  # to start (see spawn)
+        self._wake = asyncio.Event()
         self.cancelled = False
 
     async def enter(self) -> None:
@@ -78,17 +81,25 @@ class ChannelTasks:
                 if self.cancelled:  # abort() came first
                     group.cancel_scope.cancel()
                 task_status.started()
-                await anyio.sleep_forever()  # the group lives until aclose(); tasks come and go in it
+                while True:  # the group lives until aclose(); tasks come and go in it
+                    await self._wake.wait()
+                    self._wake.clear()
+                    queued, self._queued = self._queued, []
+                    for fn, args in queued:
+                        group.start_soon(fn, *args, name=f"flowrl channel {self.what}: {fn.__name__}")
         finally:
             self._group, self._running = None, False
             self._ended.set()
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
-        """Start `fn(*args)` in our group (from the event loop, a callback included). False when the
-        group is not running (not started yet, cancelled, or ended by a failed task)."""
+        """Start `fn(*args)` in our group, soon: callable from any code on the event loop, a
+        socket's callback included (which is no task: anyio starts tasks from tasks, so ours
+        does). False when the group is not running (not started yet, cancelled, or ended by a
+        failed task)."""
         if self._group is None or self.cancelled:
             return False
-        self._group.start_soon(fn, *args)
+        self._queued.append((fn, args))
+        self._wake.set()
         return True
 
     def cancel(self) -> None:
