@@ -106,21 +106,20 @@ def flowrl_rx(address, size, count, ready, results, capacity, curve=None):
     from flowrl.transport import EndOfStream, Receiver
 
     async def main():
-        rx = Receiver(flowrl_config(capacity, curve, "rx"), name="bench")
-        await rx.bind(address)
-        settle()
-        ready.set()
-        clock = Clock(count)
-        while True:
-            try:
-                b = await rx.recv()
-            except EndOfStream:
-                break
-            read(b.tensors["tokens"], b.tensors["logprobs"])
-            await rx.ack(b)
-            clock.tick()
-        results.put(clock.result(size))
-        await rx.aclose()
+        async with Receiver(flowrl_config(capacity, curve, "rx"), name="bench") as rx:
+            await rx.bind(address)
+            settle()
+            ready.set()
+            clock = Clock(count)
+            while True:
+                try:
+                    b = await rx.recv()
+                except EndOfStream:
+                    break
+                read(b.tensors["tokens"], b.tensors["logprobs"])
+                await rx.ack(b)
+                clock.tick()
+            results.put(clock.result(size))
 
     asyncio.run(main())
 
@@ -129,18 +128,17 @@ def flowrl_tx(address, size, count, results, capacity, curve=None):
     from flowrl.transport import Batch, Sender
 
     async def main():
-        tx = Sender(flowrl_config(capacity, curve, "tx"), name="bench")
-        await tx.connect(address)
-        tokens, logprobs = arrays(size)
-        settle()
-        c0 = time.process_time()
-        for i in range(count):
-            await tx.send(Batch(tensors={"tokens": tokens, "logprobs": logprobs}, batch_id=f"b{i}"))
-        report_tx_cpu(results, c0, count)
-        await tx.end_of_stream()
-        if os.environ.get("FLOWRL_BENCH_STATS"):
-            print(tx.statistics(), flush=True)
-        await tx.aclose()
+        async with Sender(flowrl_config(capacity, curve, "tx"), name="bench") as tx:
+            await tx.connect(address)
+            tokens, logprobs = arrays(size)
+            settle()
+            c0 = time.process_time()
+            for i in range(count):
+                await tx.send(Batch(tensors={"tokens": tokens, "logprobs": logprobs}, batch_id=f"b{i}"))
+            report_tx_cpu(results, c0, count)
+            await tx.end_of_stream()
+            if os.environ.get("FLOWRL_BENCH_STATS"):
+                print(tx.statistics(), flush=True)
 
     asyncio.run(main())
 

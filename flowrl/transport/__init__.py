@@ -3,19 +3,20 @@ control, acknowledgements, peer-failure handling and bounded decoding.
 
     from flowrl.transport import Batch, ChannelConfig, Receiver, Sender
 
-    rx = Receiver(ChannelConfig(), name="rollout->reward")      # consumer: binds
-    address = await rx.bind()
-    tx = Sender(ChannelConfig(), name="rollout->reward")        # producer: connects
-    await tx.connect(address)
-    await tx.send(Batch(tensors={"tokens": tokens}, batch_id="t17"))
-    batch = await rx.recv(); ...; await rx.ack(batch)
+    async with Receiver(ChannelConfig(), name="rollout->reward") as rx:      # consumer: binds
+        address = await rx.bind()
+        async with Sender(ChannelConfig(), name="rollout->reward") as tx:    # producer: connects
+            await tx.connect(address)
+            await tx.send(Batch(tensors={"tokens": tokens}, batch_id="t17"))
+            batch = await rx.recv(); ...; await rx.ack(batch)
 
 Layout: `batch` (the unit) and `dtypes` (its allow-list); `wire` (the message schema, the one
 contract both ends share), `codec` (Batch <-> frames, bounded decoding); `config`, `stats`,
 `errors`; `receiver` (consumer end) with `flow` (its credit pool); `sender` (producer end) with
 `link` (per-replica state); `endpoints` + `ipc` / `tcp` / `inproc` (one module per address kind);
-`sockets` (ZeroMQ options and the event-loop pump) and `security` (CURVE). The protocol, its
-guarantees and the benchmark are described in docs/transport.md.
+`sockets` (ZeroMQ options and the event-loop pump), `security` (CURVE) and `tasks` (each end's
+background work, in a task group that `async with` opens or its owner passes as `task_group=`).
+The protocol, its guarantees and the benchmark are described in docs/transport.md.
 """
 
 from flowrl.transport.batch import Batch

@@ -1,15 +1,18 @@
 """`Receiver`: the consumer end of a channel. It binds; producers connect to it.
 
-    rx = Receiver(ChannelConfig(capacity_messages=4), name="rollout->reward")
-    address = await rx.bind()              # or bind("ipc:///run/x/reward") again after a crash
-    while True:
-        try:
-            batch = await rx.recv()
-        except EndOfStream:
-            break
-        ...                                # process
-        await rx.ack(batch)                # frees its credit; the producer forgets the batch
-    await rx.aclose()
+    async with Receiver(ChannelConfig(capacity_messages=4), name="rollout->reward") as rx:
+        address = await rx.bind()          # or bind("ipc:///run/x/reward") again after a crash
+        while True:
+            try:
+                batch = await rx.recv()
+            except EndOfStream:
+                break
+            ...                            # process
+            await rx.ack(batch)            # frees its credit; the producer forgets the batch
+
+Its background work (heartbeats, the acknowledgement timer) runs in a task group: the one `async
+with` opens, or `Receiver(..., task_group=tg)` for an owner that has one (a node process); then
+`await rx.aclose()` ends it. See tasks.py.
 
 Memory is bounded by `capacity_messages` / `capacity_bytes`: credit for new messages is only granted
 as earlier ones are acknowledged. Producer links are told apart by their ZeroMQ routing id.
@@ -44,6 +47,7 @@ from collections import deque
 from typing import Any
 
 import zmq
+from anyio.abc import TaskGroup
 from zmq.utils.monitor import parse_monitor_message
 
 from flowrl.transport import codec, security, shm, sockets, wire
@@ -54,6 +58,7 @@ from flowrl.transport.errors import AddressInUse, BrokenChannel, ChannelClosed, 
 from flowrl.transport.flow import CreditPool
 from flowrl.transport.gate import Gate
 from flowrl.transport.stats import ChannelStats
+from flowrl.transport.tasks import ChannelTasks
 
 log = logging.getLogger("flowrl.transport")
 ACK_DELAY_S = 0.002  # acknowledgements wait at most this long to travel together
@@ -90,7 +95,10 @@ class _Peer:
 class Receiver:
     """Consumer end of one channel; see the module docstring."""
 
-    def __init__(self, config: ChannelConfig | None = None, *, name: str = "channel"):
+    def __init__(self, config: ChannelConfig | None = None, *, name: str = "channel",
+                 task_group: TaskGroup | None = None):
+        """`task_group`: where the channel's background work runs (it must outlive the channel:
+        `aclose()` it first); without one, use the Receiver as `async with`, which opens one."""
         self.config = config or ChannelConfig()
         self.name = name
         self.address: str | None = None
@@ -113,10 +121,11 @@ class Receiver:
         self._changed = asyncio.Event()
         self._unflushed = 0
         self._flush_every = max(1, self.config.capacity_messages // 4)
-        self._flush_timer: asyncio.TimerHandle | None = None
+        self._flush_at: float | None = None  # when acknowledgements held back by ack() go out (_ack_timer)
+        self._flush_armed = asyncio.Event()  # wakes _ack_timer
         self._blocked: set[bytes] = set()  # links waiting for credit
         self._urgent = False  # a hello or a lost link changed the credit picture: flush now
-        self._tasks: list[asyncio.Task] = []
+        self._work = ChannelTasks(f"receiver {name!r}", task_group)
         self._pump: Any = None
         self._mon: Any = None
         self._endpoint: Any = None
@@ -138,6 +147,7 @@ class Receiver:
             security.apply_server(sock, self.config.curve, self._domain)
             mon = None if self._endpoint.scheme == "inproc" else sockets.monitor(sock, zmq.EVENT_DISCONNECTED)
             self.address = await self._bind_retrying(sock, address)
+            await self._work.start()
         except BaseException:
             sockets.close(sock)
             security.release(self._domain)
@@ -147,7 +157,8 @@ class Receiver:
         self._mon = None if mon is None else sockets.Pump(mon, self._on_monitor, copy=True)
         self._pump = sockets.Pump(sock, self._on_messages)
         self._pump.on_send_error = self._on_send_error
-        self._tasks = [asyncio.create_task(self._tick_loop())]
+        self._work.spawn(self._tick_loop)
+        self._work.spawn(self._ack_timer)
         return self.address
 
     async def _bind_retrying(self, sock: Any, address: str | None) -> str:
@@ -202,8 +213,9 @@ class Receiver:
         self._unflushed += 1
         if self._unflushed >= self._flush_every or freed:  # released shared memory goes back soon
             self._flush()
-        elif self._flush_timer is None:  # acks go out in bursts: each message wakes two threads
-            self._flush_timer = asyncio.get_running_loop().call_later(ACK_DELAY_S, self._flush_soon)
+        elif self._flush_at is None:  # acks go out in bursts: each message wakes two threads
+            self._flush_at = time.monotonic() + ACK_DELAY_S
+            self._flush_armed.set()
 
     def statistics(self) -> ChannelStats:
         held_m = sum(len(p.unacked) for p in self._peers.values()) + self._pool.orphan_m
@@ -227,18 +239,23 @@ class Receiver:
         """Drop the socket without telling anyone, as a crash would (fault tests)."""
         if self._state == "bound":
             self._state = "closing"
-            for t in self._tasks:
-                t.cancel()
+            self._work.cancel()
             self._pump.close(monitor=self._mon)
             security.release(self._domain)
             self._state = "closed"
             self._notify()
 
     async def __aenter__(self) -> "Receiver":
+        await self._work.enter()
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.aclose()
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        try:
+            await self.aclose()
+        except BaseException as e:
+            await self._work.exit(type(e), e, e.__traceback__)
+            raise
+        return await self._work.exit(*exc)
 
     # ------------------------------------------------------------------------------- incoming
     def _on_messages(self, msgs: list) -> None:
@@ -503,17 +520,24 @@ class Receiver:
                 out.append(freed.popleft())
         return out
 
-    def _flush_soon(self) -> None:
-        self._flush_timer = None
-        if self._unflushed and self._state == "bound":
-            self._flush()
+    async def _ack_timer(self) -> None:
+        """Send what ack() held back ACK_DELAY_S after it was first held back, unless a flush sent
+        it sooner (one task for the channel's life: cheaper than a task per timer)."""
+        while True:
+            await self._flush_armed.wait()
+            self._flush_armed.clear()
+            while self._flush_at is not None:
+                delay = self._flush_at - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)  # a flush meanwhile may clear or move _flush_at
+                    continue
+                self._flush_at = None
+                if self._unflushed and self._state == "bound":
+                    self._flush()
 
     def _flush(self) -> None:
         """Grant free credit and send every status that is owed (acks, limits, heartbeats)."""
-        self._unflushed, self._urgent = 0, False
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-            self._flush_timer = None
+        self._unflushed, self._urgent, self._flush_at = 0, False, None
         for rid in self._pool.regrant():
             self._peers[rid].dirty = True
         for peer in self._peers.values():
@@ -554,8 +578,7 @@ class Receiver:
                 peer.shm.close()
         if self._state in ("new", "bound"):
             self._state = "closing"
-            for t in self._tasks:
-                t.cancel()
+            self._work.cancel()
             if self._pump is not None:
                 self._pump.close(monitor=self._mon)
                 security.release(self._domain)
@@ -563,3 +586,4 @@ class Receiver:
                 await self._endpoint.cleanup()
         self._state = "closed"
         self._notify()
+        await self._work.aclose()

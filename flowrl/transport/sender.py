@@ -1,10 +1,13 @@
 """`Sender`: the producer end of a channel. It connects to one or more consumer replicas.
 
-    tx = Sender(ChannelConfig(), name="rollout->reward")
-    await tx.connect(address)              # once per consumer replica
-    await tx.send(batch)                   # waits for credit; goes to a replica that has some
-    await tx.end_of_stream()               # waits until everything sent is acknowledged
-    await tx.aclose()
+    async with Sender(ChannelConfig(), name="rollout->reward") as tx:
+        await tx.connect(address)          # once per consumer replica
+        await tx.send(batch)               # waits for credit; goes to a replica that has some
+        await tx.end_of_stream()           # waits until everything sent is acknowledged
+
+Its background work (heartbeats, re-sends, closing a lost link's shared memory later) runs in a task
+group: the one `async with` opens, or `Sender(..., task_group=tg)` for an owner that has one (a node
+process); then `await tx.aclose()` ends it. See tasks.py.
 
 Every sent batch is held until its consumer acknowledges it. When a consumer is lost — its
 connection closes (ipc/tcp: process exited, or ZeroMQ's heartbeat gave up on a frozen host), it
@@ -27,6 +30,7 @@ from typing import Any
 
 import anyio
 import zmq
+from anyio.abc import TaskGroup
 from zmq.utils.monitor import parse_monitor_message
 
 from flowrl.transport import codec, security, shm, sockets, wire
@@ -37,6 +41,7 @@ from flowrl.transport.pick import endpoint_for
 from flowrl.transport.errors import BrokenChannel, ChannelClosed, DecodeError
 from flowrl.transport.link import ENV_ALLOWANCE, Entry, Link
 from flowrl.transport.stats import ChannelStats
+from flowrl.transport.tasks import ChannelTasks
 
 log = logging.getLogger("flowrl.transport")
 SHM_HEADER_ALLOWANCE = 64  # bytes a shared-memory reference [id, fd, used] adds to a header, at most
@@ -47,7 +52,10 @@ SHM_WAIT_S = 0.05  # how long a batch waits for a shared-memory block to come ba
 class Sender:
     """Producer end of one channel; see the module docstring."""
 
-    def __init__(self, config: ChannelConfig | None = None, *, name: str = "channel"):
+    def __init__(self, config: ChannelConfig | None = None, *, name: str = "channel",
+                 task_group: TaskGroup | None = None):
+        """`task_group`: where the channel's background work runs (it must outlive the channel:
+        `aclose()` it first); without one, use the Sender as `async with`, which opens one."""
         self.config = config or ChannelConfig()
         self.name = name
         self._id = secrets.token_hex(6)
@@ -62,8 +70,9 @@ class Sender:
         self._state = "open"                    # open | eos | closed
         self._dead_since: float | None = time.monotonic()
         self._cause = "no consumer has answered yet"
-        self._tasks: list[asyncio.Task] = []
-        self._resending: asyncio.Task | None = None
+        self._work = ChannelTasks(f"sender {name!r}", task_group)
+        self._ticking = False
+        self._resending = False
         self._lingering: list = []  # shared memory of lost links, kept open a while (see _close_link)
         self._c = dict(sent=0, sent_bytes=0, acked=0, resent=0, returned=0, rejected=0, peers_lost=0,
                        credit_waits=0, credit_wait_s=0.0, shm=0, shm_bytes=0)
@@ -79,9 +88,10 @@ class Sender:
         if curve is not None:
             self._curves[address] = curve
         endpoint_for(address, self.config.model_copy(update={"curve": self._curve(address)}), self.name).check_connect(address)
+        await self._work.start()
         self._open_link(address, 0)
-        if not self._tasks:
-            self._tasks.append(asyncio.create_task(self._tick_loop()))
+        if not self._ticking:
+            self._ticking = self._work.spawn(self._tick_loop)
         if wait:
             with anyio.move_on_after(self.config.peer_timeout_s):
                 while not self._links[address].live:
@@ -173,10 +183,12 @@ class Sender:
             credit_bytes=sum(max(0, link.avail_b) for link in live), **self._c)
 
     async def aclose(self) -> None:
-        """Close every link; what was not acknowledged is handed back (`take_returned()`)."""
+        """Close every link; what was not acknowledged is handed back (`take_returned()`). When it
+        returns, no background task of the channel runs any more."""
         if self._state == "closed":
-            return
+            return await self._work.aclose()
         self._state = "closed"
+        self._work.cancel()
         self._cause = f"sender {self.name!r} closed before they were acknowledged"
         self._return(self.unacked())
         self._pending.clear()
@@ -185,15 +197,20 @@ class Sender:
             self._close_link(link, "bye")
         for arena in self._lingering:
             arena.close()
-        for t in self._tasks + ([self._resending] if self._resending else []):
-            t.cancel()
         self._notify()
+        await self._work.aclose()
 
     async def __aenter__(self) -> "Sender":
+        await self._work.enter()
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.aclose()
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        try:
+            await self.aclose()
+        except BaseException as e:
+            await self._work.exit(type(e), e, e.__traceback__)
+            raise
+        return await self._work.exit(*exc)
 
     # ------------------------------------------------------------------------------- placing
     async def _place(self, entry: Entry, resend: bool) -> bool:
@@ -327,6 +344,8 @@ class Sender:
                     await self._drain_pending()
         except ChannelClosed:
             pass  # closed meanwhile: aclose() hands everything back
+        finally:
+            self._resending = False
 
     def _return(self, batches: list[Batch]) -> None:
         if batches:
@@ -366,11 +385,17 @@ class Sender:
         if link.arena is not None:
             # what the consumer mapped stays valid for it; what it has not mapped yet (batches still
             # on their way when we leave) must stay open a while, or they would reach it unmappable
-            if self._state == "closed":
-                link.arena.close()
-            else:
+            if self._state != "closed" and self._work.spawn(self._close_later, link.arena):
                 self._lingering.append(link.arena)
-                asyncio.get_running_loop().call_later(self.config.peer_timeout_s, link.arena.close)
+            else:
+                link.arena.close()
+
+    async def _close_later(self, arena: shm.ShmArena) -> None:
+        """Close a lost link's shared memory once its last batches had time to be mapped (aclose()
+        closes it sooner)."""
+        await anyio.sleep(self.config.peer_timeout_s)
+        arena.close()
+        self._lingering.remove(arena)
 
     def _lose(self, link: Link, cause: str) -> None:
         """Give up on a link: its unacknowledged entries wait for re-sending; a new link (a new
@@ -387,8 +412,8 @@ class Sender:
         if self._state != "closed" and self._links.get(link.address) is link:
             self._open_link(link.address, link.epoch + 1)
         self._update_liveness()
-        if self._pending and (self._resending is None or self._resending.done()):
-            self._resending = asyncio.get_running_loop().create_task(self._resend_task())
+        if self._pending and not self._resending:
+            self._resending = self._work.spawn(self._resend_task)
 
     def _send_hello(self, link: Link, state: str | None = None) -> None:
         state = state or ("eos" if self._state == "eos" else "open")

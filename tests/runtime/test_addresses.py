@@ -81,25 +81,21 @@ async def _data_channel_refuses_a_stranger():
     from flowrl.transport import Batch, ChannelConfig, CurveConfig, Receiver, Sender
 
     server, producer, secret = keypair(), keypair(), secrets.token_bytes(32)
-    rx = Receiver(ChannelConfig(transport="tcp", allow_remote=True, secret=secret, curve=CurveConfig(
-        server_public=server[0], server_secret=server[1], authorized_clients=(producer[0],))), name="reward.in")
-    address = await rx.bind("tcp://127.0.0.2:0")
-    try:
+    async with Receiver(ChannelConfig(transport="tcp", allow_remote=True, secret=secret, curve=CurveConfig(
+            server_public=server[0], server_secret=server[1], authorized_clients=(producer[0],))), name="reward.in") as rx:
+        address = await rx.bind("tcp://127.0.0.2:0")
         # a stranger that even knows the consumer's public key: ZAP refuses its handshake
         outcome = await asyncio.to_thread(handshake, address, server[0])
         stats = rx.statistics()
         assert outcome == "refused" and stats.peers == 0 and stats.received == 0 and stats.rejected == 0
         # the producer with its own keys gets through (and sends a batch)
-        tx = Sender(ChannelConfig(secret=secret), name="reward.in")
-        await tx.connect(address, curve=CurveConfig(server_public=server[0], client_public=producer[0],
-                                                    client_secret=producer[1]))
-        await tx.send(Batch(tensors={}, batch_id="t-1"))
-        batch = await asyncio.wait_for(rx.recv(), 10)
-        assert batch.batch_id == "t-1"
-        await rx.ack(batch)
-        await tx.aclose()
-    finally:
-        await rx.aclose()
+        async with Sender(ChannelConfig(secret=secret), name="reward.in") as tx:
+            await tx.connect(address, curve=CurveConfig(server_public=server[0], client_public=producer[0],
+                                                        client_secret=producer[1]))
+            await tx.send(Batch(tensors={}, batch_id="t-1"))
+            batch = await asyncio.wait_for(rx.recv(), 10)
+            assert batch.batch_id == "t-1"
+            await rx.ack(batch)
     return address
 
 

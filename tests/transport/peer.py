@@ -62,13 +62,12 @@ async def consumer(args) -> None:
             return sock
 
         sockets.router = router
-    rx = Receiver(config(args), name=args.name)
-    address = await rx.bind(args.address)
-    emit(event="ready", address=address, rss=psutil.Process().memory_info().rss)
-    received = 0
-    commands = stdin_lines() if args.gated else None
-    budget = 0
-    try:
+    async with Receiver(config(args), name=args.name) as rx:  # closed on the way out
+        address = await rx.bind(args.address)
+        emit(event="ready", address=address, rss=psutil.Process().memory_info().rss)
+        received = 0
+        commands = stdin_lines() if args.gated else None
+        budget = 0
         while True:
             while commands is not None and budget == 0:
                 cmd = await commands.__anext__()
@@ -92,27 +91,24 @@ async def consumer(args) -> None:
                  n=received, nbytes=batch.nbytes, t=time.monotonic())
             if args.hold_after is None or received <= args.hold_after:
                 await rx.ack(batch)
-    finally:
-        await rx.aclose()
 
 
 async def producer(args) -> None:
     from flowrl.transport import Batch, Sender
 
-    tx = Sender(config(args), name=args.name)
-    await tx.connect(args.address)
-    emit(event="ready")
-    n = max(1, args.size // 8)
-    for i in range(args.count):
-        x = np.full(n, i, dtype=np.int64)
-        await tx.send(Batch(tensors={"x": x}, batch_id=f"b{i}"))
-        if not args.quiet:
-            emit(event="sent", i=i, stats=tx.statistics().as_dict())
-        if args.interval:
-            await asyncio.sleep(args.interval)
-    await tx.end_of_stream()
-    emit(event="done", stats=tx.statistics().as_dict())
-    await tx.aclose()
+    async with Sender(config(args), name=args.name) as tx:
+        await tx.connect(args.address)
+        emit(event="ready")
+        n = max(1, args.size // 8)
+        for i in range(args.count):
+            x = np.full(n, i, dtype=np.int64)
+            await tx.send(Batch(tensors={"x": x}, batch_id=f"b{i}"))
+            if not args.quiet:
+                emit(event="sent", i=i, stats=tx.statistics().as_dict())
+            if args.interval:
+                await asyncio.sleep(args.interval)
+        await tx.end_of_stream()
+        emit(event="done", stats=tx.statistics().as_dict())
 
 
 async def junk(args) -> None:

@@ -169,21 +169,20 @@ async def test_end_of_stream_comes_after_every_producer_finished(kind, tmp_path)
 
 async def test_closed_ends_say_so(kind, tmp_path):
     cfg = fast_config(transport=kind)
-    rx, tx = Receiver(cfg, name="e"), Sender(cfg, name="e")
-    await tx.connect(await rx.bind(address_for(kind, tmp_path)))
-    await rx.aclose()
-    with pytest.raises(ChannelClosed):
-        await rx.recv()
-    await tx.aclose()
-    with pytest.raises(ChannelClosed):
-        await tx.send(batch(0))
+    async with Receiver(cfg, name="e") as rx, Sender(cfg, name="e") as tx:
+        await tx.connect(await rx.bind(address_for(kind, tmp_path)))
+        await rx.aclose()
+        with pytest.raises(ChannelClosed):
+            await rx.recv()
+        await tx.aclose()
+        with pytest.raises(ChannelClosed):
+            await tx.send(batch(0))
 
 
 async def test_a_restarted_consumer_gets_every_unacknowledged_batch(kind, tmp_path):
     cfg = fast_config(transport=kind, capacity_messages=8)
-    rx = Receiver(cfg, name="e")
-    address = await rx.bind(address_for(kind, tmp_path))
-    async with Sender(cfg, name="e") as tx:
+    async with Receiver(cfg, name="e") as rx, Sender(cfg, name="e") as tx:
+        address = await rx.bind(address_for(kind, tmp_path))
         await tx.connect(address)
         for i in range(6):
             await tx.send(batch(i))
@@ -207,9 +206,8 @@ async def test_a_restarted_consumer_gets_every_unacknowledged_batch(kind, tmp_pa
 
 async def test_unacknowledged_batches_come_back_when_no_consumer_returns(kind, tmp_path):
     cfg = fast_config(transport=kind, capacity_messages=8, peer_timeout_s=0.5)
-    rx = Receiver(cfg, name="e")
-    address = await rx.bind(address_for(kind, tmp_path))
-    async with Sender(cfg, name="e") as tx:
+    async with Receiver(cfg, name="e") as rx, Sender(cfg, name="e") as tx:
+        address = await rx.bind(address_for(kind, tmp_path))
         await tx.connect(address)
         for i in range(3):
             await tx.send(batch(i))
@@ -225,8 +223,7 @@ async def test_unacknowledged_batches_come_back_when_no_consumer_returns(kind, t
 
 async def test_a_producer_gone_without_end_of_stream_breaks_recv(kind, tmp_path):
     cfg = fast_config(transport=kind, peer_timeout_s=0.5)
-    async with Receiver(cfg, name="e") as rx:
-        tx = Sender(cfg, name="e")
+    async with Receiver(cfg, name="e") as rx, Sender(cfg, name="e") as tx:
         await tx.connect(await rx.bind(address_for(kind, tmp_path)))
         await tx.send(batch(0))
         await rx.ack(await rx.recv())
@@ -242,9 +239,8 @@ async def test_a_producer_gone_without_end_of_stream_breaks_recv(kind, tmp_path)
 
 async def test_a_dead_producer_is_dropped_from_the_end_of_stream_set(kind, tmp_path):
     cfg = fast_config(transport=kind)
-    async with Receiver(cfg, name="e") as rx, Sender(cfg, name="e") as ok:
+    async with Receiver(cfg, name="e") as rx, Sender(cfg, name="e") as ok, Sender(cfg, name="e") as gone:
         address = await rx.bind(address_for(kind, tmp_path))
-        gone = Sender(cfg, name="e")
         await gone.connect(address)
         await ok.connect(address)
         await gone.aclose()

@@ -5,10 +5,12 @@ A raw pyzmq DEALER in the test plays the hostile (or merely foreign) producer; i
 format by hand (`Raw`), so every step of the protocol can be bent.
 """
 
+import contextlib
 import hashlib
 import hmac
 import secrets
 import time
+from typing import AsyncIterator
 
 import msgpack
 import numpy as np
@@ -91,14 +93,15 @@ class Raw:
         self.sock.close(linger=0)
 
 
-async def bound(tmp_path, **kw) -> tuple[Receiver, str]:
-    rx = Receiver(fast_config(**kw), name="hostile")
-    return rx, await rx.bind(f"ipc://{tmp_path}/rx")
+@contextlib.asynccontextmanager
+async def bound(tmp_path, **kw) -> AsyncIterator[tuple[Receiver, str]]:
+    async with Receiver(fast_config(**kw), name="hostile") as rx:
+        yield rx, await rx.bind(f"ipc://{tmp_path}/rx")
 
 
 async def test_a_producer_that_knows_the_secret_joins_and_one_that_does_not_gets_nothing(tmp_path):
-    rx, address = await bound(tmp_path, secret=SECRET)
-    async with rx, Sender(fast_config(secret=SECRET), name="good") as good, \
+    async with bound(tmp_path, secret=SECRET) as (rx, address), \
+            Sender(fast_config(secret=SECRET), name="good") as good, \
             Sender(fast_config(secret=secrets.token_bytes(32), peer_timeout_s=0.5), name="wrong") as wrong, \
             Sender(fast_config(peer_timeout_s=0.5), name="none") as none:
         await good.connect(address)
@@ -143,9 +146,8 @@ async def test_the_secret_never_travels_only_an_hmac_of_the_consumers_nonce_does
 
 
 async def test_a_proof_made_for_one_consumer_does_not_open_another(tmp_path):
-    rx1 = Receiver(fast_config(secret=SECRET), name="one")
-    rx2 = Receiver(fast_config(secret=SECRET), name="two")
-    async with rx1, rx2:
+    async with Receiver(fast_config(secret=SECRET), name="one") as rx1, \
+            Receiver(fast_config(secret=SECRET), name="two") as rx2:
         a1, a2 = await rx1.bind(f"ipc://{tmp_path}/1"), await rx2.bind(f"ipc://{tmp_path}/2")
         raw = Raw(a1)
         await raw.join(SECRET)
@@ -158,9 +160,9 @@ async def test_a_proof_made_for_one_consumer_does_not_open_another(tmp_path):
 
 
 async def test_a_need_above_the_link_cap_is_refused_and_does_not_hold_up_other_producers(tmp_path):
-    rx, address = await bound(tmp_path, capacity_messages=8, capacity_bytes=1 << 20, link_capacity_messages=4,
-                              link_capacity_bytes=1 << 19, credit_idle_s=60)  # no reclaim comes to help
-    async with rx, Sender(fast_config(capacity_messages=8), name="good") as good:
+    async with bound(tmp_path, capacity_messages=8, capacity_bytes=1 << 20, link_capacity_messages=4,
+                     link_capacity_bytes=1 << 19, credit_idle_s=60) as (rx, address), \
+            Sender(fast_config(capacity_messages=8), name="good") as good:  # no reclaim comes to help
         greedy = Raw(address)
         await greedy.join()
         greedy.send(hello(need=(1 << 19) + 1))
@@ -173,8 +175,7 @@ async def test_a_need_above_the_link_cap_is_refused_and_does_not_hold_up_other_p
 
 
 async def test_no_link_holds_more_than_its_cap_and_a_hoarder_is_cut_off_after_credit_idle_s(tmp_path):
-    rx, address = await bound(tmp_path, capacity_messages=8, link_capacity_messages=2, credit_idle_s=0.3)
-    async with rx:
+    async with bound(tmp_path, capacity_messages=8, link_capacity_messages=2, credit_idle_s=0.3) as (rx, address):
         hoarder = Raw(address)
         welcome = await hoarder.join()
         assert welcome.lim_m == 2 and welcome.cap_m == 2
@@ -200,8 +201,7 @@ async def test_no_link_holds_more_than_its_cap_and_a_hoarder_is_cut_off_after_cr
 
 
 async def test_replies_to_unknown_links_are_rate_limited(tmp_path):
-    rx, address = await bound(tmp_path)
-    async with rx:
+    async with bound(tmp_path) as (rx, address):
         stranger = Raw(address)
         junk = data(1, "nobody")
         t0 = time.monotonic()
@@ -216,8 +216,7 @@ async def test_replies_to_unknown_links_are_rate_limited(tmp_path):
 
 
 async def test_a_link_that_never_said_hello_gets_nothing_bigger_than_a_hello_looked_at(tmp_path):
-    rx, address = await bound(tmp_path)
-    async with rx:
+    async with bound(tmp_path) as (rx, address):
         stranger = Raw(address)
         stranger.send(b"\xc1" * 8192)  # not msgpack: unpacked, it would be `bad_msgpack`
         bundle = [pack({"v": 1, "kind": "bundle", "parts": [1] * 1_000_000}), b"\x00" * 1_000_000]
@@ -228,8 +227,7 @@ async def test_a_link_that_never_said_hello_gets_nothing_bigger_than_a_hello_loo
 
 
 async def test_a_frame_past_the_largest_message_is_cut_off_by_the_socket_unread(tmp_path):
-    rx, address = await bound(tmp_path, max_message_bytes=1 << 20)
-    async with rx:
+    async with bound(tmp_path, max_message_bytes=1 << 20) as (rx, address):
         stranger = Raw(address)
         mon = stranger.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         stranger.send(b"\x00" * (64 << 20))
@@ -241,8 +239,7 @@ async def test_a_frame_past_the_largest_message_is_cut_off_by_the_socket_unread(
 
 
 async def test_a_bundle_of_too_many_parts_is_refused_whole_before_its_parts_are_read(tmp_path):
-    rx, address = await bound(tmp_path)
-    async with rx:
+    async with bound(tmp_path) as (rx, address):
         raw = Raw(address)
         await raw.join()
         n = wire.MAX_BUNDLE_PARTS + 1
@@ -253,8 +250,7 @@ async def test_a_bundle_of_too_many_parts_is_refused_whole_before_its_parts_are_
 
 
 async def test_a_known_link_sending_past_its_credit_is_refused_before_its_header_is_unpacked(tmp_path):
-    rx, address = await bound(tmp_path, capacity_bytes=1 << 20)
-    async with rx:
+    async with bound(tmp_path, capacity_bytes=1 << 20) as (rx, address):
         raw = Raw(address)
         assert (await raw.join(idle=True)).lim_b == 0  # an idle link is granted nothing
         raw.send(b"\xc1" * 200_000)  # not msgpack either
@@ -264,8 +260,7 @@ async def test_a_known_link_sending_past_its_credit_is_refused_before_its_header
 
 
 async def test_a_batch_replayed_after_its_acknowledgement_is_rejected(tmp_path):
-    rx, address = await bound(tmp_path)
-    async with rx:
+    async with bound(tmp_path) as (rx, address):
         raw = Raw(address)
         welcome = await raw.join()
         frames = data(1, welcome.inc)
@@ -303,8 +298,7 @@ def test_a_hello_mac_and_a_status_nonce_have_exact_sizes():
 async def test_acknowledgements_in_a_status_that_could_not_be_written_go_out_in_the_next(tmp_path):
     """Statuses to one link queue at most sockets.OUTBOX_HWM deep (a link that never reads costs no
     more); one dropped there must not lose the acknowledgements it carried."""
-    rx, address = await bound(tmp_path)
-    async with rx:
+    async with bound(tmp_path) as (rx, address):
         raw = Raw(address)
         welcome = await raw.join()
         raw.send(*data(1, welcome.inc))

@@ -183,7 +183,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
                                  "over the ranks of a transform or sink with one output port; for a source, a join "
                                  "or several outputs use replicas instead")
             self.rank_rx = Receiver(ChannelConfig(capacity_messages=4, peer_timeout_s=self.peer_timeout_s, secret=self.channel_secret),
-                                    name=f"{spec.node}.rank{spec.rank}")
+                                    name=f"{spec.node}.rank{spec.rank}", task_group=self.channel_tg)
             await self.rank_rx.bind(spec.rank_addresses[spec.rank])
         if spec.rank == 0:
             for port, address in spec.inputs.items():
@@ -196,7 +196,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
                                             link_capacity_messages=max(1, cap // 2) if cap > 2 else None,
                                             credit_idle_s=2.0, peer_timeout_s=self.peer_timeout_s,
                                             secret=self.channel_secret, **input_security(spec, port, address)),
-                              name=f"{spec.node}.{port}")
+                              name=f"{spec.node}.{port}", task_group=self.channel_tg)
                 await rx.bind(address)
                 self.receivers[port] = rx
 
@@ -224,7 +224,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
                 route.keys = {a: k for a, k in routes[route.edge] if k}
             cfg = ChannelConfig(capacity_messages=route.capacity, capacity_bytes=route.capacity_bytes,
                                 peer_timeout_s=self.peer_timeout_s, secret=self.channel_secret, allow_remote=True)
-            tx = Sender(cfg, name=route.edge.split("->")[1].strip())  # channels are named by their consumer port
+            tx = Sender(cfg, name=route.edge.split("->")[1].strip(), task_group=self.channel_tg)  # channels are named by their consumer port
             for address in route.addresses:
                 await tx.connect(address, curve=self.output_curve(route.keys.get(address)))
             self.senders.append((route, tx))
@@ -233,7 +233,7 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
         if self.dp:  # the leader sends shards to every follower; followers send results back to it
             peers = range(1, self.spec.world_size) if self.spec.rank == 0 else [0]
             for r in peers:
-                tx = Sender(ChannelConfig(capacity_messages=4, peer_timeout_s=self.peer_timeout_s, secret=self.channel_secret), name=f"rank{r}")
+                tx = Sender(ChannelConfig(capacity_messages=4, peer_timeout_s=self.peer_timeout_s, secret=self.channel_secret), name=f"rank{r}", task_group=self.channel_tg)
                 await tx.connect(self.spec.rank_addresses[r])
                 self.rank_tx[r] = tx
             if self.spec.rank > 0:
@@ -313,6 +313,14 @@ class Worker(DataPath, OrderTaker, NodeState, RankMember):
                 return
 
     # lifetime -------------------------------------------------------------------------------
+    async def run_with_channels(self) -> int:
+        """run_node inside the task group that runs every channel's background work (heartbeats,
+        timers, re-sends): run_node closes the channels; a channel task that fails ends the process."""
+        async with anyio.create_task_group() as self.channel_tg:
+            code = await self.run_node()
+            self.channel_tg.cancel_scope.cancel()  # channels left open (setup failed) stop with us
+        return code
+
     async def run_node(self) -> int:
         try:
             await self.setup()
@@ -480,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     heartbeat.worker = worker
     heartbeat.start()
     try:
-        code = anyio.run(worker.run_node)
+        code = anyio.run(worker.run_with_channels)
     finally:
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the loop's handler went with the loop
         worker.ctl.close(linger=1000)
