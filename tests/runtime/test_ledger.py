@@ -65,26 +65,27 @@ def test_a_replace_drop_rolled_back_and_dropped_again_is_exactly_once():
 
 
 # the scheduler writes and resumes by it ---------------------------------------------------------------
-def make(path, steps=4, sinks=("actor", "logger"), stateful=("actor",)):
+def make(path, steps=4, sinks=("actor", "logger"), stateful=("actor",), epoch=0):
+    """A scheduler in recovery epoch `epoch` (the recovery book owns the epoch; the scheduler asks)."""
     return Scheduler(steps=steps, batch_size=1, max_staleness=3, sinks=list(sinks), stateful_sinks=list(stateful),
-                     ticket_timeout_s=10, ledger=Ledger(path))
+                     ticket_timeout_s=10, ledger=Ledger(path), epoch=lambda: epoch)
 
 
 def test_a_resumed_scheduler_keeps_stateless_consumption_and_rolls_back_stateful(tmp_path):
-    first = make(tmp_path / "ledger.jsonl")
+    first = make(tmp_path / "ledger.jsonl", epoch=1)
     first.issuable()
     for i in range(3):
         first.consumed("logger", i)
     first.consumed("actor", 0)
     first.consumed("actor", 1)
-    first.rollback(1, 1, 1, "recovery")  # actor loses ticket 1: its net count is 0 again
+    first.rollback(1, 1, "recovery")  # actor loses ticket 1: its net count is 0 again
     first.issuable()
     first.consumed("actor", 1)  # ... and has it once more
     first.ledger.flush()
     rows = read_jsonl(first.ledger.path)
 
-    again = make(tmp_path / "ledger.jsonl")
-    again.resume(1, 1, 2, rows)
+    again = make(tmp_path / "ledger.jsonl", epoch=2)
+    again.resume(1, 1, rows)
     again.ledger.flush()
     new = read_jsonl(again.ledger.path)[len(rows):]
     assert [(r["event"], r["batch_id"], r["node"]) for r in new] == [("rolled_back", "t-000001", "actor")]
@@ -103,8 +104,8 @@ def test_a_resumed_scheduler_undoes_replacements_past_the_checkpoint(tmp_path):
     first.ledger.flush()
     rows = read_jsonl(first.ledger.path)
 
-    again = make(tmp_path / "ledger.jsonl", sinks=("actor",))
-    again.resume(1, 1, 1, rows)
+    again = make(tmp_path / "ledger.jsonl", sinks=("actor",), epoch=1)
+    again.resume(1, 1, rows)
     assert again.steps == 4  # ticket 1 is decided again: it replaces only if it drops again
     again.ledger.flush()
     new = [(r["event"], r.get("node")) for r in read_jsonl(again.ledger.path)[len(rows):]]
@@ -112,32 +113,32 @@ def test_a_resumed_scheduler_undoes_replacements_past_the_checkpoint(tmp_path):
 
 
 # typed events ---------------------------------------------------------------------------------------
-def test_recorded_events_write_the_rows_the_untyped_form_writes(tmp_path):
-    typed, untyped = Ledger(tmp_path / "a.jsonl"), Ledger(tmp_path / "b.jsonl")
-    typed.record(L.TicketIssued(batch_id="t-000003", index=3, min_version=1))
-    untyped.write("issued", "t-000003", 0, index=3, min_version=1)
-    typed.record(L.TicketConsumed(batch_id="t-000003", attempt=1, node="actor", policy_version=2, staleness=1))
-    untyped.write("consumed", "t-000003", 1, node="actor", policy_version=2, staleness=1)
-    typed.record(L.TicketConsumed(batch_id="t-000003", attempt=1, node="logger"))
-    untyped.write("consumed", "t-000003", 1, node="logger")
-    typed.record(L.TicketDropped(batch_id="t-000004", node="actor", by="f", replace=False))
-    untyped.write("dropped", "t-000004", 0, node="actor", by="f")
-    typed.record(L.TicketDropped(batch_id="t-000005", node="actor", by="f", replace=True))
-    untyped.write("dropped", "t-000005", 0, node="actor", by="f", replace=True)
-    typed.record(L.NodeDown(attempt=2, node="rollout/0/0", why="killed by SIGKILL"))
-    untyped.write("node_down", "-", 2, node="rollout/0/0", why="killed by SIGKILL")
-    typed.record(L.WeightsHeld(node="rollout/0/0", version=3, digest=None))
-    untyped.write("weights", "-", 0, node="rollout/0/0", version=3, digest=None)
-    typed.record(L.Replanned(host="host-b", moved={"rollout/0/0": "host-a"}))
-    untyped.write("replanned", "-", 0, host="host-b", moved={"rollout/0/0": "host-a"})
-    for lg in (typed, untyped):
-        lg.close()
-
-    def lines(path):
-        return [json.dumps({k: v for k, v in json.loads(x).items() if k != "t"}) for x in path.read_text().splitlines()]
-
-    assert lines(typed.path) == lines(untyped.path)
-    assert typed.rows == untyped.rows == 8
+def test_recorded_events_write_the_rows_every_reader_of_ledger_jsonl_expects(tmp_path):
+    """The file format is public (RunSummary.ledger, audit_ledger, the chaos checker, old runs'
+    ledgers on --resume): typed events must write exactly these rows."""
+    ledger = Ledger(tmp_path / "a.jsonl")
+    ledger.record(L.TicketIssued(batch_id="t-000003", index=3, min_version=1))
+    ledger.record(L.TicketConsumed(batch_id="t-000003", attempt=1, node="actor", policy_version=2, staleness=1))
+    ledger.record(L.TicketConsumed(batch_id="t-000003", attempt=1, node="logger"))
+    ledger.record(L.TicketDropped(batch_id="t-000004", node="actor", by="f", replace=False))
+    ledger.record(L.TicketDropped(batch_id="t-000005", node="actor", by="f", replace=True))
+    ledger.record(L.NodeDown(attempt=2, node="rollout/0/0", why="killed by SIGKILL"))
+    ledger.record(L.WeightsHeld(node="rollout/0/0", version=3, digest=None))
+    ledger.record(L.Replanned(host="host-b", moved={"rollout/0/0": "host-a"}))
+    ledger.close()
+    rows = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()]
+    assert all(isinstance(r.pop("t"), float) for r in rows)
+    assert rows == [
+        {"batch_id": "t-000003", "attempt": 0, "event": "issued", "index": 3, "min_version": 1},
+        {"batch_id": "t-000003", "attempt": 1, "event": "consumed", "node": "actor", "policy_version": 2, "staleness": 1},
+        {"batch_id": "t-000003", "attempt": 1, "event": "consumed", "node": "logger"},
+        {"batch_id": "t-000004", "attempt": 0, "event": "dropped", "node": "actor", "by": "f"},
+        {"batch_id": "t-000005", "attempt": 0, "event": "dropped", "node": "actor", "by": "f", "replace": True},
+        {"batch_id": "-", "attempt": 2, "event": "node_down", "node": "rollout/0/0", "why": "killed by SIGKILL"},
+        {"batch_id": "-", "attempt": 0, "event": "weights", "node": "rollout/0/0", "version": 3, "digest": None},
+        {"batch_id": "-", "attempt": 0, "event": "replanned", "host": "host-b", "moved": {"rollout/0/0": "host-a"}},
+    ]
+    assert ledger.rows == 8
 
 
 def test_the_docstring_table_names_every_event_and_its_class():

@@ -84,11 +84,11 @@ def test_a_checkpoint_holding_pickled_code_is_refused(tmp_path):
 
 
 def test_a_long_ledger_rotates_into_compressed_segments_and_reads_back_whole(tmp_path):
-    from flowrl.runtime.protocol.ledger import read_ledger
+    from flowrl.runtime.protocol.ledger import TicketIssued, read_ledger
 
     ledger = Ledger(tmp_path / "ledger.jsonl", rotate_bytes=2000)
     for i in range(300):
-        ledger.write("issued", f"t-{i:06d}", 0, index=i)
+        ledger.record(TicketIssued(batch_id=f"t-{i:06d}", index=i, min_version=0))
         if i % 50 == 49:
             ledger.sync()  # a checkpoint commit
     ledger.close()

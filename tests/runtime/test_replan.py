@@ -14,6 +14,7 @@ from flowrl.graph.structure import node_classes
 from flowrl.ray_cluster import RayNode
 from flowrl.runtime.protocol.addresses import Network
 from flowrl.runtime.protocol.procspec import ProcSpec
+from flowrl.runtime.protocol.ledger import Replanned
 from flowrl.runtime.controller import replan
 
 N = "flowrl.testing.nodes"
@@ -60,7 +61,7 @@ edges: [numbers -> scale, scale -> collect]
             graph_file="g", control="ipc://c", inputs=inputs, host=host, host_address=net.where[f"{node}/0/0"])))
     ledger = []
     return types.SimpleNamespace(launcher=Launcher(live, C), procs=procs, spec=spec, classes=node_classes(spec),
-                                 net=net, ledger=types.SimpleNamespace(write=lambda *a, **k: ledger.append((a, k))),
+                                 net=net, ledger=types.SimpleNamespace(record=ledger.append),
                                  rows=ledger)
 
 
@@ -78,7 +79,7 @@ def test_the_processes_of_a_lost_host_move_to_one_that_is_left_and_their_links_a
     assert scale.spec.host == "host-a" and scale.spec.host_address == "127.0.0.1" and scale.spec.devices
     assert scale.spec.inputs["in"].startswith("ipc://")  # its producer shares its new host
     assert scale.spec.input_clients == {} and scale.spec.control.startswith("ipc://")
-    assert c.rows == [(("replanned", "-", 0), {"host": "host-c", "moved": {"scale/0/0": "host-a"}})]
+    assert c.rows == [Replanned(host="host-c", moved={"scale/0/0": "host-a"})]
 
 
 def test_a_lost_host_whose_processes_fit_nowhere_fails_the_run_naming_the_host_and_why(tmp_path):

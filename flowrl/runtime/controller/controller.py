@@ -56,7 +56,7 @@ from flowrl.runtime.launch.launcher import Launcher
 from flowrl.runtime.protocol import messages as m
 from flowrl.runtime.protocol.addresses import Network
 from flowrl.runtime.protocol.errors import RunFailed
-from flowrl.runtime.protocol.ledger import Ledger
+from flowrl.runtime.protocol.ledger import DuplicateDropped, Ledger, Resumed, WeightsHeld
 
 __all__ = ["Controller", "Outcome", "RunFailed", "node_shapes", "make_sockdir", "free_port"]
 
@@ -133,7 +133,7 @@ class Controller:
         epoch = self.book.resume(record)
         self.scheduler.resume(step, record.get("version", step), read_ledger(run_dir),
                               record.get("scheduler", {}).get("replaced_below", 0))
-        self.ledger.write("resumed", "-", 0, step=step, epoch=epoch)
+        self.ledger.record(Resumed(step=step, epoch=epoch))
         for proc in self.procs:
             self.wiring.prepare_start(proc)
 
@@ -238,14 +238,14 @@ class Controller:
     async def on_consumed(self, proc: Proc, msg: m.Consumed) -> None:
         self.report.ingest(proc, msg.metrics)
         if proc.spec.node in self.roles.stateful and msg.epoch != self.book.epoch:
-            self.ledger.write("duplicate_dropped", msg.batch_id, msg.attempt, node=proc.id, why="older epoch")
+            self.ledger.record(DuplicateDropped(batch_id=msg.batch_id, attempt=msg.attempt, node=proc.id, why="older epoch"))
             return
         if self.desk.consumed(proc.spec.node, msg):
             await self.on_step(msg.staleness)
 
     async def on_published(self, proc: Proc, msg: m.Published) -> None:
         if msg.digest:
-            self.ledger.write("weights", "-", 0, node=proc.id, version=msg.version, digest=msg.digest)
+            self.ledger.record(WeightsHeld(node=proc.id, version=msg.version, digest=msg.digest))
         if msg.epoch == self.book.epoch:
             self.scheduler.set_version(msg.version)
             await self.sync.order(msg.version, recovering=self.recovery.active)
@@ -265,7 +265,7 @@ class Controller:
             await self.recovered()
 
     async def on_duplicate(self, proc: Proc, msg: m.Duplicate) -> None:
-        self.ledger.write("duplicate_dropped", msg.batch_id, msg.attempt, node=proc.id, why=msg.why)
+        self.ledger.record(DuplicateDropped(batch_id=msg.batch_id, attempt=msg.attempt, node=proc.id, why=msg.why))
 
     async def on_error(self, proc: Proc, msg: m.Error) -> None:
         proc.error = NodeFailure(msg.where, msg.type, msg.message, msg.file, msg.line, msg.batch_id, msg.traceback)

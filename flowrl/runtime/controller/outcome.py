@@ -8,6 +8,7 @@ import signal
 
 from flowrl.runtime.controller.procs import Proc
 from flowrl.runtime.controller.supervisor import Supervisor
+from flowrl.runtime.protocol.ledger import RunFailure
 
 log = logging.getLogger("flowrl.controller")
 
@@ -26,7 +27,7 @@ class Outcome:
         if self.failure:
             return
         self.failure = self.supervisor.describe(proc, why) if proc is not None else why
-        self.ledger.write("failed", "-", 0, why=self.failure.splitlines()[0][:500])
+        self.ledger.record(RunFailure(why=self.failure.splitlines()[0][:500]))
         log.error("run failed: %s", self.failure)
 
     def interrupt(self, signum: int) -> None:

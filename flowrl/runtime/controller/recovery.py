@@ -30,11 +30,10 @@ tickets, process specs, messages checked against the current epoch) asks `book.e
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import logging
+import shutil
 import time
+from pathlib import Path
 from typing import Awaitable, Callable
 
 from flowrl.graph.spec import RecoverySpec
@@ -42,7 +41,7 @@ from flowrl.runtime.controller.procs import Proc, ProcTable
 from flowrl.runtime.controller.roles import Roles
 from flowrl.runtime.protocol import messages as m
 from flowrl.runtime.protocol.checkpoints import confine, step_dir, write_json_atomic
-from flowrl.runtime.protocol.ledger import Ledger
+from flowrl.runtime.protocol.ledger import CheckpointCommitted, Ledger, RecoveryStarted
 
 log = logging.getLogger("flowrl.controller")
 
@@ -106,7 +105,7 @@ class RecoveryBook:
         versions = {p: v for p, (_, v) in got.items() if p.split("/")[0] in self.publishers}
         record = {"step": step, "epoch": self.epoch, "files": {p: f for p, (f, _) in sorted(got.items())},
                   "version": max(versions.values()) if versions else step, "scheduler": scheduler_state}
-        self.ledger.write("checkpoint", "-", 0, step=step, epoch=self.epoch)
+        self.ledger.record(CheckpointCommitted(step=step, epoch=self.epoch))
         self.ledger.sync()  # every event the checkpoint depends on is on disk before it counts
         (self.root / step_dir(step)).mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.root / step_dir(step) / "commit.json", record)
@@ -186,7 +185,7 @@ class Recovery:
         epoch = self.book.begin_recovery()
         step = self.book.committed_step
         self.scheduler.rollback(step, self.book.committed_version, reason)
-        self.ledger.write("recovery", "-", 0, epoch=epoch, step=step, reason=reason)
+        self.ledger.record(RecoveryStarted(epoch=epoch, step=step, reason=reason))
         log.warning("recovery epoch %d: every stateful node back to step %d (%s)", epoch, step, reason)
         self.waiting = {p.id for p in self.procs if not p.retired}  # removed replicas never enter it
         self.started = self.last_order = self.clock()

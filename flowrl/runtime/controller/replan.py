@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 
+from flowrl.runtime.protocol.ledger import Replanned
+
 log = logging.getLogger("flowrl.replan")
 
 
@@ -69,7 +71,7 @@ def move_off(lost: str, *, launcher, procs, spec, classes: dict, net, ledger, re
         ps.input_clients = {port: k for port in ps.inputs
                             for k in [net.input_clients(ps.node, ps.replica, port)] if k is not None}
         ps.control, ps.control_key = net.control_address(p.id), net.control_key(p.id)
-    ledger.write("replanned", "-", 0, host=lost, moved=moved)
+    ledger.record(Replanned(host=lost, moved=moved))
     text = f"{lost} lost: " + ", ".join(f"{pid} -> {host}" for pid, host in sorted(moved.items()))
     log.warning("re-planned: %s", text)
     if report is not None:

@@ -23,6 +23,7 @@ from flowrl.runtime.controller.procs import Proc, ProcTable
 from flowrl.runtime.controller.report import RunReport
 from flowrl.runtime.controller.supervisor import Supervisor
 from flowrl.runtime.controller.wiring import Wiring, free_port
+from flowrl.runtime.protocol.ledger import NodeDown
 
 log = logging.getLogger("flowrl.controller")
 
@@ -58,7 +59,7 @@ class Restarts:
         the run failed."""
         self.report.node_up(proc, False)
         verdict = self.supervisor.on_down(proc, why)
-        self.ledger.write("node_down", "-", proc.spec.incarnation, node=proc.id, why=why)
+        self.ledger.record(NodeDown(attempt=proc.spec.incarnation, node=proc.id, why=why))
         if verdict != "restart":
             self.fail(proc, verdict)
             return False
@@ -84,7 +85,7 @@ class Restarts:
                 p.handle.stop(self.stop_grace_s)
                 p.ready = p.wired = False
                 p.down_since = time.monotonic()
-                self.ledger.write("node_down", "-", p.spec.incarnation, node=p.id, why=f"its rank group lost {proc.id}")
+                self.ledger.record(NodeDown(attempt=p.spec.incarnation, node=p.id, why=f"its rank group lost {proc.id}"))
             p.restart_at = proc.restart_at
 
     def restart(self, proc: Proc) -> None:

@@ -39,6 +39,7 @@ from flowrl.runtime.controller.roles import Roles
 from flowrl.runtime.controller.weightorders import SyncGroup
 from flowrl.runtime.controller.wiring import Wiring, free_port
 from flowrl.runtime.protocol import messages as m
+from flowrl.runtime.protocol.ledger import NodeScaled
 
 log = logging.getLogger("flowrl.controller")
 
@@ -153,7 +154,7 @@ async def scale(node: str, replicas: int, *, spec, roles: Roles, procs: ProcTabl
                 await retirement.retire(proc, send)
         retirement.reap()
         await sync.follow(version, recovering=False)  # weight sync goes on without them at once
-    ledger.write("scaled", "-", 0, node=node, replicas=replicas, was=old)
+    ledger.record(NodeScaled(node=node, replicas=replicas, was=old))
     report.scaled(node, replicas, old)
     return f"{node}: {old} -> {replicas} replica(s)"
 

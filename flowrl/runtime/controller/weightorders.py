@@ -35,6 +35,7 @@ from flowrl.graph.spec import WeightSyncSpec
 from flowrl.runtime.controller.procs import Proc, ProcTable
 from flowrl.runtime.controller.roles import Roles
 from flowrl.runtime.protocol import messages as m
+from flowrl.runtime.protocol.ledger import WeightsHeld
 
 log = logging.getLogger("flowrl.controller")
 
@@ -130,7 +131,7 @@ class SyncGroup:
         if msg.sync_epoch == self.epoch:
             self.failures = 0
         if msg.digest:
-            self.ledger.write("weights", "-", 0, node=proc.id, version=msg.version, digest=msg.digest)
+            self.ledger.record(WeightsHeld(node=proc.id, version=msg.version, digest=msg.digest))
 
     async def sync_failed(self, proc: Proc, msg: m.SyncFailed, version: int, *, recovering: bool) -> None:
         current = msg.sync_epoch == self.epoch

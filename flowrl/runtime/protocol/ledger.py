@@ -19,12 +19,12 @@ dicts; tools and tests match on `row["event"]`). Run-level events have `batch_id
     resumed       Resumed {step, epoch}                   a run continued from its checkpoint
     node_down     NodeDown {node, why}                    a process died (`attempt`: its incarnation)
     weights       WeightsHeld {node, version, digest}     a process holds weights `version`
-    scaled        NodeScaled {node, replicas, was}      `flowrl scale` changed a node's replicas
+    scaled        NodeScaled {node, replicas, was}        `flowrl scale` changed a node's replicas
     replanned     Replanned {host, moved}                 a lost host's processes moved: {id: new host}
     failed        RunFailure {why}                        the run failed (first line of the reason)
 
 Exactly once (`net_consumption`): for every issued ticket and every sink node,
-consumed + dropped - rolled_back == 1. Rows are written with one `write` each (a line survives a
+consumed + dropped - rolled_back == 1. Each row is one write to the file (a line survives a
 kill whole or not at all) and fsynced when a checkpoint commits, so a committed checkpoint never
 refers to events the disk lost.
 
@@ -235,13 +235,6 @@ class Ledger:
         self.rows += 1
         if self._f:
             self._f.write(json.dumps(ev.row(round(time.time(), 6))) + "\n")
-
-    def write(self, event: str, batch_id: str, attempt: int = 0, **extra) -> None:
-        """The untyped form of `record` (call sites not yet converted)."""
-        self.rows += 1
-        if self._f:
-            row = {"batch_id": batch_id, "attempt": attempt, "event": event, "t": round(time.time(), 6), **extra}
-            self._f.write(json.dumps(row) + "\n")
 
     def flush(self) -> None:
         if self._f:
