@@ -39,7 +39,9 @@ def _allowed_keys(model: type[BaseModel], loc: Loc) -> list[str]:
     from flowrl.graph import spec as s
 
     at = {(): s.GraphSpec, ("schedule",): s.ScheduleSpec, ("supervision",): s.SupervisionSpec,
-          ("launcher",): s.LauncherSpec}
+          ("launcher",): s.LauncherSpec, ("metrics",): s.MetricsSpec, ("controller",): s.ControllerSpec,
+          ("controller", "tickets"): s.TicketDeskSpec, ("controller", "weight_sync"): s.WeightSyncSpec,
+          ("controller", "recovery"): s.RecoverySpec}
     parent = tuple(loc[:-1])
     if parent in at:
         return list(at[parent].model_fields)
