@@ -179,13 +179,6 @@ class Worker:
             self.tg.start_soon(self.input_loop, port, rx)
         await self.send_ctl(m.Wired(epoch=self.parts.orders.epoch))
 
-    def control_handlers(self) -> dict:
-        """What each control order does, by its type (orders of other types are not for node processes)."""
-        parts = self.parts
-        return {m.TicketMsg: parts.orders.ticket, m.Sync: parts.syncs.order, m.Epoch: parts.orders.enter_epoch,
-                m.Progress: parts.orders.progress, m.Wire: self.wire, m.Connect: parts.outputs.rewire,
-                m.Disconnect: parts.outputs.rewire, m.Stop: self.stop}
-
     async def stop(self, msg: m.Stop) -> None:
         self.stopping = True
 
@@ -240,7 +233,7 @@ class Worker:
         await self.send_ctl(m.Heartbeat(metrics=self.parts.recorder.drain(), version=self.parts.version.value))
 
     async def main_loop(self) -> None:
-        handlers, path = self.control_handlers(), self.parts.path
+        handlers, path = handler_table(self.parts, wire=self.wire, stop=self.stop), self.parts.path
         while True:
             with self.parts.recorder.span("wait_input"):  # idle: nothing to do until an event arrives
                 try:
@@ -348,6 +341,14 @@ class Worker:
                                         line=info["line"], batch_id=batch_id, traceback=info["traceback"]))
 
 
+
+
+def handler_table(parts: Parts, *, wire, stop) -> dict:
+    """What each control order does, by its type: every `controller -> node` message has one (the
+    rule's test: tests/runtime/test_worker_dispatch.py)."""
+    return {m.TicketMsg: parts.orders.ticket, m.Sync: parts.syncs.order, m.Epoch: parts.orders.enter_epoch,
+            m.Progress: parts.orders.progress, m.Wire: wire, m.Connect: parts.outputs.rewire,
+            m.Disconnect: parts.outputs.rewire, m.Stop: stop}
 
 
 def main(argv: list[str] | None = None) -> int:
