@@ -177,7 +177,7 @@ class Worker:
             await parts.steps.wired()  # a rollback ordered before we could reach the followers
         for port, rx in self.receivers.items():
             self.tg.start_soon(self.input_loop, port, rx)
-        await self.send_ctl(m.Wired(epoch=self.parts.orders.epoch))
+        await self.send_ctl(m.Wired(epoch=parts.orders.epoch))
 
     async def stop(self, msg: m.Stop) -> None:
         self.stopping = True
