@@ -47,38 +47,11 @@ def reference(tmp_path_factory):
     return result
 
 
-class _Tx:
-    def __init__(self):
-        self.sent = []
+async def _follower(epoch: int):
+    """A follower rank's components alone (no process; its node passes batches through)."""
+    from tests.runtime.worker_kit import Tx, build, shape
 
-    async def send(self, batch):
-        self.sent.append(batch)
-
-
-class _Rx:
-    def __init__(self):
-        self.acked = []
-
-    async def ack(self, batch):
-        self.acked.append(batch.batch_id)
-
-
-def _follower(epoch: int):
-    """A follower rank's shard handling alone (no process, no node)."""
-    from types import SimpleNamespace
-
-    from flowrl.runtime.worker.datapath import DataPath
-    from flowrl.runtime.worker.faults import FaultInjector
-    from flowrl.runtime.worker.inputs import Fence
-    from flowrl.runtime.worker.ranks import RankMember
-
-    class Follower(DataPath, RankMember):
-        pass
-
-    f = Follower()
-    f.fence, f.rank_tx, f.spec = Fence(epoch), {0: _Tx()}, SimpleNamespace(rank=1)
-    f.faults = FaultInjector([], "scale", 0, 1)
-    return f
+    return await build(shape(sink=True, stateful=True), epoch=epoch, rank=1, world_size=2, peers={0: Tx()})
 
 
 def test_a_follower_answers_a_shard_of_an_older_epoch_and_holds_one_of_a_newer_epoch():
@@ -90,18 +63,22 @@ def test_a_follower_answers_a_shard_of_an_older_epoch_and_holds_one_of_a_newer_e
 
     from flowrl.runtime.worker.ranks import SHARD
 
+    from tests.runtime.worker_kit import Rx
+
     async def main():
-        f, rx = _follower(2), _Rx()
+        f, rx = await _follower(2), Rx()
+        leader = f.ranks.senders()[0]
         old = Batch(tensors={"x": np.arange(4)}, batch_id="t-000007", attempt=1, index=7, epoch=1)
-        await f.on_arrival((SHARD, old, rx))
-        (answer,) = f.rank_tx[0].sent
+        await f.path.on_arrival((SHARD, old, rx))
+        (answer,) = leader.sent
         assert (answer.batch_id, answer.attempt, answer.epoch, answer.drop, answer.meta["_rank"],
                 answer.meta["_reply"]) == ("t-000007", 1, 1, "older epoch", 1, "accept")
         assert rx.acked == ["t-000007"]
         newer = Batch(tensors={"x": np.arange(4)}, batch_id="t-000008", index=8, epoch=3)
-        await f.on_arrival((SHARD, newer, rx))
-        assert rx.acked == ["t-000007"] and len(f.rank_tx[0].sent) == 1  # held, not run, not lost
-        assert [a[1].batch_id for a in f.fence.enter(3)] == ["t-000008"]
+        await f.path.on_arrival((SHARD, newer, rx))
+        assert rx.acked == ["t-000007"] and len(leader.sent) == 1  # held, not run, not lost
+        assert [a[1].batch_id for a in f.policies.fence.enter(3)] == ["t-000008"]
+        f.close()
 
     anyio.run(main)
 
@@ -137,34 +114,22 @@ def test_a_dead_rank_restarts_its_group_and_every_state_matches_a_fault_free_run
 def test_the_leader_gathers_replies_of_three_ranks_whatever_their_order():
     """Rank 2 answering before rank 1 used to be thrown away while waiting for rank 1, and the
     leader then waited for it forever."""
-    from types import SimpleNamespace
-
     import anyio
 
     from flowrl.runtime.worker.inputs import Item
-    from flowrl.runtime.worker.ranks import RankMember
-
-    class RankRx:
-        def __init__(self, replies):
-            self.replies = list(replies)
-
-        async def recv(self):
-            return self.replies.pop(0)
-
-        async def ack(self, batch):
-            pass
+    from tests.runtime.worker_kit import Rx, build
 
     def reply(rank, bid="t-000003", attempt=0):
         return Batch(tensors={"x": np.full(2, rank)}, batch_id=bid, attempt=attempt, index=3, meta={"_rank": rank})
 
     async def main():
-        leader = RankMember()
-        leader.spec, leader.rank_replies = SimpleNamespace(rank=0, world_size=3), {}
-        leader.rank_rx = RankRx([reply(1, "t-000002"), reply(2), reply(1, attempt=1), reply(1)])
+        rx = Rx([reply(1, "t-000002"), reply(2), reply(1, attempt=1), reply(1)])
+        leader = await build(world_size=3, rank_rx=rx)
         item = Item(3, "t-000003", 0, 0, "in", None)
-        one, two = await leader.gather(item, 1), await leader.gather(item, 2)
+        one, two = await leader.ranks.gather(item, 1), await leader.ranks.gather(item, 2)
         assert one.tensors["x"].tolist() == [1, 1] and two.tensors["x"].tolist() == [2, 2]
-        assert "_rank" not in one.meta and leader.rank_replies == {}
+        assert "_rank" not in one.meta and rx.replies == []
+        leader.close()
 
     anyio.run(main)
 
@@ -179,16 +144,12 @@ def test_a_leader_hands_its_follower_the_shard_before_any_rank_enters_a_collecti
     the follower's answer to the shard, and runs `process` on its compute thread."""
     import asyncio
     import threading
-    from types import SimpleNamespace
 
     import anyio
 
-    from flowrl.metrics import Recorder
-    from flowrl.runtime.worker.compute import ComputeThread
-    from flowrl.runtime.worker.datapath import DataPath
-    from flowrl.runtime.worker.faults import FaultInjector
     from flowrl.runtime.worker.inputs import Item
-    from flowrl.runtime.worker.ranks import GroupStep, RankMember
+    from flowrl.runtime.worker.ranks import GroupStep
+    from tests.runtime.worker_kit import build
 
     joined = threading.Event()  # the follower is in the collective
 
@@ -222,28 +183,21 @@ def test_a_leader_hands_its_follower_the_shard_before_any_rank_enters_a_collecti
             pass
 
     class Node:
+        async def setup(self):
+            pass
+
         async def process(self, batch, port):  # an all-reduce: needs rank 1
             if not joined.wait(20):
                 raise RuntimeError("collective timed out: rank 1 never got its shard")
             return batch
 
-    class Leader(DataPath, RankMember):
-        pass
-
     async def main():
-        leader = Leader()
         inbox = Inbox()
-        leader.spec = SimpleNamespace(rank=0, world_size=2, node="n")
-        leader.rank_tx, leader.rank_rx, leader.rank_replies = {1: CorkedTx(inbox)}, inbox, {}
-        leader.node, leader.compute = Node(), ComputeThread("test")
-        leader.faults, leader.recorder = FaultInjector([], "n", 0, 0), Recorder("n")
-        leader.step, leader.busy, leader.is_sink, leader.is_source, leader.stateful = 0, None, False, False, False
-        leader.markers = 0
-        leader.cls = SimpleNamespace(outputs=("out",))
+        leader = await build(node=Node(), world_size=2, rank_rx=inbox, peers={1: CorkedTx(inbox)})
         batch = Batch(tensors={"x": np.arange(4)}, batch_id="t-000001", index=1)
-        out = await leader.run_ranks(Item.of_batch("in", batch, None), GroupStep(), "process")
+        out = await leader.ranks.run_ranks(Item.of_batch("in", batch, None), GroupStep(), "process")
         assert out["out"].tensors["x"].tolist() == [0, 1, 2, 3]  # both halves, in rank order
-        leader.compute.close()
+        leader.close()
 
     anyio.run(main)
 
@@ -254,43 +208,28 @@ def test_with_three_ranks_one_follower_in_a_newer_epoch_means_no_rank_enters_the
     would wait in the collective for ranks that never come)."""
     import anyio
 
-    from flowrl.metrics import Recorder
-    from flowrl.runtime.worker.datapath import DataPath
-    from flowrl.runtime.worker.faults import FaultInjector
     from flowrl.runtime.worker.inputs import Item
-    from flowrl.runtime.worker.ranks import SKIPPED, GroupStep, RankMember
-    from types import SimpleNamespace
-
-    class Inbox:
-        def __init__(self, replies):
-            self.replies = list(replies)
-
-        async def recv(self):
-            return self.replies.pop(0)
-
-        async def ack(self, b):
-            pass
+    from flowrl.runtime.worker.ranks import SKIPPED, GroupStep
+    from tests.runtime.worker_kit import Rx, Tx, build
 
     class Node:
+        async def setup(self):
+            pass
+
         async def process(self, batch, port):
             raise AssertionError("the leader ran a step a follower refused")
 
-    class Leader(DataPath, RankMember):
-        pass
-
     async def main():
-        leader = Leader()
         route = dict(batch_id="t-000004", attempt=0, index=4, epoch=1)
-        leader.rank_rx = Inbox([Batch(meta={"_rank": 2, "_reply": "accept"}, drop="older epoch", **route),
-                                Batch(meta={"_rank": 1, "_reply": "accept"}, **route)])
-        leader.spec, leader.rank_tx, leader.rank_replies = SimpleNamespace(rank=0, world_size=3, node="n"), \
-            {1: _Tx(), 2: _Tx()}, {}
-        leader.node, leader.faults, leader.recorder = Node(), FaultInjector([], "n", 0, 0), Recorder("n")
-        leader.markers, leader.is_source, leader.stateful, leader.is_sink = 0, False, False, False
+        rx = Rx([Batch(meta={"_rank": 2, "_reply": "accept"}, drop="older epoch", **route),
+                 Batch(meta={"_rank": 1, "_reply": "accept"}, **route)])
+        to1, to2 = Tx(), Tx()
+        leader = await build(node=Node(), world_size=3, rank_rx=rx, peers={1: to1, 2: to2})
         batch = Batch(tensors={"x": np.arange(6)}, **route)
-        assert await leader.run_ranks(Item.of_batch("in", batch, None), GroupStep(), "process") is SKIPPED
-        (shard1, verdict1), (shard2,) = leader.rank_tx[1].sent, leader.rank_tx[2].sent
+        assert await leader.ranks.run_ranks(Item.of_batch("in", batch, None), GroupStep(), "process") is SKIPPED
+        (shard1, verdict1), (shard2,) = to1.sent, to2.sent
         assert verdict1.meta["_verdict"] == "abort" and shard1.num_samples == shard2.num_samples == 2
+        leader.close()
 
     anyio.run(main)
 
@@ -303,40 +242,28 @@ def test_a_follower_does_an_accepted_step_on_go_even_in_a_newer_epoch_but_keeps_
     on `abort` nothing runs."""
     import anyio
 
-    from flowrl.metrics import Recorder
-    from flowrl.runtime.worker.compute import ComputeThread
-    from flowrl.runtime.worker.inputs import Ordered
+    from flowrl.runtime.protocol import messages as m
     from flowrl.runtime.worker.ranks import SHARD, GroupStep
+    from tests.runtime.worker_kit import Rx
 
     async def main():
-        f, rx = _follower(1), _Rx()
-        ran, saved = [], []
-
-        class Node:
-            async def process(self, batch, port):
-                ran.append(batch.batch_id)
-
-        async def save_checkpoint(step):
-            saved.append(step)
-
-        f.node, f.compute, f.recorder, f.step, f.busy = Node(), ComputeThread("f"), Recorder("n"), 0, None
-        f.ordered, f.is_sink, f.cls, f.save_checkpoint = Ordered(5), True, SimpleNamespace(inputs=("in",)), save_checkpoint
-        f.restore_orders = {}
+        f, rx = await _follower(1), Rx()
+        leader = f.ranks.senders()[0]
+        f.policies.ordered.follow_leader(5)
         route = dict(batch_id="t-000005", attempt=0, index=5, epoch=1)
         step = GroupStep(checkpoint=6)
-        await f.on_arrival((SHARD, Batch(tensors={"x": np.arange(2)}, meta={"_step": step.meta(), "_port": "in"},
-                                         **route), rx))
-        assert f.rank_tx[0].sent[-1].meta["_reply"] == "accept" and f.accepted is not None
-        f.fence.enter(2)
-        await f.on_arrival((SHARD, Batch(meta={"_verdict": verdict}, **route), rx))
-        assert f.accepted is None
+        await f.path.on_arrival((SHARD, Batch(tensors={"x": np.arange(2)}, meta={"_step": step.meta(), "_port": "in"},
+                                              **route), rx))
+        assert leader.sent[-1].meta["_reply"] == "accept" and f.ranks.waiting() is not None
+        f.policies.fence.enter(2)
+        await f.path.on_arrival((SHARD, Batch(meta={"_verdict": verdict}, **route), rx))
+        assert f.ranks.waiting() is None
+        ran = f.runner.node.seen
         if verdict == "go":
-            assert ran == ["t-000005"] and f.rank_tx[0].sent[-1].meta["_reply"] == "result"
+            assert ran == ["t-000005"] and leader.sent[-1].meta["_reply"] == "result"
         else:
-            assert ran == [] and len(f.rank_tx[0].sent) == 1
-        assert f.ordered.watermark == 5 and saved == []
-        f.compute.close()
-
-    from types import SimpleNamespace
+            assert ran == [] and len(leader.sent) == 1
+        assert f.path.watermark == 5 and not any(isinstance(r, m.Checkpointed) for r in f.reports)
+        f.close()
 
     anyio.run(main)

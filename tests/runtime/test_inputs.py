@@ -96,38 +96,32 @@ def test_a_join_gives_a_held_parts_credit_back_at_once_so_reordered_parts_cannot
     they kept their credit (2 per link), neither producer could send the partner the other waits
     for (seen in the shape x fault campaign). Held parts are acknowledged on arrival; the joined
     item still acknowledges them (idempotent) and a restart of the join re-issues open tickets."""
-    from types import SimpleNamespace
-
     import anyio
 
-    from flowrl.runtime.worker.datapath import DataPath
+    from tests.runtime.worker_kit import Rx, build, shape
 
-    class Rx:
+    class JoinNode:
         def __init__(self):
-            self.acked = []
+            self.joined = []
 
-        async def ack(self, batch):
-            self.acked.append(batch.batch_id)
+        async def setup(self):
+            pass
 
-    class JoinNode(DataPath):
-        is_join = True
-
-        def __init__(self):
-            self.fence, self.joins, self.admitted = Fence(0), JoinBuffer(("a", "b")), []
-            self.cls = SimpleNamespace(subscribes_weights=False, requires=None)
-
-        async def admit(self, item):
-            self.admitted.append(item.batch_id)
+        async def join(self, parts):
+            self.joined.append(parts["a"].batch_id)
+            return parts["a"]
 
     async def main():
         node, rx_a, rx_b = JoinNode(), Rx(), Rx()
+        kit = await build(shape(join=True, inputs=("a", "b")), node=node)
         for i in (7, 8):
-            await node.on_arrival(("a", b(i, attempt=1), rx_a))
+            await kit.path.on_arrival(("a", b(i, attempt=1), rx_a))
         for i in (9, 10):
-            await node.on_arrival(("b", b(i, attempt=1), rx_b))
+            await kit.path.on_arrival(("b", b(i, attempt=1), rx_b))
         assert rx_a.acked == ["t-000007", "t-000008"] and rx_b.acked == ["t-000009", "t-000010"]
-        assert node.admitted == []
-        await node.on_arrival(("b", b(7, attempt=1), rx_b))
-        assert node.admitted == ["t-000007"]
+        assert node.joined == []
+        await kit.path.on_arrival(("b", b(7, attempt=1), rx_b))
+        assert node.joined == ["t-000007"]
+        kit.close()
 
     anyio.run(main)

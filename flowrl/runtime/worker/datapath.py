@@ -1,65 +1,107 @@
-"""The data path of a node process (mixed into `Worker`): from an arrival to the outputs sent.
+"""The data path of a node process: from an arrival to the outputs sent.
 
 Each batch or ticket taken off the event queue passes the node shape's input policies
 (`inputs.py`): the recovery-epoch fence, the version gate of subscribers, the declared tensors,
 the join buffer, in-order delivery with an output cache for stateful nodes (a ticket already
 applied is answered from the cache) and once-only consumption for sinks. Then the node is called
-once (on the compute thread), its outputs are stamped with the routing facts of the work they came
-from and sent on every output edge, or, at a sink, the consumption is reported to the controller.
-Then the node follows the ticket's `GroupStep` (a trainer publishes its new weights, a stateful node
-saves its checkpoint), decided in one place (`after_ticket`) for every rank. Input credit is
-acknowledged here, and duplicates are reported.
+once (on the compute thread, `runner.py`), its outputs are stamped with the routing facts of the
+work they came from and sent on every output edge (`outputs.py`), or, at a sink, the consumption is
+reported to the controller. Then the node follows the ticket's `GroupStep` (a trainer publishes its
+new weights, a stateful node saves its checkpoint), decided in one place (`after_ticket`) for every
+rank (`steps.py`). Input credit is acknowledged here, and duplicates are reported.
+
+    path = DataPath(shape, policies, runner=..., outputs=..., steps=..., ...)
+    await path.on_arrival(("in", batch, rx))          # a batch from input port "in"
+    await path.on_arrival((None, ticket, None))       # a ticket from the controller
+    await path.on_arrival((SHARD, shard, rank_rx))    # a follower rank's shard from its leader
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from flowrl.node import Drop
 from flowrl.runtime.protocol import messages as m
-from flowrl.runtime.worker.inputs import Item
-from flowrl.runtime.worker.ranks import SHARD, SKIPPED, FENCED, GroupStep
+from flowrl.runtime.worker.contract import outputs_of
+from flowrl.runtime.worker.inputs import Item, Policies
+from flowrl.runtime.worker.nodestate import NodeState
+from flowrl.runtime.worker.outputs import Outputs
+from flowrl.runtime.worker.ranks import FENCED, SHARD, SKIPPED, GroupStep, RankGroup
+from flowrl.runtime.worker.runner import NodeRunner
+from flowrl.runtime.worker.shape import Shape
+from flowrl.runtime.worker.steps import GroupSteps
+from flowrl.runtime.worker.version import WeightVersion
 
 log = logging.getLogger("flowrl.worker")
 
 
 class DataPath:
-    """The worker's data half: admit, run, stamp, emit, consume, acknowledge."""
+    """The worker's data half: admit, run, stamp, emit, consume, acknowledge. Owns the input
+    policies' decisions (the `Policies` objects hold their state)."""
+
+    def __init__(self, shape: Shape, policies: Policies, *, node: str, runner: NodeRunner, outputs: Outputs,
+                 steps: GroupSteps, state: NodeState, ranks: RankGroup | None, version: WeightVersion, recorder,
+                 report: Callable[[Any], Awaitable[None]], labels: dict[str, str], started: float):
+        self._shape = shape
+        self._p = policies
+        self._node = node
+        self._runner = runner
+        self._outputs = outputs
+        self._steps = steps
+        self._state = state  # which watermarks are checkpoint steps
+        self._ranks = ranks  # this rank's data-parallel group (None: one rank)
+        self._version = version
+        self._recorder = recorder
+        self._report = report
+        self._labels = labels  # {input port: metric label}
+        self._started = started  # the process's start (monotonic), for the first batch's log line
+
+    @property
+    def watermark(self) -> int | None:
+        """A stateful node's in-order watermark (None: not stateful)."""
+        return self._p.ordered.watermark if self._p.ordered is not None else None
 
     async def on_arrival(self, arrival) -> None:
         """One batch (port, batch, rx) or ticket (None, ticket, None) from the event queue."""
         port, work, rx = arrival
+        fence = self._p.fence
         if port == SHARD:
-            if self.fence.classify(work.epoch) == "future":  # the leader entered a recovery epoch first
-                self.fence.future.append(arrival)
+            if fence.classify(work.epoch) == "future":  # the leader entered a recovery epoch first
+                fence.hold(arrival)
                 return
-            await self.on_shard(work, rx)
+            follow_up = await self._ranks.on_shard(work, rx)
+            if follow_up is not None:
+                if follow_up.watermark is not None and self._p.ordered is not None:
+                    self._p.ordered.follow_leader(follow_up.watermark)
+                await self._steps.follow(follow_up.step, epoch=follow_up.epoch)
             return
-        verdict = self.fence.classify(work.epoch)
+        verdict = fence.classify(work.epoch)
         if verdict == "stale":
             if rx is not None:
                 await self.discard(rx, work, "stale epoch")
             return
         if verdict == "future":
-            self.fence.future.append(arrival)
+            fence.hold(arrival)
             return
-        if rx is not None and self.cls.subscribes_weights and work.drop is None \
-                and not self.gate.admits(work.min_version, self.version):
-            self.gate.hold(arrival)  # generated later, once the weights arrive
+        if rx is not None and self._shape.subscribes and work.drop is None \
+                and not self._p.gate.admits(work.min_version, self._version.value):
+            self._p.gate.hold(arrival)  # generated later, once the weights arrive
             return
-        if rx is not None and work.drop is None and self.cls.requires:
-            problem = missing_tensors(work, self.cls.requires)
+        if rx is not None and work.drop is None and self._shape.requires:
+            problem = missing_tensors(work, self._shape.requires)
             if problem:
-                self.recorder.count("batches_rejected", 1, edge=self.input_labels.get(port, port))
+                self._recorder.count("batches_rejected", 1, edge=self._labels.get(port, port))
                 log.warning("rejected batch %s on %s: %s", work.batch_id, port, problem)
                 await self.discard(rx, work, f"invalid: {problem}")
                 return
         if rx is None:
             item = Item(work.index, work.batch_id, work.attempt, work.epoch, None, work,
                         min_version=work.min_policy_version)
-        elif self.is_join:
-            item, drops = self.joins.offer(port, work, rx)
+        elif self._shape.join:
+            item, drops = self._p.joins.offer(port, work, rx)
             for r, b, why in drops:
                 await self.discard(r, b, why)
             if item is None:
@@ -74,166 +116,109 @@ class DataPath:
         await self.admit(item)
 
     async def admit(self, item: Item) -> None:
-        if self.ordered is not None:
-            verdict = self.ordered.offer(item)
+        ordered, seen = self._p.ordered, self._p.seen
+        if ordered is not None:
+            verdict = ordered.offer(item)
             if verdict != "buffered":
                 await self.replay(item) if verdict == "replay" else await self.discard_item(item, "duplicate")
                 return
             await self.ack(item)  # buffered work gives its credit back now: order never blocks a channel
-            while (nxt := self.ordered.next_ready()) is not None:
+            while (nxt := ordered.next_ready()) is not None:
                 step = await self.run(nxt)
-                self.ordered.done(nxt.index)
-                await self.follow(step)
+                ordered.done(nxt.index)
+                await self._steps.follow(step)
             return
-        if self.seen is not None and not self.seen.first_time(item.index):
+        if seen is not None and not seen.first_time(item.index):
             await self.discard_item(item, "already consumed by this sink")
             return
         step = await self.run(item)
         await self.ack(item)
-        await self.follow(step)
+        await self._steps.follow(step)
 
     async def replay(self, item: Item) -> None:
         """A ticket this stateful node already applied: send its output again, state untouched."""
-        cached = self.cache.get(item.index) if self.cache is not None else None
+        cached = self._p.cache.get(item.index) if self._p.cache is not None else None
         await self.ack(item)
         if cached is None:
-            await self.send_ctl(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why="already applied"))
+            await self._report(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why="already applied"))
             return
-        await self.emit({p: b if isinstance(b, Drop) else b.replace(attempt=item.attempt) for p, b in cached.items()},
-                        item)
+        await self._outputs.emit({p: b if isinstance(b, Drop) else b.replace(attempt=item.attempt)
+                                  for p, b in cached.items()}, item)
 
     def after_ticket(self, item: Item) -> GroupStep:
         """What follows `item` on every rank of this node: the one place that decides it (followers
         get the leader's decision with their shard, `ranks.py`)."""
         after = item.index + 1  # the in-order watermark once `item` is applied
-        return GroupStep(publish=self.cls.publishes_weights and self.is_sink,
-                         checkpoint=after if self.ordered is not None and self.is_checkpoint_step(after) else None)
-
-    async def call_node(self, batch_id: str, hook, *args):
-        """One call into the node, on its compute thread; `busy` says which, since when (the heartbeat
-        thread reports it: a call past `process_timeout_s` is a hung node)."""
-        outer, self.busy = self.busy, self.busy or (batch_id, time.monotonic())
-        try:
-            await self.faults.on_batch(self.step)
-            self.step += 1
-            stall = self.faults.stall(self.step - 1)
-            if stall:  # a wedged call: the compute thread is stuck, the loop and heartbeats go on
-                await self.compute.call(time.sleep, stall)
-            with self.recorder.span("compute", batch_id=batch_id):
-                return await self.compute.call(hook, *args)
-        except BaseException:
-            self.failed_on = batch_id  # named on the last-error line
-            raise
-        finally:
-            self.busy = outer
+        return GroupStep(publish=self._shape.publishes and self._shape.sink,
+                         checkpoint=after if self._p.ordered is not None and self._state.is_checkpoint_step(after)
+                         else None)
 
     async def run(self, item: Item) -> GroupStep:
         """Call the node once for `item` and send what it returned (or the drop marker). Returns
-        what follows the ticket on every rank (`follow`)."""
-        from flowrl.runtime.worker.contract import outputs_of
-
-        if self.step == 0 and item.drop is None:
-            log.info("first batch %.2f s after start (at %.6f)", time.monotonic() - self.t_start, time.time())
+        what follows the ticket on every rank (`GroupSteps.follow`)."""
+        shape, node = self._shape, self._runner.node
+        if self._runner.calls == 0 and item.drop is None:
+            log.info("first batch %.2f s after start (at %.6f)", time.monotonic() - self._started, time.time())
         step = self.after_ticket(item)
         if item.drop is not None:  # a drop marker passes through without a call, on every output
-            result = Drop(item.drop) if self.is_sink else {p: Drop(item.drop) for p in self.cls.outputs}
-            if self.dp and not await self.lead(item, step, epoch=item.epoch):  # followers follow drops too
-                result = SKIPPED
+            result = Drop(item.drop) if shape.sink else {p: Drop(item.drop) for p in shape.outputs}
+            if self._ranks is not None and not await self._ranks.lead(item, step, epoch=item.epoch):
+                result = SKIPPED  # followers follow drops too
         else:
-            method = "generate" if self.is_source else "join" if self.is_join else "process"
-            if self.is_source:
-                result = await self.call_node(item.batch_id, self.node.generate, item.batch)
-            elif self.is_join:
-                result = await self.call_node(item.batch_id, self.node.join, item.parts)
-            elif self.dp:
-                self.busy = (item.batch_id, time.monotonic())  # waiting for the followers counts too
-                try:
-                    result = await self.run_ranks(item, step, method)
-                finally:
-                    self.busy = None
+            method = "generate" if shape.source else "join" if shape.join else "process"
+            if shape.source:
+                result = await self._runner.call(item.batch_id, node.generate, item.batch)
+            elif shape.join:
+                result = await self._runner.call(item.batch_id, node.join, item.parts)
+            elif self._ranks is not None:
+                with self._runner.occupied(item.batch_id):  # waiting for the followers counts too
+                    result = await self._ranks.run_ranks(item, step, method)
             else:
-                result = await self.call_node(item.batch_id, self.node.process, item.batch, item.port)
+                result = await self._runner.call(item.batch_id, node.process, item.batch, item.port)
             if result is not SKIPPED:
-                result = None if self.is_sink else \
-                    outputs_of(result, node=self.spec.node, method=method, ports=self.cls.outputs)
+                result = None if shape.sink else outputs_of(result, node=self._node, method=method, ports=shape.outputs)
         if result is SKIPPED:
             # a rank is in a newer recovery epoch: nobody ran the ticket, and nothing of it goes on
             # (a drop marker would be counted as a real drop by a sink that has not heard of the
             # recovery yet); the recovery that is under way re-issues it
-            await self.send_ctl(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why=FENCED))
+            await self._report(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why=FENCED))
             return SKIPPED
-        if self.is_sink:
-            await self.consume(item, result if isinstance(result, Drop) else None)
+        if shape.sink:
+            await self._outputs.consume(item, result if isinstance(result, Drop) else None)
             return step
-        outputs = {p: self.stamp(b, item) for p, b in result.items()}
-        await self.emit(outputs, item)
-        if self.cache is not None:
-            self.cache.put(item.index, outputs)
+        outputs = {p: self._outputs.stamp(b, item) for p, b in result.items()}
+        await self._outputs.emit(outputs, item)
+        if self._p.cache is not None:
+            self._p.cache.put(item.index, outputs)
         return step
 
-    async def follow(self, step: GroupStep, epoch: int | None = None) -> None:
-        """Do what follows a ticket (or a rollback) on this rank, in the order every rank does it.
-        `epoch`: the step's recovery epoch (default: this rank's)."""
-        if step.restore:
-            await self.restore(self.fence.epoch if epoch is None else epoch)
-        if step.publish:
-            self.version += 1
-            self.nctx.policy_version = self.version
-            await self.publish_snapshot()
-            if self.weights is not None:  # the publisher (rank 0) announces the version
-                await self.send_ctl(m.Published(version=self.version, epoch=self.fence.epoch, **self.weights.digest()))
-        if step.checkpoint is not None:
-            await self.save_checkpoint(step.checkpoint)
-        if step.sync is not None:
-            await self.join_sync(step.sync)
+    async def release(self, version: int) -> None:
+        """A subscriber now holds `version`: the batches that waited for it go on."""
+        for arrival in self._p.gate.release(version):
+            await self.on_arrival(arrival)
 
-    def stamp(self, out, item: Item):
-        """Outputs carry the routing facts of the work they came from."""
-        from flowrl.transport import Batch
+    async def reset(self, order: m.Epoch) -> None:
+        """A rollback into `order.epoch`: the held and buffered work of the old epoch is dropped (and
+        acked, so credit returns), the in-order and sink watermarks are the order's."""
+        stale = [(r, b, "recovery") for _, b, r in self._p.gate.clear()]
+        if self._p.joins is not None:
+            stale += self._p.joins.clear()
+        for r, b, why in stale:
+            await self.discard(r, b, why)
+        if self._p.ordered is not None:
+            for item in self._p.ordered.reset(order.watermark):  # already acked when buffered
+                await self._report(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why="recovery"))
+        if self._p.cache is not None:
+            self._p.cache.clear()
+        if self._p.seen is not None:
+            self._p.seen.reset(order.watermark, order.consumed)
 
-        src = item.batch if item.parts is None else next(iter(item.parts.values()))
-        min_version = src.min_version if item.min_version is None else item.min_version
-        pv = -1 if self.is_source else src.policy_version
-        if isinstance(out, Drop):
-            if out.replace and item.drop is None and not self.stateful:
-                from flowrl.runtime.worker.contract import NodeContractError
-
-                raise NodeContractError(
-                    f"node {self.spec.node!r} returned Drop(replace=True) but is not stateful: what it holds for a "
-                    "later ticket would be lost when it restarts. Set `stateful = True` and save what it holds "
-                    "in state_dict, or return a plain Drop")
-            reason = out.reason if item.drop is not None else \
-                Drop(f"{self.spec.node}: {out.reason}", replace=out.replace).marker
-            return Batch(batch_id=item.batch_id, attempt=item.attempt, index=item.index, min_version=min_version,
-                         epoch=item.epoch, drop=reason[:1000], policy_version=pv)
-        return out.replace(batch_id=item.batch_id, attempt=item.attempt, index=item.index, min_version=min_version,
-                           epoch=item.epoch, policy_version=out.policy_version if out.policy_version >= 0 else pv)
-
-    async def emit(self, outputs: dict, item: Item) -> None:
-        for route, tx in self.senders:
-            batch = outputs[route.port]
-            forged = self.faults.forged(batch)
-            if forged is not None:
-                await tx.send(forged)
-            if await self.faults.on_send(route.addresses, batch):
-                continue
-            with self.recorder.span("wait_credit", batch_id=batch.batch_id):
-                await tx.send(batch)
-            label = self.output_labels.get(route.edge, route.edge)
-            self.recorder.count("channel_bytes", batch.nbytes, edge=label)
-            self.recorder.count("channel_messages", 1, edge=label)
-
-    async def consume(self, item: Item, dropped: Drop | None) -> None:
-        batch = item.batch if item.parts is None else next(iter(item.parts.values()))
-        pv = batch.policy_version
-        staleness = self.version - pv if pv >= 0 and dropped is None else 0
-        if dropped is None:
-            self.recorder.max("staleness", staleness)
-            self.recorder.observe("staleness", staleness)
-        await self.send_ctl(m.Consumed(batch_id=item.batch_id, attempt=item.attempt, index=item.index,
-                                       epoch=item.epoch, policy_version=pv, staleness=staleness,
-                                       dropped_by=dropped.reason if dropped else None, metrics=self.recorder.drain()))
-
+    def forget_below(self, index: int) -> None:
+        """Every sink has each ticket below `index`: its cached outputs and join records go."""
+        if self._p.cache is not None:
+            self._p.cache.forget_below(index)
+        if self._p.joins is not None:
+            self._p.joins.forget_below(index)
 
     async def ack(self, item: Item) -> None:
         for rx, batch in item.acks:
@@ -242,11 +227,23 @@ class DataPath:
 
     async def discard(self, rx, batch, why: str) -> None:
         await rx.ack(batch)
-        await self.send_ctl(m.Duplicate(batch_id=batch.batch_id, attempt=batch.attempt, why=why))
+        await self._report(m.Duplicate(batch_id=batch.batch_id, attempt=batch.attempt, why=why))
 
     async def discard_item(self, item: Item, why: str) -> None:
         await self.ack(item)
-        await self.send_ctl(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why=why))
+        await self._report(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why=why))
+
+    def dump(self) -> list[str]:
+        """What the input policies hold (for `flowrl status --dump`)."""
+        p = self._p
+        lines = []
+        if p.ordered is not None:
+            lines.append(f"in order: watermark {p.ordered.watermark}, buffered {sorted(p.ordered.buffer)[:8]}")
+        lines.append(f"held for weights: {[a[1].batch_id for a in p.gate.waiting][:8]}; "
+                     f"future epochs: {len(p.fence.future)}")
+        if p.joins is not None:
+            lines.append(f"join parts: { {b: (a, i, sorted(ps)) for b, (a, i, ps) in list(p.joins.parts.items())[:8]} }")
+        return lines
 
 
 def missing_tensors(batch, requires: dict) -> str | None:

@@ -10,6 +10,7 @@ Each policy is a plain object that takes arrivals and returns decisions; the wor
                    watermark is a replay (its cached output is sent again, the state is untouched)
     SinkSeen       stateless sinks: each ticket consumed once, across re-issues
     OutputCache    stateful transforms: outputs kept until every sink has the ticket
+    Policies       the ones a node's shape uses
 
 An `Item` is one unit of work: a ticket (sources), one batch (transforms, sinks) or the gathered
 parts of a join. `drop` is set when the work is a drop marker (or a part of it is).
@@ -54,6 +55,10 @@ class Fence:
         if epoch < self.epoch:
             return "stale"
         return "future" if epoch > self.epoch else "ok"
+
+    def hold(self, arrival) -> None:
+        """Keep an arrival of a newer epoch until that epoch is entered."""
+        self.future.append(arrival)
 
     def enter(self, epoch: int) -> list:
         """Enter `epoch`; returns held arrivals that now belong to it and those of an epoch it skipped
@@ -160,6 +165,10 @@ class Ordered:
         assert index == self.watermark, (index, self.watermark)
         self.watermark += 1
 
+    def follow_leader(self, watermark: int) -> None:
+        """A follower rank takes its leader's watermark (it gets the leader's tickets, in order)."""
+        self.watermark = watermark
+
     def reset(self, watermark: int) -> list[Item]:
         out, self.buffer = list(self.buffer.values()), {}
         self.watermark = watermark
@@ -198,3 +207,24 @@ class OutputCache:
 
     def clear(self) -> None:
         self.outputs = {}
+
+
+@dataclass
+class Policies:
+    """The input policies of one node's shape (None where the shape has no use for one)."""
+
+    fence: Fence
+    gate: VersionGate
+    ordered: Ordered | None = None
+    cache: OutputCache | None = None
+    joins: JoinBuffer | None = None
+    seen: SinkSeen | None = None
+
+    @classmethod
+    def of(cls, shape, epoch: int = 0, watermark: int = 0, consumed=()) -> "Policies":
+        """`shape`: the node's `Shape` (shape.py); the rest from the process spec (where to resume)."""
+        return cls(fence=Fence(epoch), gate=VersionGate(),
+                   ordered=Ordered(watermark) if shape.stateful else None,
+                   cache=OutputCache() if shape.stateful and not shape.sink else None,
+                   joins=JoinBuffer(shape.inputs) if shape.join else None,
+                   seen=SinkSeen(watermark, consumed) if shape.sink and not shape.stateful else None)

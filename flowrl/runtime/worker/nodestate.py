@@ -1,133 +1,144 @@
-"""What a node process keeps across tickets (mixed into `Worker`): its checkpoints and its weights.
+"""What a node process keeps across tickets: its checkpoints and the weights it publishes.
+
+    state = NodeState(runner, version, fence, ...)
+    if state.is_checkpoint_step(watermark): await state.save(watermark)   # -> `Checkpointed`
+    state.expect_restore(epoch_order); await state.restore(epoch)          # a rollback, at the leader's word
+    await state.publish()                                                   # a trainer's new version
 
 Checkpoints: a stateful node saves its state when its in-order watermark reaches a checkpoint step
 (or the run's end) and reports `Checkpointed`; it loads a checkpoint when it starts from one or
 rolls back to one. Weights: a trainer (publisher) copies its weights out after each update for the
-next broadcast; a `Sync` order runs one weight-sync round (`weightsync.py`), after which a
-subscriber takes the new version and releases the batches that waited for it (the version gate),
-and an observer is shown the version. Everything that touches the node's state runs on the
-compute thread (`compute.py`).
+next broadcast. Everything that touches the node's state runs on the compute thread (`runner.py`).
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from flowrl.runtime.protocol import messages as m
-from flowrl.runtime.worker.ranks import GroupStep
+from flowrl.runtime.worker.faults import FaultInjector
+from flowrl.runtime.worker.inputs import Fence
+from flowrl.runtime.worker.runner import NodeRunner
+from flowrl.runtime.worker.version import WeightVersion
 
 
 class NodeState:
-    """The worker's state half: checkpoint save/load, weight snapshots, weight sync."""
+    """Owns the checkpoint schedule (the run's end, the last save, the rollbacks ordered) and the
+    node's state on disk; changes the weight version where the state says so."""
+
+    def __init__(self, runner: NodeRunner, version: WeightVersion, fence: Fence, *, faults: FaultInjector,
+                 recorder, report: Callable[[Any], Awaitable[None]], publishes: bool, run_dir: str,
+                 log_name: str, steps: int, checkpoint_every: int):
+        self._runner = runner
+        self._version = version
+        self._fence = fence
+        self._faults = faults
+        self._recorder = recorder
+        self._report = report
+        self._publishes = publishes
+        self._dir = Path(run_dir) / "checkpoints"
+        self._log_name = log_name
+        self._weights = None  # the WeightsClient, once made (after the node and its first checkpoint)
+        self._restores: dict = {}  # epoch -> its Epoch order, restored when the leader says so
+        self._saved_at = (-1, -1)  # (epoch, step) of the last checkpoint saved
+        self._steps = steps  # the run's end (the final checkpoint)
+        self._every = checkpoint_every
+
+    def serve_weights(self, weights) -> None:
+        """The weight client this process publishes with (a trainer's rank 0) or receives with."""
+        self._weights = weights
 
     # checkpoints ----------------------------------------------------------------------------
-    async def load_checkpoint(self, path: str) -> None:
+    async def load(self, path: str) -> None:
+        """Read and apply a checkpoint (one call on the compute thread); a trainer takes its version."""
         from flowrl.runtime.protocol.checkpoints import load_state
 
         def load() -> dict:
             state = load_state(Path(path))
-            self.node.load_state_dict(state["node"])
+            self._runner.node.load_state_dict(state["node"])
             return state
 
-        state = await self.compute.call(load)  # one hop: read and apply
-        if self.cls.publishes_weights:
-            self.version = state.get("version", 0)
-            self.nctx.policy_version = self.version
+        state = await self._runner.run(load)
+        if self._publishes:
+            self._version.set(state.get("version", 0))
+
+    def expect_restore(self, order: m.Epoch) -> None:
+        """A rollback was ordered: it is done when the leader's step says so (`restore`)."""
+        self._restores[order.epoch] = order
 
     async def restore(self, epoch: int) -> None:
         """Roll back to recovery epoch `epoch`'s committed checkpoint (its `Epoch` order), or, with
         nothing committed, to a fresh node; a trainer then snapshots the restored weights. Orders of
         older epochs are forgotten."""
-        order = self.restore_orders.pop(epoch, None)
-        for e in [e for e in self.restore_orders if e < epoch]:
-            del self.restore_orders[e]
+        order = self._restores.pop(epoch, None)
+        for e in [e for e in self._restores if e < epoch]:
+            del self._restores[e]
         if order is None:
             return
         if order.checkpoint:
-            await self.load_checkpoint(order.checkpoint)
+            await self.load(order.checkpoint)
         else:
-            await self.new_node()
-            self.version = 0
-            self.nctx.policy_version = 0
-        if self.cls.publishes_weights:
+            await self._runner.build()
+            if self._weights is not None:  # the weights are the new node's
+                self._weights.rebind(self._runner.node)
+            self._version.set(0)
+        if self._publishes:
             await self.publish_snapshot()
 
-    def is_checkpoint_step(self, watermark: int) -> bool:
-        return watermark == self.steps or (self.checkpoint_every > 0 and watermark % self.checkpoint_every == 0)
+    @property
+    def steps(self) -> int:
+        return self._steps
 
-    async def save_checkpoint(self, step: int) -> None:
+    def is_checkpoint_step(self, watermark: int) -> bool:
+        return watermark == self._steps or (self._every > 0 and watermark % self._every == 0)
+
+    def move_end(self, steps: int) -> bool:
+        """The run's end moved (replaced tickets): True when it did (its final checkpoint moves with it)."""
+        if steps == self._steps:
+            return False
+        self._steps = steps
+        return True
+
+    def saved(self, step: int) -> bool:
+        """Whether this epoch's checkpoint at `step` is saved already."""
+        return self._saved_at == (self._fence.epoch, step)
+
+    async def save(self, step: int) -> None:
         """Save the state as of watermark `step` (every ticket < step applied, none after)."""
         from flowrl.runtime.protocol.checkpoints import file_name, save_state
 
-        self.faults.on_checkpoint(step)
-        self.saved_at = (self.fence.epoch, step)
-        name = file_name(self.spec.log_name, step, self.fence.epoch)
-        def save() -> None:
-            save_state(Path(self.spec.run_dir) / "checkpoints" / name, self.node.state_dict(), step=step,
-                       epoch=epoch, version=version)
+        self._faults.on_checkpoint(step)
+        self._saved_at = (self._fence.epoch, step)
+        name = file_name(self._log_name, step, self._fence.epoch)
+        epoch, version = self._fence.epoch, self._version.value
 
-        epoch, version = self.fence.epoch, self.version
-        with self.recorder.span("checkpoint", step=step):
-            await self.compute.call(save)
-        await self.send_ctl(m.Checkpointed(step=step, epoch=self.fence.epoch, file=name, version=max(self.version, 0)))
+        def save() -> None:
+            save_state(self._dir / name, self._runner.node.state_dict(), step=step, epoch=epoch, version=version)
+
+        with self._recorder.span("checkpoint", step=step):
+            await self._runner.run(save)
+        await self._report(m.Checkpointed(step=step, epoch=self._fence.epoch, file=name,
+                                          version=max(self._version.value, 0)))
 
     # weights --------------------------------------------------------------------------------
-    async def weight_sync(self, order: m.Sync) -> None:
-        """A `Sync` order. Every rank of a data-parallel subscriber is a member of the sync group, a
-        collective: the ranks join it when their leader says (a `GroupStep`), never while another
-        rank waits for them in a step of its own."""
-        if self.dp and self.cls.subscribes_weights:
-            if self.spec.rank > 0:  # kept until the leader's step names this sync epoch
-                self.sync_orders = {e: o for e, o in self.sync_orders.items() if e > order.sync_epoch - 8}
-                self.sync_orders[order.sync_epoch] = order
-                if self.awaiting_sync == order.sync_epoch:
-                    await self.join_sync(order.sync_epoch)
-                return
-            if not await self.lead(None, GroupStep(sync=order.sync_epoch), epoch=self.fence.epoch, marker="sync"):
-                return  # a rank is in a newer recovery epoch: the recovery forms a new sync epoch
-        await self.sync_now(order)
-
-    async def join_sync(self, sync_epoch: int) -> None:
-        """A follower's part of its leader's sync step (its own `Sync` order may come later)."""
-        order = self.sync_orders.pop(sync_epoch, None)
-        self.awaiting_sync = None if order is not None else sync_epoch
-        if order is not None:
-            await self.sync_now(order)
-
-    async def sync_now(self, order: m.Sync) -> None:
-        self.busy = (f"weight sync v{order.version}", time.monotonic())
-        try:
-            received = await self.weights.sync(order, self.version, self.compute)
-        except Exception as e:  # noqa: BLE001 - reported; the controller forms a new epoch
-            from flowrl.weights import LayoutMismatchError
-
-            await self.send_ctl(m.SyncFailed(sync_epoch=order.sync_epoch, error=str(e)[:2000],
-                                             permanent=isinstance(e, LayoutMismatchError)))
-            return
-        finally:
-            self.busy = None
-        if not self.cls.publishes_weights:
-            self.version = received
-            self.nctx.policy_version = received
-        await self.send_ctl(m.Synced(version=received, sync_epoch=order.sync_epoch, **self.weights.digest()))
-        for arrival in self.gate.release(self.version):
-            await self.on_arrival(arrival)
-        if self.is_observer:
-            self.busy = (f"observe v{received}", time.monotonic())
-            try:
-                await self.compute.call(self.node.observe, received)
-            finally:
-                self.busy = None
+    async def publish(self) -> None:
+        """A trainer's update made a new version: snapshot it; rank 0 announces it."""
+        self._version.bump()
+        await self.publish_snapshot()
+        if self._weights is not None:  # the publisher (rank 0) announces the version
+            await self._report(m.Published(version=self._version.value, epoch=self._fence.epoch,
+                                           **self._weights.digest()))
 
     async def publish_snapshot(self) -> None:
         """Trainers: copy the weights out for the next broadcast. On a data-parallel trainer the
         full tensors are gathered from every rank, so the other ranks take part at the same point
         (the leader decides which: `ranks.py`, `GroupStep`)."""
-        if self.weights is not None:
-            await self.compute.call(self.weights.snapshot, self.version)
+        if self._weights is not None:
+            await self._runner.run(self._weights.snapshot, self._version.value)
         else:
-            await self.compute.call(drain_weights, self.node)
+            await self._runner.run(drain_weights, self._runner.node)
 
 
 def drain_weights(node) -> None:

@@ -27,16 +27,19 @@ flow, the same codec as every edge.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import logging
-
 from flowrl.node import REPLACE_MARK, Drop, is_replace
-from flowrl.runtime.worker.contract import NodeContractError
+from flowrl.runtime.worker.contract import NodeContractError, outputs_of
 
 if TYPE_CHECKING:
-    from flowrl.runtime.worker.inputs import Item
+    from flowrl.runtime.worker.faults import FaultInjector
+    from flowrl.runtime.worker.inputs import Fence, Item
+    from flowrl.runtime.worker.outputs import Outputs
+    from flowrl.runtime.worker.runner import NodeRunner
+    from flowrl.runtime.worker.shape import Shape
 
 log = logging.getLogger("flowrl.worker")
 
@@ -85,7 +88,7 @@ class GroupStep:
     its shard (if the step has one): restore the state of the recovery epoch, publish a new weight
     version, save a checkpoint at a watermark, take part in weight-sync epoch `sync` (a subscriber:
     every rank is a member of the sync group). Decided once, by the leader (`after_ticket`, a
-    rollback, a `Sync` order), and followed by every rank (`follow`)."""
+    rollback, a `Sync` order), and followed by every rank (`GroupSteps.follow`, steps.py)."""
 
     restore: bool = False
     publish: bool = False
@@ -105,9 +108,52 @@ class GroupStep:
 SKIPPED = GroupStep()  # a ticket no rank ran (a follower was in a newer recovery epoch)
 
 
-class RankMember:
-    """The worker's data-parallel half (mixed into `Worker`): the leader's fan-out and gather, a
-    follower's shard loop."""
+@dataclass(frozen=True)
+class FollowUp:
+    """What a follower does after a step it ran at its leader's `go`: follow `step` in recovery epoch
+    `epoch`, and, when `watermark` is set, take the leader's in-order watermark first (so its
+    checkpoints fall at the same ticket)."""
+
+    step: GroupStep
+    epoch: int
+    watermark: int | None = None
+
+
+class RankGroup:
+    """This rank's part of its node's data-parallel group: the leader's fan-out and gather, a
+    follower's answers and shards. Its channels come from the worker (worker.py builds them)."""
+
+    def __init__(self, rank: int, world_size: int, rx, *, runner: NodeRunner, faults: FaultInjector, recorder,
+                 shape: Shape, outputs: Outputs, fence: Fence, node: str):
+        self.rank, self.world_size = rank, world_size
+        self._rx = rx  # shards (follower) or replies (leader)
+        self._tx: dict[int, object] = {}  # rank -> Sender: the leader's to each follower, a follower's to rank 0
+        self._replies: dict[tuple, object] = {}  # the leader's follower replies not yet gathered
+        self._accepted = None  # a follower's (shard, step) accepted, waiting for the leader's verdict
+        self._markers = 0  # steps the leader sent its followers that belong to no ticket
+        self._runner = runner
+        self._faults = faults
+        self._recorder = recorder
+        self._shape = shape
+        self._outputs = outputs  # stamps the leader's shards
+        self._fence = fence
+        self._node = node
+
+    def add_peer(self, rank: int, tx) -> None:
+        self._tx[rank] = tx
+
+    @property
+    def connected(self) -> bool:
+        """Whether this rank can reach its peers yet (the controller's `Wire` order connects them)."""
+        return bool(self._tx)
+
+    def senders(self) -> list:
+        """This rank's channels to its peers (its own from them is the worker's)."""
+        return list(self._tx.values())
+
+    def waiting(self) -> str | None:
+        """A follower's step accepted and waiting for the leader's verdict (for dumps)."""
+        return None if self._accepted is None else f"{self._accepted[0].batch_id} {self._accepted[1]}"
 
     async def lead(self, item: Item | None, step: GroupStep, *, epoch: int, shards: list | None = None,
                    marker: str = "rollback") -> bool:
@@ -118,22 +164,22 @@ class RankMember:
         from flowrl.transport import Batch
 
         route = dict(batch_id=item.batch_id, attempt=item.attempt, index=item.index, epoch=epoch) if item is not None \
-            else dict(batch_id=f"{marker}-{epoch}-{self.markers}", attempt=0, index=-1, epoch=epoch)
-        self.markers += item is None
+            else dict(batch_id=f"{marker}-{epoch}-{self._markers}", attempt=0, index=-1, epoch=epoch)
+        self._markers += item is None
         key = (route["batch_id"], route["attempt"])
-        for k in [k for k in self.rank_replies if k[:2] != key]:
-            del self.rank_replies[k]  # answers to work the leader gave up on (an older attempt)
-        for r, tx in self.rank_tx.items():
+        for k in [k for k in self._replies if k[:2] != key]:
+            del self._replies[k]  # answers to work the leader gave up on (an older attempt)
+        for r, tx in self._tx.items():
             if shards is not None:
-                part = self.stamp(shards[r], item)
+                part = self._outputs.stamp(shards[r], item)
                 part = part.replace(meta={**shards[r].meta, "_port": item.port, "_step": step.meta()})
             else:
                 part = Batch(meta={"_step": step.meta()}, drop=(item.drop or "dropped") if item else marker, **route)
-            await self.faults.hold()
+            await self._faults.hold()
             await tx.send(part)
-        answers = [await self.rank_reply(*key, r, "accept") for r in self.rank_tx]
+        answers = [await self.rank_reply(*key, r, "accept") for r in self._tx]
         go = all(a.drop is None for a in answers)
-        for (r, tx), a in zip(self.rank_tx.items(), answers):  # the verdict, to every rank that accepted
+        for (r, tx), a in zip(self._tx.items(), answers):  # the verdict, to every rank that accepted
             if a.drop is None:
                 await tx.send(Batch(meta={"_verdict": "go" if go else "abort"}, **route))
         return go
@@ -141,21 +187,18 @@ class RankMember:
     async def run_ranks(self, item: Item, step: GroupStep, method: str):
         """Leader: shard r to rank r, shard 0 here, gather the results in rank order. Returns
         SKIPPED when a follower is in a newer recovery epoch (nobody ran the ticket)."""
-        from flowrl.runtime.worker.contract import outputs_of
-        from flowrl.runtime.worker.ranks import merge_outputs, split_groups
-
-        shards = split_groups(item.batch, self.spec.world_size)
+        shards = split_groups(item.batch, self.world_size)
         if not await self.lead(item, step, epoch=item.epoch, shards=shards):
             return SKIPPED
-        self.recorder.count("rank_samples", shards[0].num_samples, rank="0", per_node=True)
-        mine = await self.call_node(item.batch_id, self.node.process, shards[0], item.port)
-        outputs = [None if self.is_sink else outputs_of(mine, node=self.spec.node, method=method,
-                                                        ports=self.cls.outputs)[self.cls.outputs[0]]]
-        for r in range(1, self.spec.world_size):
+        self._recorder.count("rank_samples", shards[0].num_samples, rank="0", per_node=True)
+        mine = await self._runner.call(item.batch_id, self._runner.node.process, shards[0], item.port)
+        outputs = [None if self._shape.sink else outputs_of(mine, node=self._node, method=method,
+                                                            ports=self._shape.outputs)[self._shape.outputs[0]]]
+        for r in range(1, self.world_size):
             outputs.append(await self.gather(item, r))
-        if self.is_sink:
+        if self._shape.sink:
             return None
-        return {self.cls.outputs[0]: merge_outputs(outputs)}
+        return {self._shape.outputs[0]: merge_outputs(outputs)}
 
     async def gather(self, item: Item, rank: int):
         """The result of `rank` for `item`."""
@@ -168,70 +211,69 @@ class RankMember:
         """The answer (`accept`) or result (`result`) of `rank` for one step. Replies come in any
         order (of ranks and kinds): the others are kept for their turn."""
         key = (batch_id, attempt, rank, kind)
-        got = self.rank_replies.pop(key, None)
+        got = self._replies.pop(key, None)
         while got is None:
-            msg = await self.rank_rx.recv()
-            await self.rank_rx.ack(msg)
+            msg = await self._rx.recv()
+            await self._rx.ack(msg)
             k = (msg.batch_id, msg.attempt, msg.meta.get("_rank"), msg.meta.get("_reply", "result"))
             if k == key:
                 got = msg
             elif k[:2] == key[:2]:
-                self.rank_replies[k] = msg
+                self._replies[k] = msg
         return got
 
-    async def on_shard(self, shard, rx) -> None:
+    async def on_shard(self, shard, rx) -> FollowUp | None:
         """Follower: answer the leader's step at once (accept, or a drop when this rank already left
-        the step's recovery epoch); do an accepted step when the leader's verdict says go."""
+        the step's recovery epoch); run an accepted step's shard when the leader's verdict says go, and
+        return what this rank then follows (the caller does it: `GroupSteps`, steps.py)."""
         from flowrl.transport import Batch
 
         await rx.ack(shard)
         verdict = shard.meta.get("_verdict")
         if verdict is not None:
-            pending, self.accepted = self.accepted, None
+            pending, self._accepted = self._accepted, None
             if pending is None or (pending[0].batch_id, pending[0].attempt) != (shard.batch_id, shard.attempt):
                 log.warning("verdict %s for %s, which this rank has not accepted; ignored", verdict, shard.batch_id)
             elif verdict == "go":  # every rank does it now, even one that entered a newer epoch meanwhile
-                await self.do_step(*pending)
-            return
-        if shard.epoch < self.fence.epoch:  # the leader has yet to hear of the recovery: nobody does this
-            await self.faults.hold()  # step (the new epoch replays the ticket)
-            await self.rank_tx[0].send(Batch(meta={"_rank": self.spec.rank, "_reply": "accept"}, drop=FENCED,
-                                             batch_id=shard.batch_id, attempt=shard.attempt, index=shard.index,
-                                             epoch=shard.epoch))
-            return
-        self.accepted = (shard, GroupStep.of(shard.meta.get("_step") or [False, False, None]))
-        await self.faults.hold()
-        await self.rank_tx[0].send(Batch(meta={"_rank": self.spec.rank, "_reply": "accept"}, batch_id=shard.batch_id,
-                                         attempt=shard.attempt, index=shard.index, epoch=shard.epoch))
+                return await self.do_step(*pending)
+            return None
+        if shard.epoch < self._fence.epoch:  # the leader has yet to hear of the recovery: nobody does this
+            await self._faults.hold()  # step (the new epoch replays the ticket)
+            await self._tx[0].send(Batch(meta={"_rank": self.rank, "_reply": "accept"}, drop=FENCED,
+                                         batch_id=shard.batch_id, attempt=shard.attempt, index=shard.index,
+                                         epoch=shard.epoch))
+            return None
+        self._accepted = (shard, GroupStep.of(shard.meta.get("_step") or [False, False, None]))
+        await self._faults.hold()
+        await self._tx[0].send(Batch(meta={"_rank": self.rank, "_reply": "accept"}, batch_id=shard.batch_id,
+                                     attempt=shard.attempt, index=shard.index, epoch=shard.epoch))
+        return None
 
-    async def do_step(self, shard, step: GroupStep) -> None:
-        """Follower: run the step's shard (if it has one), send the result back, then follow the step.
+    async def do_step(self, shard, step: GroupStep) -> FollowUp:
+        """Follower: run the step's shard (if it has one), send the result back; returns the step to follow.
         A rank that entered a newer recovery epoch since it accepted still makes the step's
         collectives (its leader is in them), but keeps none of its bookkeeping: no watermark, no
         checkpoint (the newer epoch's restore comes next, at the leader's word)."""
-        from flowrl.runtime.worker.contract import outputs_of
         from flowrl.transport import Batch
 
         route = dict(batch_id=shard.batch_id, attempt=shard.attempt, index=shard.index, epoch=shard.epoch)
         if shard.drop is None:
-            port = shard.meta.get("_port") or self.cls.inputs[0]
+            port = shard.meta.get("_port") or self._shape.inputs[0]
             batch = shard.replace(meta={k: v for k, v in shard.meta.items() if k not in ("_port", "_step")})
-            self.recorder.count("rank_samples", batch.num_samples, rank=str(self.spec.rank), per_node=True)
-            out = await self.call_node(shard.batch_id, self.node.process, batch, port)
-            result = None if self.is_sink else \
-                outputs_of(out, node=self.spec.node, method="process", ports=self.cls.outputs)[self.cls.outputs[0]]
-            meta = {"_rank": self.spec.rank, "_reply": "result"}
+            self._recorder.count("rank_samples", batch.num_samples, rank=str(self.rank), per_node=True)
+            out = await self._runner.call(shard.batch_id, self._runner.node.process, batch, port)
+            result = None if self._shape.sink else \
+                outputs_of(out, node=self._node, method="process", ports=self._shape.outputs)[self._shape.outputs[0]]
+            meta = {"_rank": self.rank, "_reply": "result"}
             if isinstance(result, Drop):
                 answer = Batch(meta=meta, drop=result.marker, **route)
             elif result is None:
                 answer = Batch(meta=meta, **route)
             else:
                 answer = result.replace(meta={**result.meta, **meta}, **route)
-            await self.faults.hold()
-            await self.rank_tx[0].send(answer)
-        if shard.epoch != self.fence.epoch:
-            await self.follow(GroupStep(restore=step.restore, publish=step.publish, sync=step.sync), epoch=shard.epoch)
-            return
-        if self.ordered is not None and shard.index >= 0:  # the leader's watermark: checkpoints at the same ticket
-            self.ordered.watermark = shard.index + 1
-        await self.follow(step, epoch=shard.epoch)
+            await self._faults.hold()
+            await self._tx[0].send(answer)
+        if shard.epoch != self._fence.epoch:
+            return FollowUp(GroupStep(restore=step.restore, publish=step.publish, sync=step.sync), shard.epoch)
+        # the leader's watermark: checkpoints at the same ticket
+        return FollowUp(step, shard.epoch, watermark=shard.index + 1 if shard.index >= 0 else None)

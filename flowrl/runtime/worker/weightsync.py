@@ -7,7 +7,7 @@ node, never during one; a subscriber's weights change only when a whole version 
 
     client = WeightsClient(node, publisher=True, device="cpu", secret=s, serving_dtype="bfloat16", ...)
     client.snapshot(version)                      # publisher, after each update
-    version = await client.sync(order, v, compute)  # both sides; raises WeightSyncError
+    version = await client.sync(order, v, runner)  # both sides; raises WeightSyncError
 
 What a subscriber's `weights()` returns decides how a version lands: an `nn.Module` (swapped in,
 no copy), a dict of live tensors (copied in once complete), or a callable
@@ -87,14 +87,14 @@ class WeightsClient:
             if side is not None:
                 side.close()
 
-    async def sync(self, order, version: int, compute) -> int:
+    async def sync(self, order, version: int, runner) -> int:
         """Join `order.sync_epoch` and broadcast (publisher) or receive (subscriber) one version.
-        What touches the node's weights (a first snapshot, loading a version) runs on `compute`,
-        the node's compute thread; the broadcast itself on a thread of its own."""
+        What touches the node's weights (a first snapshot, loading a version) runs on the node's
+        compute thread (`runner`, runner.py); the broadcast itself on a thread of its own."""
         with self.recorder.span("weight_sync", version=order.version):
             if self.publisher:
                 if self.pub.version is None:
-                    await compute.call(self.snapshot, version)
+                    await runner.run(self.snapshot, version)
                 sent = await anyio.to_thread.run_sync(lambda: self.pub.serve(
                     order.sync_epoch, order.world_size, timeout_s=order.timeout_s,
                     ready_timeout_s=self.ready_timeout_s))
@@ -119,7 +119,7 @@ class WeightsClient:
             self.recorder.observe("weight_sync_s", seconds, per_node=True)
         if not self.publisher:
             target = self.sub.live if self.sub.live is not None else {}
-            await compute.call(self.node.load_weights, target, received)
+            await runner.run(self.node.load_weights, target, received)
         return received
 
 

@@ -1,0 +1,86 @@
+"""The node of a node process and every call into it: on the compute thread, one at a time, with
+what the heartbeat reports (`busy`: which call runs since when).
+
+    runner = NodeRunner(compute, faults, recorder, make=lambda: cls(config, nctx))
+    await runner.build()                                    # the node as right after setup
+    out = await runner.call("t-000003", runner.node.process, batch, "in")
+    with runner.occupied("weight sync v4"): ...             # a long wait that is not a node call
+
+Why here: a call past `process_timeout_s` is a hung node; the heartbeat thread (`heartbeat.py`)
+reads `busy` to tell, so every path that keeps the node busy marks it through this one object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from flowrl.runtime.worker.compute import ComputeThread
+from flowrl.runtime.worker.faults import FaultInjector
+
+
+class NodeRunner:
+    """Owns the node instance, its call count and what it is busy with."""
+
+    def __init__(self, compute: ComputeThread, faults: FaultInjector, recorder, make: Callable[[], Any]):
+        self._compute = compute
+        self._faults = faults
+        self._recorder = recorder
+        self._make = make  # builds a fresh node (the class with its config and context)
+        self._node = None
+        self._busy: tuple[str, float] | None = None
+        self._calls = 0  # calls into the node so far: the step that faults count
+        self._failed_on: str | None = None
+
+    @property
+    def node(self):
+        return self._node
+
+    @property
+    def busy(self) -> tuple[str, float] | None:
+        """(what, since when) while the node is in a call or a long wait; read by the heartbeat thread."""
+        return self._busy
+
+    @property
+    def calls(self) -> int:
+        return self._calls
+
+    @property
+    def failed_on(self) -> str | None:
+        """The batch id of the call that raised (named on the last-error line)."""
+        return self._failed_on
+
+    async def build(self) -> None:
+        """The node as right after setup (at start, and on a rollback with nothing committed)."""
+        self._node = await self._compute.call(self._make)
+        await self._compute.call(self._node.setup)
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Runtime work that touches the node's state (a checkpoint, a snapshot): on the compute thread."""
+        return await self._compute.call(fn, *args)
+
+    @contextlib.contextmanager
+    def occupied(self, what: str) -> Iterator[None]:
+        """Mark the node busy with `what` (kept when a surrounding call already marked it)."""
+        outer, self._busy = self._busy, self._busy or (what, time.monotonic())
+        try:
+            yield
+        finally:
+            self._busy = outer
+
+    async def call(self, batch_id: str, hook: Callable[..., Any], *args: Any) -> Any:
+        """One call into the node, on its compute thread, with its faults and its `compute` span."""
+        with self.occupied(batch_id):
+            try:
+                await self._faults.on_batch(self._calls)
+                self._calls += 1
+                stall = self._faults.stall(self._calls - 1)
+                if stall:  # a wedged call: the compute thread is stuck, the loop and heartbeats go on
+                    await self._compute.call(time.sleep, stall)
+                with self._recorder.span("compute", batch_id=batch_id):
+                    return await self._compute.call(hook, *args)
+            except BaseException:
+                self._failed_on = batch_id
+                raise

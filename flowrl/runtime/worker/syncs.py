@@ -1,0 +1,87 @@
+"""Weight-sync orders in a node process: a `Sync` order runs one round (`weightsync.py`); then a
+subscriber holds the new version and the batches that waited for it go on (the version gate), and
+an observer is shown the version.
+
+    syncs.fence(order.sync_epoch)        # from the control loop, as the order arrives
+    await syncs.order(order)             # on the event queue, between two calls into the node
+    await syncs.join(sync_epoch)         # a data-parallel follower, when its leader's step says so
+
+Every rank of a data-parallel subscriber is a member of the sync group, a collective: the ranks
+join it when their leader says (a `GroupStep`), never while another rank waits for them in a step
+of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from flowrl.runtime.protocol import messages as m
+from flowrl.runtime.worker.inputs import Fence
+from flowrl.runtime.worker.ranks import GroupStep, RankGroup
+from flowrl.runtime.worker.runner import NodeRunner
+from flowrl.runtime.worker.shape import Shape
+from flowrl.runtime.worker.version import WeightVersion
+
+
+class WeightSyncs:
+    """Owns the sync orders a follower keeps until its leader's step names them."""
+
+    def __init__(self, weights, runner: NodeRunner, version: WeightVersion, fence: Fence, *, shape: Shape,
+                 ranks: RankGroup | None, report: Callable[[Any], Awaitable[None]],
+                 released: Callable[[int], Awaitable[None]]):
+        self._weights = weights  # the WeightsClient (None: this process takes no part in weight sync)
+        self._runner = runner
+        self._version = version
+        self._fence = fence
+        self._shape = shape
+        self._ranks = ranks  # this rank's data-parallel group (None: one rank)
+        self._report = report
+        self._released = released  # a subscriber's new version: the batches that waited for it go on
+        self._orders: dict = {}  # a data-parallel subscriber's follower: Sync orders by sync epoch
+        self._awaiting = None  # ... the sync epoch its leader's step named before the order came
+
+    def fence(self, sync_epoch: int) -> None:
+        """A member died (any thread): stop waiting for the members of an older sync epoch."""
+        if self._weights is not None:
+            self._weights.fence(sync_epoch)
+
+    async def order(self, order: m.Sync) -> None:
+        """A `Sync` order from the controller."""
+        if self._ranks is not None and self._shape.subscribes:
+            if self._ranks.rank > 0:  # kept until the leader's step names this sync epoch
+                self._orders = {e: o for e, o in self._orders.items() if e > order.sync_epoch - 8}
+                self._orders[order.sync_epoch] = order
+                if self._awaiting == order.sync_epoch:
+                    await self.join(order.sync_epoch)
+                return
+            if not await self._ranks.lead(None, GroupStep(sync=order.sync_epoch), epoch=self._fence.epoch,
+                                          marker="sync"):
+                return  # a rank is in a newer recovery epoch: the recovery forms a new sync epoch
+        await self.run(order)
+
+    async def join(self, sync_epoch: int) -> None:
+        """A follower's part of its leader's sync step (its own `Sync` order may come later)."""
+        order = self._orders.pop(sync_epoch, None)
+        self._awaiting = None if order is not None else sync_epoch
+        if order is not None:
+            await self.run(order)
+
+    async def run(self, order: m.Sync) -> None:
+        """One sync round; `Synced` or `SyncFailed` to the controller."""
+        try:
+            with self._runner.occupied(f"weight sync v{order.version}"):
+                received = await self._weights.sync(order, self._version.value, self._runner)
+        except Exception as e:  # noqa: BLE001 - reported; the controller forms a new epoch
+            from flowrl.weights import LayoutMismatchError
+
+            await self._report(m.SyncFailed(sync_epoch=order.sync_epoch, error=str(e)[:2000],
+                                            permanent=isinstance(e, LayoutMismatchError)))
+            return
+        if not self._shape.publishes:
+            self._version.set(received)
+        await self._report(m.Synced(version=received, sync_epoch=order.sync_epoch, **self._weights.digest()))
+        await self._released(self._version.value)
+        if self._shape.observer:
+            with self._runner.occupied(f"observe v{received}"):
+                await self._runner.run(self._runner.node.observe, received)

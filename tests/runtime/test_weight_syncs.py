@@ -1,0 +1,77 @@
+"""`WeightSyncs` (flowrl/runtime/worker/syncs.py) owns the sync orders of a node process: a
+subscriber takes the version it received and the batches that waited for it go on; a failed round
+leaves the version as it was; a data-parallel follower joins a sync only when its leader's step
+names it, whichever of the order and the step comes first."""
+
+from __future__ import annotations
+
+import anyio
+import numpy as np
+
+from flowrl.runtime.protocol import messages as m
+from flowrl.transport import Batch
+from tests.runtime.worker_kit import Rx, Tx, build, shape
+
+
+class Weights:
+    def __init__(self, fail: bool = False):
+        self.fail, self.rounds = fail, []
+
+    async def sync(self, order, version, runner):
+        self.rounds.append(order.sync_epoch)
+        if self.fail:
+            raise RuntimeError("a member left")
+        return order.version
+
+    def digest(self):
+        return {}
+
+    def fence(self, sync_epoch):
+        pass
+
+
+def _sync(version: int, sync_epoch: int = 1) -> m.Sync:
+    return m.Sync(sync_epoch=sync_epoch, version=version, rank=1, world_size=2, store=["h", 1], timeout_s=1.0)
+
+
+def test_a_subscriber_takes_the_version_and_releases_the_batches_that_waited_for_it():
+    async def main():
+        kit = await build(shape(subscribes=True), weights=Weights())
+        rx = Rx()
+        await kit.path.on_arrival(("in", Batch(tensors={"x": np.arange(2)}, batch_id="t-1", min_version=2), rx))
+        assert rx.acked == [] and kit.runner.node.seen == []  # held by the version gate
+        await kit.syncs.order(_sync(2))
+        assert kit.version.value == 2 and kit.runner.node.seen == ["t-1"] and rx.acked == ["t-1"]
+        assert [type(r).__name__ for r in kit.reports] == ["Synced"]
+        kit.close()
+
+    anyio.run(main)
+
+
+def test_a_failed_sync_keeps_the_version_and_says_so():
+    async def main():
+        kit = await build(shape(subscribes=True), weights=Weights(fail=True))
+        await kit.syncs.order(_sync(3))
+        assert kit.version.value == 0 and kit.runner.busy is None
+        (failed,) = kit.reports
+        assert isinstance(failed, m.SyncFailed) and "a member left" in failed.error
+        kit.close()
+
+    anyio.run(main)
+
+
+def test_a_follower_joins_a_sync_when_its_leaders_step_names_it_in_either_order():
+    async def main():
+        weights = Weights()
+        kit = await build(shape(subscribes=True), weights=weights, rank=1, world_size=2, peers={0: Tx()})
+        await kit.syncs.order(_sync(4, sync_epoch=5))  # the order first: kept
+        assert weights.rounds == []
+        await kit.syncs.join(5)  # the leader's step: now
+        assert weights.rounds == [5] and kit.version.value == 4
+        await kit.syncs.join(6)  # the step first: waits for the order
+        assert weights.rounds == [5]
+        await kit.syncs.order(_sync(5, sync_epoch=6))
+        assert weights.rounds == [5, 6] and kit.version.value == 5
+        kit.close()
+
+    anyio.run(main)
