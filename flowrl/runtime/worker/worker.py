@@ -98,11 +98,17 @@ class Worker:
         self.wired = False
         self.t_start = time.monotonic()
         self.last_metrics = 0.0
-        # A consumer that dies is restarted by the controller; until then senders wait rather
-        # than fail (the supervision deadline, not the channel, decides when a node is lost).
-        self.peer_timeout_s = spec.peer_timeout_s
-        # every data channel of the run proves this (a stray local process cannot join a link)
-        self.channel_secret = spec.secret.encode() if spec.secret else None
+
+    @property
+    def peer_timeout_s(self) -> float:
+        """A consumer that dies is restarted by the controller; until then senders wait rather than
+        fail (the supervision deadline, not the channel, decides when a node is lost)."""
+        return self.spec.peer_timeout_s
+
+    @property
+    def channel_secret(self) -> bytes | None:
+        """What every data channel of the run proves (a stray local process cannot join a link)."""
+        return self.spec.secret.encode() if self.spec.secret else None
 
     @property
     def busy(self) -> tuple[str, float] | None:
