@@ -1,4 +1,4 @@
-"""The `flowrl` command: run | check | report | status | export.
+"""The `flowrl` command: run | check | report | status | scale | export.
 
     flowrl check graphs/ppo.yaml
     flowrl run graphs/ppo.yaml schedule.steps=20

@@ -85,3 +85,45 @@ def test_no_runtime_module_is_over_400_lines():
     long = {str(p.relative_to(ROOT)): n for p in (ROOT / "flowrl" / "runtime").rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 400}
     assert long == {}, "split these modules (docs/architecture.md says which part owns what)"
+
+
+def _attributes(cls) -> set[str]:
+    """What a class holds: the `self.X` it assigns anywhere, and its annotated class fields."""
+    import ast
+
+    names = set()
+    for node in ast.walk(cls):
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for e in ast.walk(target):
+                    if (isinstance(e, ast.Attribute) and isinstance(e.ctx, ast.Store)
+                            and isinstance(e.value, ast.Name) and e.value.id == "self"):
+                        names.add(e.attr)
+    names.update(n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name))
+    return names
+
+
+# A record, not a component: what one process is told before it starts (a flat JSON document,
+# written by the controller's Wiring, read once by the worker); it holds no behaviour.
+RECORDS = {"flowrl/runtime/protocol/procspec.py:ProcSpec"}
+
+
+def test_no_runtime_class_holds_more_than_15_attributes():
+    """A class that holds more is several components sharing state (docs/architecture.md)."""
+    import ast
+
+    big = {}
+    for path in (ROOT / "flowrl" / "runtime").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = f"{path.relative_to(ROOT)}:{node.name}" if isinstance(node, ast.ClassDef) else None
+            if name and name not in RECORDS and len(names := _attributes(node)) > 15:
+                big[name] = len(names)
+    assert big == {}
+
+
+def test_the_attribute_count_sees_assignments_tuples_and_fields():
+    import ast
+
+    cls = ast.parse("class A:\n    x: int\n    def f(self):\n        self.a, self.b = 1, 2\n        self.c += 1\n"
+                    "        other.d = 3\n").body[0]
+    assert _attributes(cls) == {"x", "a", "b", "c"}
