@@ -8,6 +8,7 @@ import pytest
 
 from flowrl.graph.spec import RecoverySpec
 from flowrl.runtime.controller.recovery import Recovery, RecoveryBook
+from flowrl.runtime.controller.procs import Removal
 from flowrl.runtime.controller.roles import Roles
 from flowrl.runtime.controller.scheduler import Scheduler
 from flowrl.runtime.protocol import messages as m
@@ -90,7 +91,7 @@ def test_a_removed_replica_is_not_waited_for(tmp_path):
     anyio.run(rec.begin, "actor/0/0 exited")
     rec.entered(procs.procs["actor/0/0"], 1)
     rec.entered(procs.procs["src/0/0"], 1)
-    procs.procs["log/0/0"].retired = True
+    procs.procs["log/0/0"].removed = Removal()
     assert anyio.run(rec.watch) == (True, None) and not rec.active
 
 

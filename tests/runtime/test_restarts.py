@@ -60,7 +60,7 @@ def test_a_dead_rank_takes_its_rank_group_down_and_they_restart_together_on_a_ne
     assert r.down() == [(dead, "exited")]
     assert r.on_down(dead, "exited") is True and fails.why == []
     assert mate.handle.stopped == 0.5 and mate.down_since is not None and not mate.ready
-    assert mate.restart_at == dead.restart_at is not None, "they start again together"
+    assert mate.restart.at == dead.restart.at is not None, "they start again together"
     assert mate.spec.env["MASTER_PORT"] == dead.spec.env["MASTER_PORT"] and other.spec.env == {}
     assert other.handle.stopped is None, "another replica goes on"
     led.flush()
@@ -79,7 +79,7 @@ def test_a_restart_is_the_next_incarnation_from_its_start_point(tmp_path):
     p = procs.procs["rollout/0/0"]
     r.on_down(p, "exited")
     assert r.due() == [], "its backoff (1 s) has not passed"
-    p.restart_at = 0.0  # its backoff passed
+    p.restart.at = 0.0  # its backoff passed
     (due,) = r.due()
     r.restart(due)
     assert p.spec.incarnation == 1 and prepared == ["rollout/0/0"] and launcher.started == ["rollout.0.0"]

@@ -10,6 +10,7 @@ import pytest
 from flowrl.graph import load_graph
 from flowrl.graph.spec import WeightSyncSpec
 from flowrl.runtime.controller.report import RunReport
+from flowrl.runtime.controller.procs import Removal
 from flowrl.runtime.controller.roles import Roles
 from flowrl.runtime.controller.scaling import Retirement, ScaleError, scale
 from flowrl.runtime.controller.weightorders import SyncGroup
@@ -41,7 +42,7 @@ def test_a_removed_replica_is_forgotten_once_gone_and_stopped_by_pid_if_it_outst
     gone.handle = Handle()
     anyio.run(ret.retire, gone, Outbox())
     assert ret.grace_s() == 35.0, "its sync timeout, then its stop timeout"
-    t0 = gone.retired_at
+    t0 = gone.removed.at
     ret.reap(now=t0 + 35.0)
     assert gone.handle.signals == [] and "rollout/1/0" in procs.procs
     ret.reap(now=t0 + 36.0)
@@ -58,7 +59,7 @@ def test_a_replica_added_again_displaces_its_predecessor_which_is_reaped_apart(t
     procs, sync, ret = parts(tmp_path)
     old = procs.procs["rollout/1/0"]
     old.handle = Handle()
-    old.retired = True
+    old.removed = Removal()
     ret.displace(old)
     assert old.handle.signals == [signal.SIGKILL] and "rollout/1/0" not in procs.procs and old not in sync.members
     assert ret.retiring == [old]

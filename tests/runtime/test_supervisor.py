@@ -10,8 +10,8 @@ SUPERVISION = SimpleNamespace(deadline_s=4.0, startup_timeout_s=60.0, process_ti
 
 def proc(**state):
     running = SimpleNamespace(poll=lambda: None)
-    return SimpleNamespace(**{"restart_at": None, "down_since": None, "handle": running, "ready": True, "error": None,
-                              "started_at": 0.0, "last_seen": 100.0, "busy": None, **state})
+    return SimpleNamespace(**{"restart": SimpleNamespace(at=None), "down_since": None, "handle": running, "ready": True,
+                              "error": None, "started_at": 0.0, "last_seen": 100.0, "busy": None, **state})
 
 
 def test_a_ready_process_is_hung_once_its_last_heartbeat_is_older_than_the_deadline(tmp_path):

@@ -4,6 +4,7 @@ formed of, when a new one forms, what is ordered, and when failures end the run.
 import anyio
 
 from flowrl.graph.spec import WeightSyncSpec
+from flowrl.runtime.controller.procs import Removal
 from flowrl.runtime.controller.roles import Roles
 from flowrl.runtime.controller.weightorders import SyncGroup
 from flowrl.runtime.protocol import messages as m
@@ -127,7 +128,7 @@ def test_a_removed_member_is_dropped_and_never_a_candidate(tmp_path):
     g, procs, out, _ = group(tmp_path)
     anyio.run(lambda: g.form(0))
     gone = procs.procs["rollout/1/0"]
-    gone.retired = True
+    gone.removed = Removal()
     assert gone not in g.candidates()
     g.drop(gone)
     assert gone not in g.members

@@ -16,26 +16,45 @@ from flowrl.runtime.protocol.procspec import ProcSpec
 
 
 @dataclass
+class Restart:
+    """Its restart budget (supervisor.py): restarts so far, when the next one is due (backoff),
+    and the previous incarnation's error (type, message, file, line, ticket)."""
+
+    count: int = 0
+    at: float | None = None
+    signature: tuple | None = None
+
+
+@dataclass
+class Removal:
+    """Removed by `flowrl scale`: stopping, not a failure."""
+
+    at: float | None = None  # when (it is stopped by PID if it outstays its grace)
+    terminated: bool = False  # it outstayed its grace and got SIGTERM
+
+
+@dataclass
 class Proc:
     spec: ProcSpec
     handle: ProcessHandle | None = None
+    pid: int | None = None
+    store_port: int | None = None  # publishers: their TCPStore
+    first_incarnation: int = 0  # a replica added again while its removed predecessor still ran starts above it
+    # seen from its messages
     ready: bool = False
     wired: bool = False
     started_at: float = 0.0
     last_seen: float = 0.0
-    restarts: int = 0
-    restart_at: float | None = None  # scheduled restart time (backoff)
-    error: "NodeFailure | None" = None  # last error the process reported
-    last_signature: tuple | None = None  # the previous incarnation's error (type, message, file, line, ticket)
     busy: tuple | None = None  # (batch_id, seconds) inside one node call, from the heartbeat thread
-    retired: bool = False  # removed by `flowrl scale`: stopping, not a failure
-    retired_at: float | None = None  # when it was removed (it is stopped by PID if it outstays its grace)
-    terminated: bool = False  # a removed process that outstayed its grace got SIGTERM
-    first_incarnation: int = 0  # a replica added again while its removed predecessor still ran starts above it
+    error: "NodeFailure | None" = None  # last error the process reported
     version: int = -1  # weights version it holds (subscribers)
-    store_port: int | None = None  # publishers: their TCPStore
-    pid: int | None = None
     down_since: float | None = None
+    restart: Restart = field(default_factory=Restart)
+    removed: Removal | None = None
+
+    @property
+    def retired(self) -> bool:
+        return self.removed is not None
 
     @property
     def id(self) -> str:

@@ -190,7 +190,7 @@ class Recovery:
         self.waiting = {p.id for p in self.procs if not p.retired}  # removed replicas never enter it
         self.started = self.last_order = self.clock()
         for proc in self.procs:
-            if proc.ready and proc.down_since is None and proc.restart_at is None:
+            if proc.ready and proc.down_since is None and proc.restart.at is None:
                 await self.send(proc, self.order_for(proc))
         return epoch
 
@@ -243,6 +243,6 @@ class Recovery:
         if now - self.last_order > self.section.epoch_resend_s:
             self.last_order = now
             for proc in missing:
-                if proc.wired and proc.down_since is None and proc.restart_at is None:
+                if proc.wired and proc.down_since is None and proc.restart.at is None:
                     await self.send(proc, self.order_for(proc))
         return False, None

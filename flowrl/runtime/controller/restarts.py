@@ -86,7 +86,7 @@ class Restarts:
                 p.ready = p.wired = False
                 p.down_since = time.monotonic()
                 self.ledger.record(NodeDown(attempt=p.spec.incarnation, node=p.id, why=f"its rank group lost {proc.id}"))
-            p.restart_at = proc.restart_at
+            p.restart.at = proc.restart.at
 
     def restart(self, proc: Proc) -> None:
         """Start `proc`'s next incarnation (moved off its host first when that host is lost)."""

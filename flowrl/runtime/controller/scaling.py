@@ -33,7 +33,7 @@ from typing import Awaitable, Callable
 
 from flowrl.errors import FlowrlError
 from flowrl.runtime.controller.control import ControlFile, ControlFileError
-from flowrl.runtime.controller.procs import Proc, ProcTable
+from flowrl.runtime.controller.procs import Proc, ProcTable, Removal
 from flowrl.runtime.controller.report import RunReport
 from flowrl.runtime.controller.roles import Roles
 from flowrl.runtime.controller.weightorders import SyncGroup
@@ -70,7 +70,7 @@ class Retirement:
         return self.sync.timeout_s() + self.stop_timeout_s
 
     async def retire(self, proc: Proc, send: Send) -> None:
-        proc.retired, proc.retired_at = True, time.monotonic()
+        proc.removed = Removal(at=time.monotonic())
         await send(proc, m.Stop())  # not there (restarting)? it gets Stop at its READY
 
     def reap(self, now: float | None = None) -> None:
@@ -78,14 +78,15 @@ class Retirement:
         and SIGKILL stop_timeout_s later (by PID)."""
         now = time.monotonic() if now is None else now
         for proc in [p for p in self.procs if p.retired] + list(self.retiring):
+            removal = proc.removed or Removal()  # a displaced one was removed before
             if proc.handle is not None and proc.alive:
-                late = now - (proc.retired_at or now) - self.grace_s()
+                late = now - (removal.at or now) - self.grace_s()
                 if late > self.stop_timeout_s:
                     proc.handle.signal(signal.SIGKILL)
-                elif late > 0 and not proc.terminated:
-                    log.warning("%s was removed %.0f s ago and has not stopped: SIGTERM", proc.id, now - proc.retired_at)
+                elif late > 0 and not removal.terminated:
+                    log.warning("%s was removed %.0f s ago and has not stopped: SIGTERM", proc.id, now - removal.at)
                     proc.handle.signal(signal.SIGTERM)
-                    proc.terminated = True
+                    removal.terminated = True
                 continue
             self.sync.drop(proc)
             if proc in self.retiring:

@@ -13,7 +13,8 @@ on (their state was restored to that checkpoint) and issues those tickets again.
 
 A ticket whose drop marker asks to be replaced (`flowrl.Drop(..., replace=True)`: a DAPO filter
 holds its groups for a later batch) extends the run by one ticket once it completes, so the run
-still makes `steps` training updates; at most `max_replaced` tickets are added per run.
+still makes `steps` training updates; at most `max_replaced` tickets are added per run
+(`Replacements`, replacements.py, owns that count).
 
 Memory and per-call cost are O(open tickets): consumption per sink is an `IndexSet` (a watermark
 plus the few above it), and complete tickets are forgotten. Pure bookkeeping: no sockets, no
@@ -22,19 +23,17 @@ processes; the controller drives it and every event goes to the ledger.
 
 from __future__ import annotations
 
-import logging
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from flowrl.errors import FlowrlError
+from flowrl.runtime.controller.replacements import Replacements
 from flowrl.runtime.protocol.indexset import IndexSet
-from flowrl.runtime.protocol.ledger import (DuplicateDropped, Ledger, ReplaceRefused, ReplaceUndone, RolledBack,
-                                            TicketCompleted, TicketConsumed, TicketDropped, TicketIssued,
-                                            TicketReissued, TicketReplaced, net_consumption)
+from flowrl.runtime.protocol.ledger import (DuplicateDropped, Ledger, RolledBack, TicketCompleted, TicketConsumed,
+                                            TicketDropped, TicketIssued, TicketReissued, net_consumption)
 from flowrl.node import Ticket, is_replace
-
-log = logging.getLogger("flowrl.scheduler")
 
 
 class TicketExhausted(FlowrlError):
@@ -44,6 +43,18 @@ class TicketExhausted(FlowrlError):
         self.batch_id, self.index, self.attempts, self.reason = batch_id, index, attempts, reason
         super().__init__(f"ticket {batch_id} (index {index}) was issued {attempts} times and is still not "
                          f"consumed by every sink (last re-issue: {reason})")
+
+
+@dataclass(frozen=True)
+class TicketLimits:
+    """The run's fixed schedule: `steps` updates (before replacements), `batch_size` per ticket,
+    staleness bound `max_staleness`, and when a ticket is re-issued or gives up."""
+
+    steps: int
+    batch_size: int
+    max_staleness: int
+    ticket_timeout_s: float
+    max_attempts: int
 
 
 @dataclass
@@ -59,12 +70,10 @@ class Scheduler:
     def __init__(self, *, steps: int, batch_size: int, max_staleness: int, sinks: list[str],
                  ticket_timeout_s: float, ledger: Ledger, run_id: str = "t", stateful_sinks=(),
                  max_attempts: int = 10, epoch: Callable[[], int] = lambda: 0, max_replaced: int | None = None):
-        self.base_steps, self.batch_size, self.k = steps, batch_size, max_staleness
-        self.max_replaced = 10 * steps if max_replaced is None else max_replaced
+        self.limits = TicketLimits(steps=steps, batch_size=batch_size, max_staleness=max_staleness,
+                                   ticket_timeout_s=ticket_timeout_s, max_attempts=max_attempts)
         self.sinks = list(sinks)
         self.stateful_sinks = set(stateful_sinks)
-        self.ticket_timeout_s = ticket_timeout_s
-        self.max_attempts = max_attempts
         self.ledger = ledger
         self.run_id = run_id
         self._epoch = epoch  # the recovery epoch is the recovery book's: asked, never kept here
@@ -74,12 +83,8 @@ class Scheduler:
         self.complete = IndexSet()
         self.open: dict[int, TicketState] = {}
         self.attempts: dict[int, int] = {}  # last attempt of indices issued before a rollback
-        # replaced tickets: sinks that got a replace marker (open tickets), then the completed ones
-        # above the last commit (a rollback may undo them) and a count of those below it
-        self.replace_marks: dict[int, set[str]] = {}
-        self.replaced: dict[int, set[str]] = {}
-        self.replaced_below = 0
-        self.replace_refused = 0
+        self.replacements = Replacements(limit=10 * steps if max_replaced is None else max_replaced,
+                                         ledger=ledger, batch_id=self.batch_id)
         self.issued_end = 0  # one past the highest index ever issued (the end may shrink in a rollback)
 
     # ids ------------------------------------------------------------------------------------
@@ -104,7 +109,24 @@ class Scheduler:
     @property
     def steps(self) -> int:
         """Tickets the run issues: `steps` plus one per replaced ticket."""
-        return self.base_steps + self.replaced_below + len(self.replaced)
+        return self.base_steps + self.replacements.added
+
+    @property
+    def base_steps(self) -> int:
+        return self.limits.steps
+
+    @base_steps.setter
+    def base_steps(self, steps: int) -> None:  # tests move the run's end by hand
+        self.limits = dataclasses.replace(self.limits, steps=steps)
+
+    @property
+    def max_replaced(self) -> int:
+        return self.replacements.limit
+
+    @property
+    def replace_refused(self) -> int:
+        """Replace drops past `max_replaced` (plain drops: the run makes fewer updates)."""
+        return self.replacements.refused
 
     @property
     def epoch(self) -> int:
@@ -130,13 +152,15 @@ class Scheduler:
 
     def _ticket(self, index: int) -> Ticket:
         return Ticket(batch_id=self.batch_id(index), index=index, attempt=self.open[index].attempt,
-                      min_policy_version=max(0, index - self.k), size=self.batch_size, epoch=self.epoch)
+                      min_policy_version=max(0, index - self.limits.max_staleness), size=self.limits.batch_size,
+                      epoch=self.epoch)
 
     # issuing --------------------------------------------------------------------------------
     def issuable(self) -> list[Ticket]:
         """Tickets that may go out now (and are recorded as issued)."""
         out = []
-        while self.next_index < self.steps and self.version >= self.next_index - self.k:
+        k = self.limits.max_staleness
+        while self.next_index < self.steps and self.version >= self.next_index - k:
             i = self.next_index
             self.next_index += 1
             self.issued_end = max(self.issued_end, self.next_index)
@@ -146,7 +170,7 @@ class Scheduler:
             state = TicketState(attempt=0 if previous is None else previous + 1, issued_at=time.monotonic())
             self.open[i] = state
             if previous is None:
-                self.ledger.record(TicketIssued(batch_id=self.batch_id(i), index=i, min_version=max(0, i - self.k)))
+                self.ledger.record(TicketIssued(batch_id=self.batch_id(i), index=i, min_version=max(0, i - k)))
             else:
                 state.reason = "rollback"
                 self.ledger.record(TicketReissued(batch_id=self.batch_id(i), attempt=state.attempt, reason="rollback"))
@@ -155,7 +179,7 @@ class Scheduler:
 
     def _again(self, i: int, reason: str, now: float) -> Ticket:
         state = self.open[i]
-        if state.attempt + 1 >= self.max_attempts:
+        if state.attempt + 1 >= self.limits.max_attempts:
             raise TicketExhausted(self.batch_id(i), i, state.attempt + 1, reason)
         state.attempt += 1
         state.issued_at = now
@@ -172,7 +196,7 @@ class Scheduler:
         """Open tickets older than the timeout, re-issued (a lost message, a stuck node)."""
         now = time.monotonic() if now is None else now
         return [self._again(i, "timeout", now) for i in sorted(self.open)
-                if now - self.open[i].issued_at > self.ticket_timeout_s]
+                if now - self.open[i].issued_at > self.limits.ticket_timeout_s]
 
     def restart_clock(self) -> None:
         """Open tickets count their timeout from now (after a pause in which nothing could move)."""
@@ -193,32 +217,18 @@ class Scheduler:
             replace = is_replace(dropped_by)
             self.ledger.record(TicketDropped(batch_id=bid, attempt=attempt, node=sink, by=dropped_by, replace=replace))
             if replace:
-                self.replace_marks.setdefault(index, set()).add(sink)
+                self.replacements.mark(index, sink)
         else:
             self.ledger.record(TicketConsumed(batch_id=bid, attempt=attempt, node=sink, **extra))
         if all(index in s for s in self.consumed_by.values()):
             self.complete.add(index)
             self.open.pop(index, None)
             self.ledger.record(TicketCompleted(batch_id=bid, attempt=attempt))
-            self._maybe_replace(index, attempt)
+            self.replacements.completed(index, attempt, self.base_steps)
             for i in [i for i in self.attempts if i < self.complete.low]:
                 del self.attempts[i]
             return True
         return False
-
-    def _maybe_replace(self, index: int, attempt: int) -> None:
-        sinks = self.replace_marks.pop(index, None)
-        if not sinks:
-            return
-        if self.replaced_below + len(self.replaced) >= self.max_replaced:
-            self.replace_refused += 1
-            self.ledger.record(ReplaceRefused(batch_id=self.batch_id(index), attempt=attempt, limit=self.max_replaced))
-            log.warning("ticket %s was dropped with replace=True but schedule.max_replaced=%d tickets were added "
-                        "already: it is not replaced, so the run makes one update fewer", self.batch_id(index),
-                        self.max_replaced)
-            return
-        self.replaced[index] = sinks
-        self.ledger.record(TicketReplaced(batch_id=self.batch_id(index), attempt=attempt, steps=self.steps))
 
     def consumed_above(self, sink: str, n: int) -> list[int]:
         """Tickets >= n that sink node `sink` already has (to tell a restarted sink)."""
@@ -235,13 +245,7 @@ class Scheduler:
         for sink in self.stateful_sinks:
             for i in self.consumed_by[sink].truncate(step):
                 self.ledger.record(RolledBack(batch_id=self.batch_id(i), node=sink, reason=reason))
-        for i in [i for i in self.replaced if i >= step]:  # replaced again if they drop again
-            self.replace_marks[i] = self.replaced.pop(i)
-            self.ledger.record(ReplaceUndone(batch_id=self.batch_id(i), reason=reason))
-        for i in [i for i in self.replace_marks if i >= step]:
-            self.replace_marks[i] -= self.stateful_sinks
-            if not self.replace_marks[i]:
-                del self.replace_marks[i]
+        self.replacements.rollback(step, self.stateful_sinks, reason)
         self.complete.truncate(step)
         for i, state in self.open.items():
             self.attempts[i] = max(self.attempts.get(i, 0), state.attempt)
@@ -254,17 +258,14 @@ class Scheduler:
     def state_dict(self, step: int) -> dict:
         """What the checkpoint at `step` needs beyond the node states: small. Tickets below `step`
         are complete: the ones replaced there count from now on as a number."""
-        for i in [i for i in self.replaced if i < step]:
-            del self.replaced[i]
-            self.replaced_below += 1
-        return {"version": self.version, "replaced_below": self.replaced_below,
+        return {"version": self.version, "replaced_below": self.replacements.commit(step),
                 "stateless_consumed": {s: self.consumed_by[s].above(self.complete.low)
                                        for s in self.sinks if s not in self.stateful_sinks}}
 
     def resume(self, step: int, version: int, ledger_rows: list[dict], replaced_below: int = 0) -> None:
         """Continue a run from its checkpoint at `step`: tickets below it are complete; what
         stateless sinks consumed from `step` on stays consumed; stateful sinks' is rolled back."""
-        self.replaced_below, self.replaced, self.replace_marks = replaced_below, {}, {}
+        self.replacements.resume(replaced_below)
         self.issued_end = step
         self.complete = IndexSet(step)
         for s in self.sinks:
@@ -276,14 +277,12 @@ class Scheduler:
                 continue
             if event == "dropped" and row.get("replace") and node in self.consumed_by \
                     and node not in self.stateful_sinks:
-                self.replace_marks.setdefault(i, set()).add(node)
+                self.replacements.mark(i, node)
             if event in ("replaced", "replace_undone"):
                 undo[i] = undo.get(i, 0) + (1 if event == "replaced" else -1)
             if event in ("issued", "reissued"):
                 self.attempts[i] = max(self.attempts.get(i, 0), row.get("attempt", 0))
-        for i, n in sorted(undo.items()):
-            if n > 0:
-                self.ledger.record(ReplaceUndone(batch_id=self.batch_id(i), reason="resume"))
+        self.replacements.undone_on_resume(i for i, n in undo.items() if n > 0)
         held = sorted((node, i) for (bid, node), n in net_consumption(ledger_rows).net.items()
                       if n > 0 and node in self.consumed_by and (i := self._index_in(bid)) is not None and i >= step)
         for node, i in held:
@@ -295,7 +294,7 @@ class Scheduler:
         while i < self.steps:  # a replaced ticket adds one to `steps`
             if all(i in s for s in self.consumed_by.values()):
                 self.complete.add(i)
-                self._maybe_replace(i, 0)
+                self.replacements.completed(i, 0, self.base_steps)
             i += 1
         self.next_index = step
         self.version = version

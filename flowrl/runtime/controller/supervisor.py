@@ -52,7 +52,7 @@ class Supervisor:
         now = time.monotonic() if now is None else now
         down = []
         for proc in procs:
-            if proc.restart_at is not None or proc.down_since is not None or proc.handle is None:
+            if proc.restart.at is not None or proc.down_since is not None or proc.handle is None:
                 continue
             code = proc.handle.poll()
             if code is not None:
@@ -78,25 +78,25 @@ class Supervisor:
         proc.busy = None
         policy = self.policies[proc.spec.node]
         signature = proc.error.signature() if proc.error else None
-        if signature is not None and signature == proc.last_signature:
+        if signature is not None and signature == proc.restart.signature:
             return (f"{why} ({exit_text}) with the same error at the same ticket as its previous incarnation: "
                     "a deterministic bug in the node, so it is not restarted again")
-        proc.last_signature = signature
+        proc.restart.signature = signature
         if policy.policy == "fail":
             return f"{why} ({exit_text}); its failure policy is `fail`"
-        if proc.restarts >= policy.max_restarts:
+        if proc.restart.count >= policy.max_restarts:
             return (f"{why} ({exit_text}) and has used its restart budget of {policy.max_restarts}; "
                     f"raise nodes.{proc.spec.node}.on_failure.max_restarts or fix the node")
-        proc.restarts += 1
-        proc.restart_at = time.monotonic() + policy.backoff_s * (2 ** (proc.restarts - 1))
-        log.warning("%s %s (%s); restart %d/%d", proc.id, why, exit_text, proc.restarts, policy.max_restarts)
+        proc.restart.count += 1
+        proc.restart.at = time.monotonic() + policy.backoff_s * (2 ** (proc.restart.count - 1))
+        log.warning("%s %s (%s); restart %d/%d", proc.id, why, exit_text, proc.restart.count, policy.max_restarts)
         return "restart"
 
     def due(self, procs, now: float | None = None) -> list[Proc]:
         now = time.monotonic() if now is None else now
-        out = [p for p in procs if p.restart_at is not None and now >= p.restart_at]
+        out = [p for p in procs if p.restart.at is not None and now >= p.restart.at]
         for p in out:
-            p.restart_at = None
+            p.restart.at = None
         return out
 
     def describe(self, proc: Proc, why: str) -> str:
