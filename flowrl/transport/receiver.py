@@ -58,7 +58,7 @@ from flowrl.transport.errors import AddressInUse, BrokenChannel, ChannelClosed, 
 from flowrl.transport.flow import CreditPool
 from flowrl.transport.gate import Gate
 from flowrl.transport.stats import ChannelStats
-from flowrl.transport.tasks import ChannelTasks
+from flowrl.transport.tasks import ChannelTasks, TaskOwner
 
 log = logging.getLogger("flowrl.transport")
 ACK_DELAY_S = 0.002  # acknowledgements wait at most this long to travel together
@@ -92,7 +92,7 @@ class _Peer:
         self.dirty = True                  # a status is owed
 
 
-class Receiver:
+class Receiver(TaskOwner):
     """Consumer end of one channel; see the module docstring."""
 
     def __init__(self, config: ChannelConfig | None = None, *, name: str = "channel",
@@ -245,17 +245,6 @@ class Receiver:
             self._state = "closed"
             self._notify()
 
-    async def __aenter__(self) -> "Receiver":
-        await self._work.enter()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> bool | None:
-        try:
-            await self.aclose()
-        except BaseException as e:
-            await self._work.exit(type(e), e, e.__traceback__)
-            raise
-        return await self._work.exit(*exc)
 
     # ------------------------------------------------------------------------------- incoming
     def _on_messages(self, msgs: list) -> None:

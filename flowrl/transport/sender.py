@@ -26,7 +26,6 @@ import asyncio
 import logging
 import secrets
 import time
-from typing import Any
 
 import anyio
 import zmq
@@ -41,7 +40,7 @@ from flowrl.transport.pick import endpoint_for
 from flowrl.transport.errors import BrokenChannel, ChannelClosed, DecodeError
 from flowrl.transport.link import ENV_ALLOWANCE, Entry, Link
 from flowrl.transport.stats import ChannelStats
-from flowrl.transport.tasks import ChannelTasks
+from flowrl.transport.tasks import ChannelTasks, TaskOwner
 
 log = logging.getLogger("flowrl.transport")
 SHM_HEADER_ALLOWANCE = 64  # bytes a shared-memory reference [id, fd, used] adds to a header, at most
@@ -49,7 +48,7 @@ SHM_DESC_ALLOWANCE = 8  # ... and a tensor's `shm: offset` over its `frame: i`
 SHM_WAIT_S = 0.05  # how long a batch waits for a shared-memory block to come back
 
 
-class Sender:
+class Sender(TaskOwner):
     """Producer end of one channel; see the module docstring."""
 
     def __init__(self, config: ChannelConfig | None = None, *, name: str = "channel",
@@ -200,17 +199,6 @@ class Sender:
         self._notify()
         await self._work.aclose()
 
-    async def __aenter__(self) -> "Sender":
-        await self._work.enter()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> bool | None:
-        try:
-            await self.aclose()
-        except BaseException as e:
-            await self._work.exit(type(e), e, e.__traceback__)
-            raise
-        return await self._work.exit(*exc)
 
     # ------------------------------------------------------------------------------- placing
     async def _place(self, entry: Entry, resend: bool) -> bool:

@@ -115,3 +115,25 @@ class ChannelTasks:
         if self._running:
             with anyio.CancelScope(shield=True):
                 await self._ended.wait()
+
+
+class TaskOwner:
+    """`async with` for a channel end that holds its `ChannelTasks` as `_work`: enter opens its own
+    task group (when none was given), exit closes the channel and then ends the group."""
+
+    _work: ChannelTasks
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self):
+        await self._work.enter()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        try:
+            await self.aclose()
+        except BaseException as e:
+            await self._work.exit(type(e), e, e.__traceback__)
+            raise
+        return await self._work.exit(*exc)

@@ -7,7 +7,6 @@ data-parallel PPO."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from flowrl.testing import node_state, run_graph
