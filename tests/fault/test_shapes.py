@@ -436,13 +436,17 @@ def test_a_rank_left_inside_a_collective_is_named_with_its_call_chain(tmp_path):
 
 # --- real runs ----------------------------------------------------------------------------------
 
+def run_campaign(tmp_path_factory, name: str, seeds, per_shape: int, **kw) -> dict:
+    """Every shape fault-free, then under each of its schedules; a few runs at a time. Results by
+    (shape seed, schedule id)."""
+    jobs = int(os.environ.get("FLOWRL_CHAOS_JOBS", "2"))
+    results = campaign(seeds, per_shape, tmp_path_factory.mktemp(name), jobs=jobs, features=FEATURES, **kw)
+    return {(r.shape, r.schedule): r for r in results}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Every shape fault-free, then under each of its schedules; a few runs at a time."""
-    jobs = int(os.environ.get("FLOWRL_CHAOS_JOBS", "2"))
-    results = campaign(SHAPE_SEEDS, PER_SHAPE, tmp_path_factory.mktemp("shapes"), jobs=jobs, features=FEATURES,
-                       **SMALL)
-    return {(r.shape, r.schedule): r for r in results}
+    return run_campaign(tmp_path_factory, "shapes", SHAPE_SEEDS, PER_SHAPE, **SMALL)
 
 
 @pytest.mark.timeout(3600)
@@ -461,10 +465,7 @@ def test_random_faults_on_a_random_shape_keep_exactly_once_and_state_or_fail_nam
 
 @pytest.fixture(scope="module")
 def hold_runs(tmp_path_factory):
-    jobs = int(os.environ.get("FLOWRL_CHAOS_JOBS", "2"))
-    results = campaign(HOLD_SEEDS, HOLD_PER_SHAPE, tmp_path_factory.mktemp("holds"), jobs=jobs, features=FEATURES,
-                       holds=True, **SMALL)
-    return {(r.shape, r.schedule): r for r in results}
+    return run_campaign(tmp_path_factory, "holds", HOLD_SEEDS, HOLD_PER_SHAPE, holds=True, **SMALL)
 
 
 @pytest.mark.timeout(1800)
@@ -494,10 +495,7 @@ def test_the_time_bound_comes_from_the_graphs_own_timeouts():
 
 @pytest.fixture(scope="module")
 def rank_runs(tmp_path_factory):
-    jobs = int(os.environ.get("FLOWRL_CHAOS_JOBS", "2"))
-    results = campaign(RANK_SEEDS, RANK_PER_SHAPE, tmp_path_factory.mktemp("ranks"), jobs=jobs, features=FEATURES,
-                       **RANK_KW)
-    return {(r.shape, r.schedule): r for r in results}
+    return run_campaign(tmp_path_factory, "ranks", RANK_SEEDS, RANK_PER_SHAPE, **RANK_KW)
 
 
 @pytest.mark.timeout(1800)

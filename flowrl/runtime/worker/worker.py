@@ -355,8 +355,6 @@ class Worker:
                                         line=info["line"], batch_id=batch_id, traceback=info["traceback"]))
 
 
-
-
 def handler_table(parts: Parts, *, wire, stop) -> dict:
     """What each control order does, by its type: every `controller -> node` message has one (the
     rule's test: tests/runtime/test_worker_dispatch.py)."""

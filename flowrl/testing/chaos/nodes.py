@@ -181,7 +181,7 @@ class Merge(flowrl.Join):
 
 
 class _Folding:
-    """The hash-chain state shared by `Fold` and `FoldSink`."""
+    """The hash-chain state shared by `Fold` and `FoldSink` (and, one chain per rank, `RFold`, `RFoldSink`)."""
 
     class Config(flowrl.NodeConfig):
         history: int = 100_000
@@ -191,7 +191,7 @@ class _Folding:
         self.chain, self.count, self.indices = EMPTY_CHAIN, 0, []
 
     def fold(self, batch) -> None:
-        self.chain = fold_state(self.chain, batch.batch_id, np.asarray(batch.tensors["x"]))
+        self.chain = self.next_chain(batch)
         self.count += 1
         self.indices.append(index_of(batch))
         if len(self.indices) > self.config.history:
@@ -202,6 +202,9 @@ class _Folding:
 
     def load_state_dict(self, state):
         self.chain, self.count, self.indices = state["chain"], int(state["count"]), list(state["indices"])
+
+    def next_chain(self, batch) -> str:
+        return fold_state(self.chain, batch.batch_id, np.asarray(batch.tensors["x"]))
 
 
 class Fold(_Folding, flowrl.Node):
@@ -323,33 +326,20 @@ class RMix(flowrl.Node):
         return batch.replace(tensors={"x": (x * self.config.mul + self.config.add + total) % MOD})
 
 
-class _RankFolding:
+class _RankFolding(_Folding):
     """State of a data-parallel stateful node, one per rank: a hash chain over (batch id, this rank's
     shard, every rank's shard digest, all-gathered), its count and the indices it folded. Saving it
     is a collective too (like a sharded trainer's checkpoint): it gathers every rank's count, so
     every rank must save at the same ticket."""
 
-    class Config(flowrl.NodeConfig):
-        history: int = 100_000
-
-    async def setup(self):
-        self.chain, self.count, self.indices = EMPTY_CHAIN, 0, []
-
-    def fold(self, batch) -> None:
+    def next_chain(self, batch) -> str:
         x = np.asarray(batch.tensors["x"], dtype=np.int64)
         digests = [d[0] for d in all_gather_ints(self.ctx, [shard_digest(x)])]
-        self.chain = rank_fold_state(self.chain, batch.batch_id, x, digests)
-        self.count += 1
-        self.indices.append(index_of(batch))
-        if len(self.indices) > self.config.history:
-            del self.indices[: len(self.indices) - self.config.history]
+        return rank_fold_state(self.chain, batch.batch_id, x, digests)
 
     def state_dict(self):
         counts = [c[0] for c in all_gather_ints(self.ctx, [self.count])]
-        return {"chain": self.chain, "count": self.count, "indices": list(self.indices), "counts": counts}
-
-    def load_state_dict(self, state):
-        self.chain, self.count, self.indices = state["chain"], int(state["count"]), list(state["indices"])
+        return {**super().state_dict(), "counts": counts}
 
 
 class RFold(_RankFolding, flowrl.Node):
