@@ -28,6 +28,7 @@ from flowrl.runtime.controller.procs import Proc, ProcTable
 from flowrl.runtime.controller.wiring import make_sockdir
 from flowrl.runtime.protocol import messages as m
 from flowrl.runtime.protocol.addresses import Network, bind_control, release_control
+from flowrl.runtime.protocol.checkpoints import write_json_atomic
 
 log = logging.getLogger("flowrl.controller")
 
@@ -47,12 +48,7 @@ class ControlFile:
     def write(self, run_dir: Path) -> Path:
         """Written whole (a reader never sees half a file), readable by the run's user only."""
         path = Path(run_dir) / CONTROL_FILE
-        tmp = path.with_name(f".{CONTROL_FILE}.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(asdict(self)))
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
+        write_json_atomic(path, asdict(self), mode=0o600)
         return path
 
     @classmethod

@@ -85,9 +85,12 @@ def load_state(path: Path) -> dict:
     return data
 
 
-def write_json_atomic(path: Path, record: dict) -> None:
+def write_json_atomic(path: Path, record: dict, mode: int = 0o644) -> None:
+    """Write `record` whole or not at all (a reader never sees half a file), created with `mode`
+    (0600 for a file with a secret in it: never readable by others, not even for a moment)."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    tmp.unlink(missing_ok=True)  # a leftover of a killed writer keeps its mode: start afresh
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w") as f:
         json.dump(record, f)
         f.flush()
         os.fsync(f.fileno())
