@@ -55,7 +55,7 @@ def restarts(tmp_path, *pids, policy="restart", lost=(), replan=lambda host: Non
 
 def test_a_dead_rank_takes_its_rank_group_down_and_they_restart_together_on_a_new_master_port(tmp_path):
     r, procs, launcher, fails, _, led = restarts(tmp_path, "actor/0/0", "actor/0/1", "actor/1/0")
-    dead, mate, other = procs.procs["actor/0/0"], procs.procs["actor/0/1"], procs.procs["actor/1/0"]
+    dead, mate, other = procs.get("actor/0/0"), procs.get("actor/0/1"), procs.get("actor/1/0")
     dead.handle.code = 1
     assert r.down() == [(dead, "exited")]
     assert r.on_down(dead, "exited") is True and fails.why == []
@@ -70,13 +70,13 @@ def test_a_dead_rank_takes_its_rank_group_down_and_they_restart_together_on_a_ne
 
 def test_a_node_whose_policy_is_fail_fails_the_run(tmp_path):
     r, procs, _, fails, _, _ = restarts(tmp_path, "actor/0/0", policy="fail")
-    assert r.on_down(procs.procs["actor/0/0"], "exited") is False
+    assert r.on_down(procs.get("actor/0/0"), "exited") is False
     assert len(fails.why) == 1 and "its failure policy is `fail`" in fails.why[0]
 
 
 def test_a_restart_is_the_next_incarnation_from_its_start_point(tmp_path):
     r, procs, launcher, fails, prepared, _ = restarts(tmp_path, "rollout/0/0")
-    p = procs.procs["rollout/0/0"]
+    p = procs.get("rollout/0/0")
     r.on_down(p, "exited")
     assert r.due() == [], "its backoff (1 s) has not passed"
     p.restart.at = 0.0  # its backoff passed
@@ -90,9 +90,9 @@ def test_a_process_of_a_lost_host_is_moved_first_or_the_run_fails_with_why(tmp_p
     moved = []
     r, procs, launcher, fails, prepared, _ = restarts(tmp_path, "rollout/0/0", lost={"local"},
                                                       replan=lambda host: moved.append(host))
-    r.restart(procs.procs["rollout/0/0"])
+    r.restart(procs.get("rollout/0/0"))
     assert moved == ["local"] and launcher.started == ["rollout.0.0"]
     r, procs, launcher, fails, prepared, _ = restarts(tmp_path, "rollout/0/0", lost={"local"},
                                                       replan=lambda host: f"{host} is gone and nothing fits")
-    r.restart(procs.procs["rollout/0/0"])
+    r.restart(procs.get("rollout/0/0"))
     assert launcher.started == [] and prepared == [] and fails.why == ["local is gone and nothing fits"]

@@ -41,7 +41,7 @@ def test_the_collective_timeout_is_the_longer_of_its_floor_and_the_deadlines(tmp
 
 def test_without_a_live_publisher_there_is_no_group_and_no_epoch(tmp_path):
     g, procs, out, _ = group(tmp_path)
-    procs.procs["actor/0/0"].down_since = 1.0
+    procs.get("actor/0/0").down_since = 1.0
     anyio.run(lambda: g.form(0))
     assert g.epoch == 0 and g.members == [] and out.sent == []
 
@@ -57,7 +57,7 @@ def test_a_new_epoch_forms_only_when_who_can_take_part_changed_and_never_during_
     anyio.run(lambda: g.form(0))
     anyio.run(lambda: g.follow(0, recovering=False))
     assert g.epoch == 1, "same members: no new epoch"
-    procs.procs["rollout/1/0"].down_since = 5.0
+    procs.get("rollout/1/0").down_since = 5.0
     anyio.run(lambda: g.follow(0, recovering=True))
     assert g.epoch == 1, "a recovery's end forms the epoch"
     anyio.run(lambda: g.follow(0, recovering=False))
@@ -66,13 +66,13 @@ def test_a_new_epoch_forms_only_when_who_can_take_part_changed_and_never_during_
 
 def test_a_wired_member_joins_once_no_other_member_is_still_starting(tmp_path):
     g, procs, out, _ = group(tmp_path)
-    procs.procs["rollout/1/0"].wired = False
-    anyio.run(lambda: g.joined(procs.procs["rollout/0/0"], 0))
+    procs.get("rollout/1/0").wired = False
+    anyio.run(lambda: g.joined(procs.get("rollout/0/0"), 0))
     assert g.epoch == 0, "rollout/1/0 is still starting: they join one epoch together"
-    anyio.run(lambda: g.joined(procs.procs["reward/0/0"], 0))
+    anyio.run(lambda: g.joined(procs.get("reward/0/0"), 0))
     assert g.epoch == 0, "not a weight process"
-    procs.procs["rollout/1/0"].wired = True
-    anyio.run(lambda: g.joined(procs.procs["rollout/1/0"], 0))
+    procs.get("rollout/1/0").wired = True
+    anyio.run(lambda: g.joined(procs.get("rollout/1/0"), 0))
     assert g.epoch == 1 and len(g.members) == 3
 
 
@@ -93,7 +93,7 @@ def test_orders_go_to_a_group_of_two_or_more_and_none_during_a_recovery(tmp_path
 def test_failures_of_the_current_epoch_form_new_ones_until_one_too_many_fails_the_run(tmp_path):
     g, procs, out, fails = group(tmp_path, max_failures=2)
     anyio.run(lambda: g.form(0))
-    sub = procs.procs["rollout/0/0"]
+    sub = procs.get("rollout/0/0")
     anyio.run(lambda: g.sync_failed(sub, m.SyncFailed(sync_epoch=0, error="old"), 0, recovering=False))
     assert g.epoch == 1 and g.failures == 0, "an older epoch's round: expected, not counted"
     anyio.run(lambda: g.sync_failed(sub, m.SyncFailed(sync_epoch=1, error="e"), 0, recovering=True))
@@ -108,7 +108,7 @@ def test_failures_of_the_current_epoch_form_new_ones_until_one_too_many_fails_th
 def test_a_synced_round_of_the_current_epoch_resets_the_failure_count(tmp_path):
     g, procs, out, fails = group(tmp_path)
     anyio.run(lambda: g.form(0))
-    sub = procs.procs["rollout/0/0"]
+    sub = procs.get("rollout/0/0")
     anyio.run(lambda: g.sync_failed(sub, m.SyncFailed(sync_epoch=g.epoch, error="e"), 0, recovering=False))
     assert g.failures == 1
     g.synced(sub, m.Synced(version=3, sync_epoch=g.epoch - 1))
@@ -119,7 +119,7 @@ def test_a_synced_round_of_the_current_epoch_resets_the_failure_count(tmp_path):
 
 def test_a_permanent_failure_fails_the_run_at_once(tmp_path):
     g, procs, out, fails = group(tmp_path)
-    anyio.run(lambda: g.sync_failed(procs.procs["rollout/0/0"], m.SyncFailed(sync_epoch=9, error="layout", permanent=True),
+    anyio.run(lambda: g.sync_failed(procs.get("rollout/0/0"), m.SyncFailed(sync_epoch=9, error="layout", permanent=True),
                                     0, recovering=True))
     assert len(fails.why) == 1 and "cannot take the trainer's weights: layout" in fails.why[0]
 
@@ -127,7 +127,7 @@ def test_a_permanent_failure_fails_the_run_at_once(tmp_path):
 def test_a_removed_member_is_dropped_and_never_a_candidate(tmp_path):
     g, procs, out, _ = group(tmp_path)
     anyio.run(lambda: g.form(0))
-    gone = procs.procs["rollout/1/0"]
+    gone = procs.get("rollout/1/0")
     gone.removed = Removal()
     assert gone not in g.candidates()
     g.drop(gone)

@@ -28,7 +28,7 @@ def consumed(index, attempt=0, **kw):
 
 def test_tickets_go_round_robin_to_the_ready_wired_rank_0_processes_of_each_source(tmp_path):
     d, sched, procs, out, _, _ = desk(tmp_path, "src/0/0", "src/1/0", "src/1/1", "src/2/0", k=3)
-    procs.procs["src/2/0"].wired = False  # still starting: takes nothing
+    procs.get("src/2/0").wired = False  # still starting: takes nothing
     anyio.run(lambda: d.flush(held=False, epoch=0))
     assert [(who, t.index) for who, t in out.of(m.TicketMsg)] == [("src/0/0", 0), ("src/1/0", 1), ("src/0/0", 2),
                                                                    ("src/1/0", 3)]
@@ -39,10 +39,10 @@ def test_nothing_moves_while_held_and_tickets_wait_for_a_source_that_can_take_th
     d, sched, procs, out, _, _ = desk(tmp_path, "src/0/0", k=1)
     anyio.run(lambda: d.flush(held=True, epoch=0))
     assert out.sent == [] and sched.open == {}, "held (a recovery, a failure): nothing is even issued"
-    procs.procs["src/0/0"].ready = False
+    procs.get("src/0/0").ready = False
     anyio.run(lambda: d.flush(held=False, epoch=0))
     assert out.sent == [] and [t.index for t in d.pending] == [0, 1]
-    procs.procs["src/0/0"].ready = True
+    procs.get("src/0/0").ready = True
     anyio.run(lambda: d.flush(held=False, epoch=0))
     assert [t.index for _, t in out.of(m.TicketMsg)] == [0, 1] and d.pending == []
 
@@ -50,10 +50,10 @@ def test_nothing_moves_while_held_and_tickets_wait_for_a_source_that_can_take_th
 def test_a_waiting_ticket_of_an_older_epoch_is_dropped_not_sent(tmp_path):
     epoch = [0]
     d, sched, procs, out, _, _ = desk(tmp_path, "src/0/0", epoch=lambda: epoch[0])
-    procs.procs["src/0/0"].ready = False
+    procs.get("src/0/0").ready = False
     anyio.run(lambda: d.flush(held=False, epoch=0))
     assert [t.epoch for t in d.pending] == [0]
-    procs.procs["src/0/0"].ready = True
+    procs.get("src/0/0").ready = True
     epoch[0] = 1  # a rollback began an epoch
     sched.rollback(0, 0, "test")
     anyio.run(lambda: d.flush(held=False, epoch=1))
@@ -66,7 +66,7 @@ def test_a_ticket_past_its_attempts_fails_the_run_naming_where_it_was_last_busy_
     d.seen_busy("t-000000", "mid/0/0")
     d.seen_busy("t-000005", "src/0/0")  # not an open ticket: not recorded
     assert d.where("t-000005") is None
-    procs.procs["mid/0/0"].error = NodeFailure("process", "ValueError", "bad batch")
+    procs.get("mid/0/0").error = NodeFailure("process", "ValueError", "bad batch")
     anyio.run(lambda: d.reissue(sched.reissue_open, "mid/0/0 restarted"))
     assert fails.why == []
     anyio.run(lambda: d.reissue(sched.reissue_open, "mid/0/0 restarted"))
@@ -86,7 +86,7 @@ def test_a_completed_ticket_is_forgotten_where_it_was_busy_and_only_completion_c
 
 def test_progress_goes_to_wired_nodes_at_most_once_per_interval_and_at_once_when_the_end_moved(tmp_path):
     d, sched, procs, out, _, clock = desk(tmp_path, "src/0/0", "sink/0/0", interval=0.25)
-    procs.procs["sink/0/0"].wired = False
+    procs.get("sink/0/0").wired = False
     anyio.run(d.progress)
     assert [(who, msg.complete_below) for who, msg in out.of(m.Progress)] == [("src/0/0", 0)]
     out.clear()

@@ -56,13 +56,13 @@ supervision: {{heartbeat_s: 0.25, peer_timeout_s: 42}}
 def test_each_process_is_told_its_routes_roles_secret_faults_and_the_graphs_timeouts(wiring):
     w, _ = wiring
     assert sorted(p.id for p in w.procs) == ["collect/0/0", "numbers/0/0", "scale/0/0", "scale/1/0"]
-    numbers = w.procs.procs["numbers/0/0"].spec
+    numbers = w.procs.get("numbers/0/0").spec
     assert numbers.is_source and not numbers.is_sink
     assert [len(r.addresses) for r in numbers.outputs] == [2], "one address per consumer replica"
     for p in w.procs:
         assert (p.spec.secret, p.spec.faults) == ("s3cret", ["kill:scale/0@3"])
         assert (p.spec.heartbeat_s, p.spec.peer_timeout_s) == (0.25, 42.0)
-    assert w.procs.procs["collect/0/0"].spec.is_sink
+    assert w.procs.get("collect/0/0").spec.is_sink
 
 
 def test_no_wire_goes_out_until_every_process_is_ready_then_a_late_one_is_wired_at_once(wiring):
@@ -82,16 +82,16 @@ def test_no_wire_goes_out_until_every_process_is_ready_then_a_late_one_is_wired_
 
 def test_a_consumer_that_binds_elsewhere_is_reached_there_by_every_ready_producer(wiring):
     w, out = wiring
-    scale0 = w.procs.procs["scale/0/0"]
+    scale0 = w.procs.get("scale/0/0")
     first = scale0.spec.inputs["in"]
     anyio.run(w.on_bound, scale0, {"in": first, "nope": "ipc://x"})
     assert out.sent == [] and w.address("scale", 0, "in") == first, "the first report: nobody to tell"
-    w.procs.procs["numbers/0/0"].ready = True
+    w.procs.get("numbers/0/0").ready = True
     anyio.run(w.on_bound, scale0, {"in": "ipc://elsewhere"})
     assert [(who, type(msg).__name__, msg.address) for who, msg in out.sent] == [
         ("numbers/0/0", "Connect", "ipc://elsewhere"), ("numbers/0/0", "Disconnect", first)]
     assert w.address("scale", 0, "in") == "ipc://elsewhere" == scale0.spec.inputs["in"]
-    (routes,) = w.routes_for(w.procs.procs["numbers/0/0"]).values()
+    (routes,) = w.routes_for(w.procs.get("numbers/0/0")).values()
     assert [address for address, _ in routes] == ["ipc://elsewhere", w.address("scale", 1, "in")]
 
 
@@ -101,11 +101,11 @@ def test_a_restarted_process_begins_in_the_books_epoch_from_its_committed_state(
     w.book.report("collect/0/0", step=2, epoch=0, file="step00000002/collect.0.0.e0.pt", version=2)
     w.book.commit(2, {})
     w.book.begin_recovery()
-    collect = w.procs.procs["collect/0/0"]
+    collect = w.procs.get("collect/0/0")
     w.prepare_start(collect)
     assert collect.spec.epoch == 1 and collect.spec.watermark == 2 and collect.spec.steps == 5
     assert collect.spec.resume_from.endswith("step00000002/collect.0.0.e0.pt")
-    scale = w.procs.procs["scale/0/0"]
+    scale = w.procs.get("scale/0/0")
     w.prepare_start(scale)
     assert scale.spec.epoch == 1 and scale.spec.resume_from is None
 

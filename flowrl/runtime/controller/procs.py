@@ -114,6 +114,13 @@ class ProcTable:
     def add(self, proc: Proc) -> None:
         self.procs[proc.id] = proc
 
+    def get(self, proc_id: str) -> Proc | None:
+        return self.procs.get(proc_id)
+
+    def remove(self, proc: Proc) -> None:
+        """Forget `proc` (a removed replica that is gone, or one a new replica displaces)."""
+        del self.procs[proc.id]
+
     def by_identity(self, identity: bytes) -> tuple[Proc | None, bool]:
         """(proc, current) for `node/replica/rank#incarnation` or the same + `#hb`, matched
         exactly; `current` is False for messages from an old incarnation."""

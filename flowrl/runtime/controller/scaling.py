@@ -92,7 +92,7 @@ class Retirement:
             if proc in self.retiring:
                 self.retiring.remove(proc)
                 continue
-            del self.procs.procs[proc.id]
+            self.procs.remove(proc)
             self.report.forget(proc)
 
     def displace(self, proc: Proc) -> None:
@@ -102,7 +102,7 @@ class Retirement:
             proc.handle.signal(signal.SIGKILL)
             self.retiring.append(proc)
         self.sync.drop(proc)
-        del self.procs.procs[proc.id]
+        self.procs.remove(proc)
 
 
 async def scale(node: str, replicas: int, *, spec, roles: Roles, procs: ProcTable, wiring: Wiring,
@@ -137,7 +137,7 @@ async def scale(node: str, replicas: int, *, spec, roles: Roles, procs: ProcTabl
         for entry in entries:
             wiring.add_entry(entry)
             proc = Proc(spec=wiring.proc_spec(entry, ports.setdefault(entry.replica, free_port())))
-            gone = procs.procs.get(proc.id)
+            gone = procs.get(proc.id)
             if gone is not None:  # removed a moment ago and still stopping: it goes now, and nothing it
                 retirement.displace(gone)  # still says is taken for the new one's (a later incarnation)
                 proc.spec.incarnation = proc.first_incarnation = gone.spec.incarnation + 1
