@@ -45,14 +45,14 @@ def test_one_epoch_advanced_by_the_book_is_the_epoch_every_holder_sees(tmp_path)
 
 def test_a_recovery_rolls_back_orders_the_ready_processes_and_waits_for_every_one(tmp_path):
     book, sched, procs, rec, out, _ = parts(tmp_path)
-    procs.procs["log/0/0"].ready = False  # starting: gets its order when it is wired
+    procs.get("log/0/0").ready = False  # starting: gets its order when it is wired
     assert anyio.run(rec.begin, "actor/0/0 exited") == 1 and rec.active
     assert sorted(who for who, _ in out.of(m.Epoch)) == ["actor/0/0", "src/0/0"]
     assert rec.waiting == set(PIDS)
-    assert not rec.entered(procs.procs["actor/0/0"], 0), "a report of the old epoch does not count"
-    assert not rec.entered(procs.procs["actor/0/0"], 1)
-    assert not rec.entered(procs.procs["src/0/0"], 1)
-    assert rec.entered(procs.procs["log/0/0"], 1) and not rec.active, "the last one ends it"
+    assert not rec.entered(procs.get("actor/0/0"), 0), "a report of the old epoch does not count"
+    assert not rec.entered(procs.get("actor/0/0"), 1)
+    assert not rec.entered(procs.get("src/0/0"), 1)
+    assert rec.entered(procs.get("log/0/0"), 1) and not rec.active, "the last one ends it"
 
 
 def test_each_process_is_told_what_it_rolls_back_to(tmp_path):
@@ -72,8 +72,8 @@ def test_each_process_is_told_what_it_rolls_back_to(tmp_path):
 def test_orders_go_again_to_wired_processes_that_have_not_entered_and_a_late_recovery_fails_naming_them(tmp_path):
     book, sched, procs, rec, out, clock = parts(tmp_path, resend_s=2.0, startup_s=60.0)
     anyio.run(rec.begin, "actor/0/0 exited")
-    rec.entered(procs.procs["actor/0/0"], 1)
-    procs.procs["log/0/0"].wired = False
+    rec.entered(procs.get("actor/0/0"), 1)
+    procs.get("log/0/0").wired = False
     out.clear()
     clock.now += 1.0
     assert anyio.run(rec.watch) == (False, None) and out.sent == []
@@ -89,9 +89,9 @@ def test_orders_go_again_to_wired_processes_that_have_not_entered_and_a_late_rec
 def test_a_removed_replica_is_not_waited_for(tmp_path):
     book, sched, procs, rec, out, clock = parts(tmp_path)
     anyio.run(rec.begin, "actor/0/0 exited")
-    rec.entered(procs.procs["actor/0/0"], 1)
-    rec.entered(procs.procs["src/0/0"], 1)
-    procs.procs["log/0/0"].removed = Removal()
+    rec.entered(procs.get("actor/0/0"), 1)
+    rec.entered(procs.get("src/0/0"), 1)
+    procs.get("log/0/0").removed = Removal()
     assert anyio.run(rec.watch) == (True, None) and not rec.active
 
 

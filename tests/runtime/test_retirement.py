@@ -38,7 +38,7 @@ def parts(tmp_path):
 
 def test_a_removed_replica_is_forgotten_once_gone_and_stopped_by_pid_if_it_outstays_its_grace(tmp_path):
     procs, sync, ret = parts(tmp_path)
-    gone = procs.procs["rollout/1/0"]
+    gone = procs.get("rollout/1/0")
     gone.handle = Handle()
     anyio.run(ret.retire, gone, Outbox())
     assert ret.grace_s() == 35.0, "its sync timeout, then its stop timeout"
@@ -57,7 +57,7 @@ def test_a_removed_replica_is_forgotten_once_gone_and_stopped_by_pid_if_it_outst
 
 def test_a_replica_added_again_displaces_its_predecessor_which_is_reaped_apart(tmp_path):
     procs, sync, ret = parts(tmp_path)
-    old = procs.procs["rollout/1/0"]
+    old = procs.get("rollout/1/0")
     old.handle = Handle()
     old.removed = Removal()
     ret.displace(old)
