@@ -100,7 +100,7 @@ def test_a_rank_group_restarting_during_a_recovery_must_enter_it_too(tmp_path):
     procs.add(table("gen/0/0").procs["gen/0/0"])
     anyio.run(rec.begin, "actor/0/0 exited")
     for pid in PIDS:
-        rec.entered(procs.procs[pid], 1)
+        rec.entered(procs.get(pid), 1)
     assert rec.active, "gen/0/0 was there when it began"
     rec.also_wait_for(["gen/0/0", "gen/0/1"])
     assert rec.waiting == {"gen/0/0", "gen/0/1"}
