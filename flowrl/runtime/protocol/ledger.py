@@ -300,12 +300,12 @@ def net_consumption(rows: Iterable[dict]) -> Consumption:
     last_sink: dict[str, str | None] = {}
     for r in rows:
         ev = r.get("event")
-        if ev == "consumed" or ev == "dropped":
+        if ev == TicketConsumed.event or ev == TicketDropped.event:
             bid, sink = r.get("batch_id"), sink_of(r.get("node"))
             out.net[(bid, sink)] += 1
-            (out.consumed if ev == "consumed" else out.dropped)[(bid, sink)] += 1
+            (out.consumed if ev == TicketConsumed.event else out.dropped)[(bid, sink)] += 1
             last_sink[bid] = sink
-        elif ev == "rolled_back":
+        elif ev == RolledBack.event:
             bid = r.get("batch_id")
             out.net[(bid, sink_of(r.get("node")) or last_sink.get(bid))] -= 1
     return out
@@ -342,7 +342,7 @@ class Audit:
 def audit_ledger(rows: list[dict], sinks: list[str] | None = None) -> Audit:
     """Check every issued ticket was consumed (or dropped) exactly once by every sink node.
     `sinks`: the sink nodes (default: every node that consumed anything)."""
-    issued = {r["batch_id"] for r in rows if r.get("event") == "issued"}
+    issued = {r["batch_id"] for r in rows if r.get("event") == TicketIssued.event}
     counts = net_consumption(rows)
     sinks = set(sinks) if sinks is not None else counts.sinks
     lost = sorted((b, s) for b in issued for s in sinks if counts.net[(b, s)] < 1)
