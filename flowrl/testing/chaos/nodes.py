@@ -342,26 +342,12 @@ class _RankFolding(_Folding):
         return {**super().state_dict(), "counts": counts}
 
 
-class RFold(_RankFolding, flowrl.Node):
+class RFold(_RankFolding, Fold):
     """Stateful transform, data parallel: folds its shard (and the gathered digests), forwards it."""
 
-    stateful = True
-    Config = _RankFolding.Config
 
-    async def process(self, batch, port):
-        self.fold(batch)
-        return batch
-
-
-class RFoldSink(_RankFolding, flowrl.Sink):
+class RFoldSink(_RankFolding, FoldSink):
     """Stateful sink, data parallel: folds its shard (and the gathered digests)."""
-
-    stateful = True
-    Config = _RankFolding.Config
-
-    async def process(self, batch, port):
-        self.fold(batch)
-        self.ctx.recorder.count("chaos_samples", batch.num_samples, per_node=True)
 
 
 PART = 4
