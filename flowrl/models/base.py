@@ -33,6 +33,17 @@ class CausalLM(nn.Module, ABC):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, L, V]`` (policy) or values ``[B, L]`` (critic) for every position."""
 
+    def forward_packed(self, tokens: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """Outputs ``[N, V]`` (or values ``[N]``) of packed sequences: ``tokens [N]`` holds sequence
+        ``i`` at ``cu_seqlens[i]:cu_seqlens[i + 1]``; each position sees only its own sequence, and
+        positions restart at 0 for each. This default runs the sequences one at a time (exact for
+        any backend); backends override it with a real packed kernel."""
+        outs = [self.forward(tokens[int(a):int(b)][None])[0]
+                for a, b in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()) if b > a]
+        if not outs:
+            return self.forward(tokens[:1][None])[0][:0] if len(tokens) else torch.zeros(0)
+        return torch.cat(outs)
+
     @abstractmethod
     def new_cache(self, batch: int, max_len: int) -> Any:
         """An empty KV cache for ``batch`` sequences of at most ``max_len`` tokens."""

@@ -6,8 +6,9 @@
     joined = Batch.concat([left, right])     # the same samples again
     b.select([0, 2]).num_samples == 2
 
-Tensors are numpy arrays or torch tensors of any shape, with a dtype from `DTYPES`; every tensor
-with at least one dimension shares the leading (sample) dimension. 0-d tensors are per-batch
+Tensors are numpy arrays or torch tensors of any shape, with a dtype from `DTYPES`, or `Ragged`
+tensors (one variable-length sequence per sample: flat values + offsets, see `flowrl.transport.ragged`);
+every tensor with at least one dimension shares the leading (sample) dimension. 0-d tensors are per-batch
 values: `select` / `split` keep them and `concat` requires them to be equal. A tensor comes out of a
 channel as the same kind (numpy or torch) it went in as.
 
@@ -25,6 +26,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from flowrl.transport.dtypes import NUMPY_NAMES, dtype_name, is_torch, torch_module
+from flowrl.transport.ragged import Ragged
 
 MAX_NAME_CHARS = 256
 _DEFAULT: Any = object()  # "argument not given" (None is a value the checks must refuse)
@@ -107,7 +109,7 @@ class Batch:
         return sum(_nbytes(t) for t in self.tensors.values())
 
     def __repr__(self) -> str:
-        shapes = ", ".join(f"{k}: {dtype_name(v)}{list(v.shape)}" for k, v in self.tensors.items())
+        shapes = ", ".join(f"{k}: {_describe(v)}" for k, v in self.tensors.items())
         drop = f", drop={self.drop!r}" if self.drop is not None else ""
         return (f"Batch(id={self.batch_id!r}, attempt={self.attempt}, index={self.index}, epoch={self.epoch}, "
                 f"policy_version={self.policy_version}{drop}, "
@@ -123,17 +125,34 @@ class Batch:
         index = _as_index(indices, self._n)
         return self.replace(tensors={k: _take(v, index) for k, v in self.tensors.items()})
 
-    def split(self, parts: int) -> "list[Batch]":
-        """`parts` contiguous batches of near-equal size (numpy.array_split rule; some may be empty)."""
+    def split(self, parts: int, *, group: int | None = None, by_tokens: bool = False) -> "list[Batch]":
+        """`parts` contiguous batches that never cut a prompt group in two (some may be empty).
+
+        `group`: samples per prompt group (default `meta["samples_per_prompt"]` when it divides the
+        batch, else 1). Groups are spread by count (numpy.array_split rule), or, `by_tokens`, so that
+        each part holds near the same number of tokens of the batch's ragged tensors (what balances
+        data-parallel ranks when sequences have their own lengths)."""
         if not isinstance(parts, int) or parts < 1:
             raise ValueError(f"split needs parts >= 1, got {parts!r}")
-        base, extra = divmod(self._n, parts)
-        out, start = [], 0
-        for i in range(parts):
-            stop = start + base + (1 if i < extra else 0)
-            out.append(self.select(slice(start, stop)))
-            start = stop
-        return out
+        g = group if group is not None else int(self.meta.get("samples_per_prompt", 1) or 1)
+        if type(g) is not int or g < 1:
+            raise ValueError(f"split needs group >= 1, got {g!r}")
+        if self._n % g:
+            if group is not None:
+                raise ValueError(f"a batch of {self._n} samples is not made of groups of {g}")
+            g = 1
+        bounds = _group_bounds(self._n // g, parts, self._group_tokens(g) if by_tokens else None)
+        return [self.select(slice(start * g, stop * g)) for start, stop in zip(bounds, bounds[1:])]
+
+    def _group_tokens(self, g: int) -> "np.ndarray | None":
+        """Tokens per group of `g` samples (over the ragged tensors, `tokens` alone when present)."""
+        ragged = [v for k, v in self.tensors.items() if type(v) is Ragged]
+        if "tokens" in self.tensors and type(self.tensors["tokens"]) is Ragged:
+            ragged = [self.tensors["tokens"]]
+        if not ragged:
+            return None
+        lens = sum(np.asarray(r.lengths.cpu() if r.is_torch else r.lengths, dtype=np.int64) for r in ragged)
+        return lens.reshape(-1, g).sum(axis=1)
 
     @classmethod
     def concat(cls, batches: Sequence["Batch"], **ids: Any) -> "Batch":
@@ -159,6 +178,8 @@ class Batch:
         torch = torch_module()
 
         def conv(v):
+            if type(v) is Ragged:
+                return v.to_torch()
             if is_torch(v):
                 return v
             return torch.from_numpy(v if v.flags.writeable else v.copy())
@@ -169,6 +190,8 @@ class Batch:
         """The same batch with every tensor as a numpy array (CPU tensors are shared, not copied)."""
 
         def conv(k, v):
+            if type(v) is Ragged:
+                return v.to_numpy()
             if not is_torch(v):
                 return v
             if dtype_name(v) == "bfloat16":
@@ -219,7 +242,15 @@ def _own_dict(value: Any, what: str) -> dict:
 
 
 def _nbytes(t: Any) -> int:
+    if type(t) is Ragged:
+        return t.nbytes
     return int(t.nbytes) if isinstance(t, np.ndarray) else t.numel() * t.element_size()
+
+
+def _describe(t: Any) -> str:
+    if type(t) is Ragged:
+        return f"ragged {dtype_name(t.values)}[{t.num_samples}, ~{list(t.values.shape)}]"
+    return f"{dtype_name(t)}{list(t.shape)}"
 
 
 def _leading_dim(tensors: dict) -> int:
@@ -230,6 +261,14 @@ def _leading_dim(tensors: dict) -> int:
         if type(t) is np.ndarray:
             if t.dtype not in NUMPY_NAMES:  # the common case is one dict lookup
                 dtype_name(t)
+        elif type(t) is Ragged:
+            _check_ragged(name, t)
+            if n is None:
+                n, first = t.num_samples, name
+            elif t.num_samples != n:
+                raise ValueError(f"ragged tensor {name!r} has {t.num_samples} samples but {first!r} has {n}; "
+                                 "all tensors of a batch share the leading dimension")
+            continue
         else:
             if not isinstance(t, np.ndarray):
                 if not is_torch(t):
@@ -272,7 +311,39 @@ def _as_index(indices: Any, n: int) -> "slice | np.ndarray":
     return np.where(idx < 0, idx + n, idx)
 
 
+def _group_bounds(groups: int, parts: int, weights: "np.ndarray | None") -> list[int]:
+    """parts + 1 group boundaries: equal counts (weights None) or near-equal cumulative weight."""
+    if weights is None or groups == 0 or int(weights.sum()) == 0:
+        base, extra = divmod(groups, parts)
+        return [0] + [int(i * base + min(i, extra)) for i in range(1, parts + 1)]
+    cum = np.cumsum(weights)
+    total = float(cum[-1])
+    # part r ends after the group whose cumulative weight is nearest r/parts of the total
+    bounds = [0]
+    for r in range(1, parts):
+        target = total * r / parts
+        j = int(np.searchsorted(cum, target))
+        if j < groups and j > 0 and abs(cum[j - 1] - target) <= abs(cum[j] - target):
+            j -= 1
+        bounds.append(max(bounds[-1], min(groups, j + 1)))
+    bounds.append(groups)
+    return bounds
+
+
+def _check_ragged(name: str, t: Ragged) -> None:
+    from flowrl.transport.ragged import offsets_problem
+
+    dtype_name(t.values)
+    if is_torch(t.values) and t.values.layout != torch_module().strided:
+        raise TypeError(f"ragged tensor {name!r} has layout {t.values.layout}; only dense (strided) values travel")
+    problem = offsets_problem(t.values, t.offsets)
+    if problem:
+        raise ValueError(f"ragged tensor {name!r}: {problem}; build it with Ragged.from_sequences or from_padded")
+
+
 def _take(t: Any, index: "slice | np.ndarray") -> Any:
+    if type(t) is Ragged:
+        return t.select(index)
     if t.ndim == 0:
         return t
     if isinstance(index, slice) or isinstance(t, np.ndarray):
@@ -283,6 +354,12 @@ def _take(t: Any, index: "slice | np.ndarray") -> Any:
 
 def _cat(name: str, parts: Iterable[Any]) -> Any:
     parts = list(parts)
+    ragged = {type(p) is Ragged for p in parts}
+    if ragged == {True}:
+        return _cat_ragged(name, parts)
+    if len(ragged) > 1:
+        raise TypeError(f"tensor {name!r} is ragged in some batches and rectangular in others; make them alike "
+                        "(Ragged.from_padded, or .to_padded()) first")
     kinds = {is_torch(p) for p in parts}
     if len(kinds) > 1:
         raise TypeError(f"tensor {name!r} is numpy in some batches and torch in others; "
@@ -300,3 +377,17 @@ def _cat(name: str, parts: Iterable[Any]) -> Any:
     if len(tails) > 1:
         raise ValueError(f"tensor {name!r} has trailing shapes {sorted(tails)} across batches; they must match")
     return torch.cat(parts) if torch else np.concatenate(parts)
+
+
+def _cat_ragged(name: str, parts: list) -> Ragged:
+    kinds = {p.is_torch for p in parts}
+    if len(kinds) > 1:
+        raise TypeError(f"ragged tensor {name!r} is numpy in some batches and torch in others; "
+                        "convert them alike with to_torch() or to_numpy() first")
+    dtypes = {dtype_name(p.values) for p in parts}
+    if len(dtypes) > 1:
+        raise TypeError(f"ragged tensor {name!r} has dtypes {sorted(dtypes)} across batches; cast them alike first")
+    tails = {p.trailing for p in parts}
+    if len(tails) > 1:
+        raise ValueError(f"ragged tensor {name!r} has trailing shapes {sorted(tails)} across batches; they must match")
+    return Ragged.concat(parts)

@@ -19,6 +19,7 @@ from flowrl.transport import wire
 from flowrl.transport.batch import _NO_ROUTE, Batch, _check_route
 from flowrl.transport.dtypes import ITEMSIZE, NUMPY_DTYPES, NUMPY_NAMES, dtype_name, torch_dtype, torch_module
 from flowrl.transport.errors import DecodeError
+from flowrl.transport.ragged import Ragged, offsets_problem
 
 INLINE_MAX_BYTES = 8192
 """Default: tensors of at most this many bytes are copied into the header instead of own frames."""
@@ -26,7 +27,9 @@ INLINE_MAX_BYTES = 8192
 _DATA_KEYS = frozenset({"v", "kind", "batch_id", "attempt", "policy_version", "meta", "tensors"})
 _DATA_OPTIONAL = frozenset({"env", "shm", "route"})
 _TENSOR_KEYS = frozenset({"name", "dtype", "shape", "lib"})
-_TENSOR_OPTIONAL = frozenset({"frame", "data", "shm"})
+_TENSOR_OPTIONAL = frozenset({"frame", "data", "shm", "offsets"})
+_OFFSETS_KEYS = frozenset({"shape"})
+_OFFSETS_OPTIONAL = frozenset({"frame", "data", "shm"})
 
 
 class Prepared:
@@ -52,18 +55,25 @@ class Prepared:
     def shm_header(self, env: dict, ref: list, offsets: list[int]) -> bytes:
         """Frame 0 of this batch sent through shared memory: tensor i of the frames is at
         offsets[i - 1] of the block that `ref` ([block id, fd, used bytes]) names."""
-        descs = []
-        for d in self.header["tensors"]:
+        def moved(d: dict) -> dict:
             if "frame" in d:
                 d = dict(d)
                 d["shm"] = offsets[d.pop("frame") - 1]
-            descs.append(d)
+            if "offsets" in d:
+                d = {**d, "offsets": moved(d["offsets"])}
+            return d
+
+        descs = [moved(d) for d in self.header["tensors"]]
         return wire.pack({**self.header, "tensors": descs, "env": env, "shm": ref})
 
 
 def prepare(batch: Batch, inline_max: int = INLINE_MAX_BYTES) -> Prepared:
     descs, buffers, payload = [], [], 0
     for name, t in batch.tensors.items():
+        offsets = None
+        if type(t) is Ragged:  # values as a tensor; offsets in a nested descriptor, inline or a frame
+            offsets, _ = _host_array(t.offsets)
+            t = t.values
         if type(t) is np.ndarray and t.flags.c_contiguous and t.dtype.byteorder != ">":
             arr, lib, dtype = t, "numpy", NUMPY_NAMES.get(t.dtype) or dtype_name(t)  # the common case
         else:
@@ -71,11 +81,19 @@ def prepare(batch: Batch, inline_max: int = INLINE_MAX_BYTES) -> Prepared:
             dtype = dtype_name(t)
         nbytes = arr.nbytes
         if nbytes <= inline_max:
-            descs.append({"name": name, "dtype": dtype, "shape": list(t.shape), "lib": lib, "data": arr.tobytes()})
+            desc = {"name": name, "dtype": dtype, "shape": list(t.shape), "lib": lib, "data": arr.tobytes()}
         else:
             buffers.append(arr)
             payload += nbytes
-            descs.append({"name": name, "dtype": dtype, "shape": list(t.shape), "lib": lib, "frame": len(buffers)})
+            desc = {"name": name, "dtype": dtype, "shape": list(t.shape), "lib": lib, "frame": len(buffers)}
+        if offsets is not None:
+            if offsets.nbytes <= inline_max:
+                desc["offsets"] = {"shape": [len(offsets)], "data": offsets.tobytes()}
+            else:
+                buffers.append(offsets)
+                payload += offsets.nbytes
+                desc["offsets"] = {"shape": [len(offsets)], "frame": len(buffers)}
+        descs.append(desc)
     header = {"v": wire.SCHEMA_VERSION, "kind": wire.DATA, "batch_id": batch.batch_id, "attempt": batch.attempt,
               "policy_version": batch.policy_version, "meta": batch.meta, "tensors": descs}
     route = batch.route
@@ -164,12 +182,12 @@ def decode_data(header: dict, views: list, limits: wire.DecodeLimits, delivery: 
         if name in tensors:
             raise DecodeError("bad_field", f"tensor name {name!r} appears twice")
         tensors[name] = t
-        shape = t.shape
-        if shape:
+        samples = t.num_samples if type(t) is Ragged else (t.shape[0] if t.shape else None)
+        if samples is not None:
             if n is None:
-                n = shape[0]
-            elif shape[0] != n:
-                raise DecodeError("batch_invalid", f"tensor {name!r} has {shape[0]} samples, others {n}")
+                n = samples
+            elif samples != n:
+                raise DecodeError("batch_invalid", f"tensor {name!r} has {samples} samples, others {n}")
     if len(views) > 1 and not all(used[1:]):
         raise DecodeError("stray_frame", f"frames {[i for i, u in enumerate(used) if i and not u]} are not "
                                          "referenced by any tensor")
@@ -183,7 +201,8 @@ _SPECS: dict[tuple, tuple] = {(d, lib): (ITEMSIZE[d], NUMPY_DTYPES.get(d)) for d
 
 def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits,
                    region: np.ndarray | None = None) -> tuple[str, Any]:
-    if type(desc) is not dict or len(desc) != 5 or ("frame" in desc) + ("data" in desc) + ("shm" in desc) != 1:
+    ragged = type(desc) is dict and "offsets" in desc
+    if type(desc) is not dict or len(desc) != 5 + ragged or ("frame" in desc) + ("data" in desc) + ("shm" in desc) != 1:
         wire.check_keys(desc, _TENSOR_KEYS, _TENSOR_OPTIONAL, "tensor descriptor")
         raise DecodeError("bad_field", "a tensor descriptor needs exactly one of `frame`, `data` and `shm`")
     try:
@@ -198,6 +217,28 @@ def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits
         if type(dtype) is not str or dtype not in ITEMSIZE:
             raise DecodeError("dtype", f"tensor {name!r}: dtype {dtype!r:.40} is not allowed")
         raise DecodeError("bad_field", f"tensor {name!r}: lib {lib!r:.40} with dtype {dtype} is not allowed")
+    values = _decode_array(name, desc, spec, dtype, lib, shape, views, used, limits, region)
+    if not ragged:
+        return name, values
+    sub = desc["offsets"]
+    if type(sub) is not dict or ("frame" in sub) + ("data" in sub) + ("shm" in sub) != 1 or len(sub) != 2:
+        wire.check_keys(sub, _OFFSETS_KEYS, _OFFSETS_OPTIONAL, f"offsets of tensor {name!r}")
+        raise DecodeError("bad_field", f"tensor {name!r}: offsets need exactly one of `frame`, `data` and `shm`")
+    shape = sub.get("shape")
+    if type(shape) is not list or len(shape) != 1:
+        raise DecodeError("shape", f"tensor {name!r}: offsets must have a 1-d shape")
+    offsets = _decode_array(f"{name}.offsets", sub, _SPECS[("int64", lib)], "int64", lib, shape, views, used,
+                            limits, region)
+    if not len(values.shape):
+        raise DecodeError("shape", f"ragged tensor {name!r}: values need a leading (token) dimension")
+    problem = offsets_problem(values, offsets)
+    if problem:
+        raise DecodeError("bad_offsets", f"ragged tensor {name!r}: {problem}")
+    return name, Ragged(values, offsets, check=False)
+
+
+def _decode_array(name: str, desc: dict, spec: tuple, dtype: str, lib: str, shape: Any, views: list, used: list,
+                  limits: wire.DecodeLimits, region: np.ndarray | None) -> Any:
     nbytes, np_dtype = spec
     if type(shape) is not list or len(shape) > limits.max_ndim:
         raise DecodeError("shape", f"tensor {name!r}: shape must be a list of at most {limits.max_ndim} ints")
@@ -228,11 +269,11 @@ def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits
         raise DecodeError("bad_value", f"tensor {name!r}: bool bytes must be 0 or 1")
     if np_dtype is not None and lib == "numpy":
         arr = np.frombuffer(buf, np_dtype)
-        return name, arr if len(shape) == 1 else arr.reshape(shape)
+        return arr if len(shape) == 1 else arr.reshape(shape)
     torch = torch_module()
     if not nbytes:
-        return name, torch.empty(shape, dtype=torch_dtype(dtype))
-    return name, torch.frombuffer(buf, dtype=torch_dtype(dtype)).reshape(shape)
+        return torch.empty(shape, dtype=torch_dtype(dtype))
+    return torch.frombuffer(buf, dtype=torch_dtype(dtype)).reshape(shape)
 
 
 def _shm_bytes(name: str, offset: Any, nbytes: int, region: np.ndarray | None) -> np.ndarray:
