@@ -1,7 +1,7 @@
 """flowrl: RL post-training of language models as a dataflow of OS processes.
 
 The public API is small: the Node base classes and their config/ticket types, the Batch that
-travels between nodes, graph loading, `run`, and the error types. Built-in nodes use nothing else.
+travels between nodes (with Ragged tensors: one sequence of its own length per sample), graph loading, `run`, and the error types. Built-in nodes use nothing else.
 """
 
 __version__ = "0.1.0"
@@ -12,7 +12,7 @@ from flowrl.node import Drop, Join, Node, NodeConfig, NodeContext, Observer, Sin
 
 __all__ = [
     "Batch", "Drop", "FlowrlError", "GraphError", "GraphSpec", "Join", "Node", "NodeConfig", "NodeContext",
-    "Observer", "Sink", "Source", "Ticket", "load_graph", "run", "scale",
+    "Observer", "Ragged", "Sink", "Source", "Ticket", "load_graph", "run", "scale",
 ]
 
 
@@ -23,6 +23,10 @@ def __getattr__(name: str):
         from flowrl.transport import Batch
 
         return Batch
+    if name == "Ragged":
+        from flowrl.transport.ragged import Ragged
+
+        return Ragged
     if name in ("run", "scale"):
         from flowrl.runtime import api
 

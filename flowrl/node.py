@@ -135,7 +135,9 @@ class Node:
     publishes_weights: ClassVar[bool] = False
     subscribes_weights: ClassVar[bool] = False
     requires: ClassVar[dict[str, str | None]] = {}
-    """Tensors every input batch must carry: name -> dtype (`int64`, `float32`, ...; None: any).
+    """Tensors every input batch must carry: name -> dtype (`int64`, `float32`, ...; None: any),
+    either layout; `"ragged int64"` takes only a `Ragged` tensor (one sequence per sample) and
+    `"dense int64"` only a rectangular one.
     A batch without them is rejected at the node's boundary and counted (`batches_rejected`),
     never handed to `process`: a forged or garbled batch cannot crash or restart the node."""
     merge_replicas: ClassVar[str | None] = None

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_public_api_is_exactly_the_documented_names():
     assert sorted(flowrl.__all__) == sorted([
         "Batch", "FlowrlError", "GraphError", "GraphSpec", "Join", "Node", "NodeConfig", "NodeContext",
-        "Sink", "Source", "Ticket", "load_graph", "run", "Drop", "Observer", "scale",
+        "Sink", "Source", "Ticket", "load_graph", "run", "Drop", "Observer", "Ragged", "scale",
     ])
     for name in flowrl.__all__:
         assert getattr(flowrl, name) is not None

@@ -316,16 +316,17 @@ def _group_bounds(groups: int, parts: int, weights: "np.ndarray | None") -> list
     if weights is None or groups == 0 or int(weights.sum()) == 0:
         base, extra = divmod(groups, parts)
         return [0] + [int(i * base + min(i, extra)) for i in range(1, parts + 1)]
-    cum = np.cumsum(weights)
-    total = float(cum[-1])
-    # part r ends after the group whose cumulative weight is nearest r/parts of the total
-    bounds = [0]
-    for r in range(1, parts):
-        target = total * r / parts
-        j = int(np.searchsorted(cum, target))
-        if j < groups and j > 0 and abs(cum[j - 1] - target) <= abs(cum[j] - target):
-            j -= 1
-        bounds.append(max(bounds[-1], min(groups, j + 1)))
+    bounds, start, remaining = [0], 0, float(weights.sum())
+    for r in range(parts - 1):
+        left = parts - r
+        target = remaining / left
+        last = max(start, groups - (left - 1))  # leave a group for each part after this one, when there are enough
+        stop, acc = start, 0.0
+        while stop < last and (stop == start or acc + weights[stop] / 2 <= target):
+            acc += float(weights[stop])
+            stop += 1
+        bounds.append(stop)
+        start, remaining = stop, remaining - acc
     bounds.append(groups)
     return bounds
 

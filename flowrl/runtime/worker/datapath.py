@@ -247,13 +247,24 @@ class DataPath:
 
 
 def missing_tensors(batch, requires: dict) -> str | None:
-    """What a batch lacks of a node's declared input, or None."""
+    """What a batch lacks of a node's declared input, or None (see `Node.requires` for the forms)."""
     from flowrl.transport.dtypes import dtype_name
+    from flowrl.transport.ragged import Ragged
 
-    for name, dtype in requires.items():
+    for name, want in requires.items():
         t = batch.tensors.get(name)
         if t is None:
             return f"no tensor {name!r} (has {sorted(batch.tensors)[:8]})"
-        if dtype is not None and dtype_name(t) != dtype:
-            return f"tensor {name!r} is {dtype_name(t)}, the node takes {dtype}"
+        if want is None:
+            continue
+        layout, _, dtype = want.rpartition(" ")
+        ragged = type(t) is Ragged
+        if layout == "ragged" and not ragged:
+            return f"tensor {name!r} is rectangular {dtype_name(t)}{list(t.shape)}, the node takes it ragged " \
+                   "(one sequence per sample: flowrl.Ragged)"
+        if layout == "dense" and ragged:
+            return f"tensor {name!r} is ragged, the node takes it rectangular (pad it with .to_padded())"
+        got = dtype_name(t.values if ragged else t)
+        if dtype and got != dtype:
+            return f"tensor {name!r} is {got}, the node takes {dtype}"
     return None

@@ -48,20 +48,10 @@ FENCED = "older epoch"  # a follower's answer to a shard of the epoch it left (i
 
 
 def split_groups(batch, parts: int) -> list:
-    """`parts` contiguous shards of near-equal size that never cut a prompt group in two
-    (`meta["samples_per_prompt"]` rows each; 1 when absent)."""
-    n = batch.num_samples
-    g = int(batch.meta.get("samples_per_prompt", 1) or 1)
-    if g < 1 or n % g:
-        g = 1
-    groups = n // g
-    base, extra = divmod(groups, parts)
-    out, start = [], 0
-    for r in range(parts):
-        stop = start + (base + (1 if r < extra else 0)) * g
-        out.append(batch.select(slice(start, stop)))
-        start = stop
-    return out
+    """`parts` contiguous shards that never cut a prompt group in two (`meta["samples_per_prompt"]`
+    rows each; 1 when absent) and, when the batch has ragged tensors, hold near-equal token counts:
+    data-parallel ranks balance tokens, not sequences."""
+    return batch.split(parts, by_tokens=True)
 
 
 def merge_outputs(outputs: list):
