@@ -8,14 +8,13 @@ publishes version n + 1 to the rollouts over the weight-sync group.
 from pydantic import Field
 
 import flowrl
-from flowrl.nodes.common import ModelConfig, model_on
+from flowrl.nodes.common import ModelConfig, Sequences, model_on
 from flowrl.rl import ActorConfig
 
 
 class Actor(flowrl.Sink):
     role = "actor"
-    requires = {"tokens": "int64", "response_mask": "bool", "logprobs": "float32", "advantages": "float32",
-                "scores": "float32"}
+    requires = {"tokens": "int64", "logprobs": "float32", "advantages": "float32", "scores": "float32"}
     stateful = True
     publishes_weights = True
 
@@ -40,16 +39,18 @@ class Actor(flowrl.Sink):
 
     async def process(self, batch, port):
         t = batch.tensors
-        tokens, mask = t["tokens"], t["response_mask"]
-        p_len = tokens.shape[1] - mask.shape[1]
-        metrics = self.trainer.train_step(tokens=tokens, prompt_len=p_len, response_mask=mask,
-                                          old_logprobs=t["logprobs"], advantages=t["advantages"],
-                                          ref_logprobs=t.get("ref_logprobs"), temperature=batch.meta.get("temperature"))
+        where = f"node `{self.ctx.name}`"
+        seqs = Sequences.of(batch, where)
+        ref = seqs.per_token(batch, "ref_logprobs", where) if "ref_logprobs" in t else None
+        metrics = self.trainer.train_step(tokens=seqs.tokens, loss_mask=seqs.loss_mask,
+                                          old_logprobs=seqs.per_token(batch, "logprobs", where),
+                                          advantages=seqs.per_token(batch, "advantages", where),
+                                          ref_logprobs=ref, temperature=batch.meta.get("temperature"))
         rec = self.ctx.recorder
         scores = t["scores"]
         rec.mean("reward", float(scores.mean()), weight=len(scores))
         rec.count("samples", len(scores))
-        rec.count("tokens", int(p_len * len(scores) + int(mask.sum())))
+        rec.count("tokens", seqs.tokens.total)
         for k, v in metrics.items():
             base, _, reduction = k.rpartition("_")
             if k.startswith(("mismatch_", "rollout_is_")) and reduction in ("mean", "max"):

@@ -1,23 +1,124 @@
 """Pieces the built-in role nodes share: config fields and the tensors they pass along.
 
-A batch that flows through the PPO / GRPO graphs carries, as it grows:
+A batch that flows through the PPO / GRPO graphs carries, as it grows (R = B x samples_per_prompt;
+"ragged" = one sequence of its own length per sample, `flowrl.Ragged`; "aligned" = ragged with the
+offsets of `tokens`, entry j belonging to token j):
 
-    prompts   tokens-to-be: prompts [B, P] int64, targets [B, A] int64     (meta: prompt_len, max_new_tokens)
-    rollout   + tokens [B, P+T] int64, response_mask [B, T] bool, logprobs [B, T] float32
+    prompts   prompts ragged int64 (each prompt its own tokens), targets [B, A] int64   (meta: max_new_tokens)
+    rollout   + tokens ragged int64 (prompt, then response: no padding anywhere), prompt_lens [R] int64,
+                loss_mask aligned bool (True on generated tokens, stop included), logprobs aligned float32
+                (the sampler's log-prob of each generated token), versions aligned int64 (the policy
+                version that generated each token; -1 on prompt tokens)
                 (meta: samples_per_prompt, temperature, top_p, rollout_engine)
-    reward    + scores [B] float32
-    reference + ref_logprobs [B, T] float32
-    critic    + values [B, T], advantages [B, T], returns [B, T]
-    advantages (GRPO) + advantages [B, T]
+    reward    + scores [R] float32
+    reference + ref_logprobs aligned float32
+    critic    + values, advantages, returns: aligned float32
+    advantages (GRPO) + advantages aligned float32
+
+Every built-in node also takes the rectangular layout of earlier versions (tokens [R, P+T],
+response_mask [R, T], per-token tensors [R, T]; what `rollout: {layout: padded}` emits) and answers in
+the layout it was given, so user nodes written for it keep working. `Sequences.of(batch)` reads
+either.
 """
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 from pydantic import Field
 
 import flowrl
 from flowrl.models import ModelSpec, TinyLMSpec
 from flowrl.tasks import ReverseSpec, TaskSpec
+
+
+class Sequences(NamedTuple):
+    """A batch's sequences, whatever its layout: ragged tokens, the aligned loss mask, prompt lengths."""
+
+    tokens: Any
+    """Ragged int64 (torch)."""
+    loss_mask: Any
+    """Ragged bool, aligned with tokens."""
+    prompt_lens: Any
+    """[R] int64."""
+    padded_width: int | None
+    """T of the rectangular layout's [R, T] response grids; None when the batch is ragged."""
+
+    @classmethod
+    def of(cls, batch, where: str = "this node") -> "Sequences":
+        import torch
+
+        t = batch.tensors
+        tokens = t.get("tokens")
+        if isinstance(tokens, flowrl.Ragged):
+            mask = t.get("loss_mask")
+            if not isinstance(mask, flowrl.Ragged) or not mask.aligned(tokens):
+                raise ValueError(f"{where}: ragged `tokens` need a `loss_mask` ragged bool tensor with the same "
+                                 "offsets (True on the tokens to train on); the rollout node writes both")
+            tokens, mask = tokens.to_torch(), mask.to_torch().map(lambda v: v.bool())
+            lens = t.get("prompt_lens")
+            lens = torch.as_tensor(lens, dtype=torch.int64) if lens is not None else _first_true(mask)
+            return cls(tokens, mask, lens, None)
+        if tokens is None or "response_mask" not in t:
+            raise ValueError(f"{where}: the batch has neither ragged `tokens` + `loss_mask` nor rectangular `tokens` "
+                             f"+ `response_mask` (it has {sorted(t)[:8]}); put a rollout node before this one")
+        tokens, rmask = torch.as_tensor(tokens), torch.as_tensor(t["response_mask"]).bool()
+        b, width = rmask.shape
+        p = tokens.shape[1] - width
+        # each row ends at its last response token: padding after EOS never enters a model
+        ends = (rmask * torch.arange(1, width + 1)).amax(dim=1) if width else torch.zeros(b, dtype=torch.int64)
+        lens = p + ends
+        full = torch.cat([torch.zeros(b, p, dtype=torch.bool), rmask], dim=1)
+        ragged = flowrl.Ragged.from_padded(tokens, lens)
+        return cls(ragged, ragged.like(full[ragged.mask(tokens.shape[1])] if b else full.reshape(-1)),
+                   torch.full((b,), p, dtype=torch.int64), width)
+
+    def per_token(self, batch, name: str, where: str = "this node"):
+        """Tensor `name` of the batch as aligned ragged float32 (a [R, T] response grid is placed
+        after each prompt; a [R] tensor is returned as it is: one value per sequence)."""
+        import torch
+
+        x = batch.tensors[name]
+        if isinstance(x, flowrl.Ragged):
+            if not x.aligned(self.tokens):
+                raise ValueError(f"{where}: ragged tensor {name!r} is not aligned with `tokens` (other offsets): "
+                                 "a per-token tensor needs one entry per token of every sequence")
+            return x.to_torch()
+        x = torch.as_tensor(x)
+        if x.dim() == 1:
+            return x
+        p = int(self.prompt_lens[0]) if len(self.prompt_lens) else 0
+        grid = torch.cat([torch.zeros(x.shape[0], p, dtype=x.dtype), x], dim=1)
+        return self.tokens.like(grid[self.tokens.mask(grid.shape[1])])
+
+    def emit(self, values):
+        """An aligned ragged result in the batch's own layout (a [R, T] grid for a rectangular batch)."""
+        if self.padded_width is None:
+            return values
+        p = int(self.prompt_lens[0]) if len(self.prompt_lens) else 0
+        return values.to_padded(0, width=p + self.padded_width)[:, p:]
+
+    def responses(self, pad: int):
+        """[R, T] the response tokens, right-padded with `pad`; and their lengths [R]."""
+        import torch
+
+        lens = self.tokens.lengths - self.prompt_lens
+        width = max(int(lens.max()) if len(lens) else 0, 1)
+        out = torch.full((self.tokens.num_samples, width), pad, dtype=torch.int64)
+        for i, (seq, p) in enumerate(zip(self.tokens, self.prompt_lens.tolist())):
+            out[i, : len(seq) - p] = seq[p:]
+        return out, lens
+
+
+def _first_true(mask):
+    """Prompt lengths from a loss mask: the position of each sequence's first trained token."""
+    import torch
+
+    out = torch.zeros(mask.num_samples, dtype=torch.int64)
+    for i, m in enumerate(mask):
+        hit = torch.nonzero(m)
+        out[i] = int(hit[0]) if len(hit) else len(m)
+    return out
 
 
 class ModelConfig(flowrl.NodeConfig):

@@ -108,22 +108,41 @@ class DapoFilter(flowrl.Node):
         for b in parts[1:]:
             for name, t in b.tensors.items():
                 mine = first.tensors.get(name)
-                if mine is None or tuple(mine.shape[1:]) != tuple(t.shape[1:]) or \
-                        b.meta.get("prompt_len") != first.meta.get("prompt_len"):
+                if mine is None or isinstance(mine, flowrl.Ragged) != isinstance(t, flowrl.Ragged) or (
+                        not isinstance(t, flowrl.Ragged) and tuple(mine.shape[1:]) != tuple(t.shape[1:])):
                     raise ValueError(
                         f"dapo_filter cannot put groups of {first.batch_id} and {b.batch_id} in one batch: tensor "
-                        f"{name!r} is {list(getattr(mine, 'shape', []))} in one and {list(t.shape)} in the other "
-                        f"(prompt_len {first.meta.get('prompt_len')} vs {b.meta.get('prompt_len')}). Give every "
-                        "ticket the same widths (the dataset node's max_prompt_tokens pads prompts to one "
-                        "length) or set fill: false")
+                        f"{name!r} is {_layout(mine)} in one and {_layout(t)} in the other. Ragged tensors "
+                        "(the rollout's default layout) join whatever their lengths; rectangular ones need one "
+                        "width in every ticket (use `rollout: {layout: ragged}`) or set fill: false")
         return flowrl.Batch.concat(parts, meta=batch.meta)
 
     def state_dict(self):
+        # ragged tensors are kept as their values and offsets (torch.save stores plain tensors only)
         return {"waited": self.waited,
-                "held": [{"tensors": dict(b.to_torch().tensors), "meta": dict(b.meta), "batch_id": b.batch_id,
+                "held": [{"tensors": _plain(b.to_torch().tensors), "meta": dict(b.meta), "batch_id": b.batch_id,
                           "policy_version": b.policy_version} for b in self.held]}
 
     def load_state_dict(self, state):
         self.waited = int(state["waited"])
-        self.held = [flowrl.Batch(tensors=h["tensors"], meta=h["meta"], batch_id=h["batch_id"],
+        self.held = [flowrl.Batch(tensors=_unplain(h["tensors"]), meta=h["meta"], batch_id=h["batch_id"],
                                   policy_version=int(h["policy_version"])) for h in state["held"]]
+
+
+def _layout(t) -> str:
+    if t is None:
+        return "missing"
+    if isinstance(t, flowrl.Ragged):
+        return "ragged"
+    return f"rectangular {list(t.shape)}"
+
+
+def _plain(tensors: dict) -> dict:
+    """Tensors as torch.save's weights_only loader reads them: a ragged one as {values, offsets}."""
+    return {k: {"ragged_values": v.values, "ragged_offsets": v.offsets} if isinstance(v, flowrl.Ragged) else v
+            for k, v in tensors.items()}
+
+
+def _unplain(tensors: dict) -> dict:
+    return {k: flowrl.Ragged(v["ragged_values"], v["ragged_offsets"]) if isinstance(v, dict) else v
+            for k, v in tensors.items()}

@@ -14,7 +14,7 @@ Outputs what the built-in `prompts` node does, so the rollout takes it unchanged
     prompts  [B, P] int64   prompt ids, left-padded with the tokenizer's pad id
     targets  [B, A] int64   the reference answers as UTF-8 bytes, -1 padded (flowrl.data.answers)
     rows     [B]    int64   dataset row of each prompt (dropped by the rollout; for audits)
-    meta     prompt_len, max_new_tokens, targets_encoding: "utf8",
+    meta     max_new_tokens, targets_encoding: "utf8",
              tokenizer: {type: char} | {type: hf, path}   (how the `rewards` node decodes responses)
 
 Which rows a ticket gets is a pure function of (seed, ticket index, batch size, dataset)
@@ -53,7 +53,8 @@ class DataConfig(ModelConfig):
     max_new_tokens: int = Field(16, ge=1)
     """Generation budget per response (the rollout reads it from the batch)."""
     max_prompt_tokens: int | None = Field(None, ge=1)
-    """Pad every prompt to this length (stable shapes); None: to the longest prompt of each batch."""
+    """A cap: a prompt longer than this is an error naming its row (None: no cap; the model's
+    context still bounds prompt + response). Prompts are never padded."""
 
 
 def load_data(c: DataConfig):
@@ -102,13 +103,7 @@ class Dataset(flowrl.Source):
     async def generate(self, ticket):
         import torch
 
-        from flowrl.data import (
-            ENCODING,
-            encode_answers,
-            left_pad,
-            rows_for,
-            ticket_start,
-        )
+        from flowrl.data import ENCODING, encode_answers, rows_for, ticket_start
 
         c = self.config
         ids, epochs = rows_for(self.seed, ticket_start(ticket), ticket.size, len(self.rows), c.shuffle)
@@ -116,11 +111,17 @@ class Dataset(flowrl.Source):
             raise ValueError(f"ticket {ticket.index} reaches epoch {int(epochs.max()) + 1} of {c.path}, "
                              f"past epochs={c.epochs}; raise `epochs` or lower schedule.steps")
         rows = [self.rows[i] for i in ids]
-        prompts = left_pad([self.builder.ids(r) for r in rows], self.tokenizer.pad_id, c.max_prompt_tokens)
+        ids_of = [self.builder.ids(r) for r in rows]
+        if c.max_prompt_tokens is not None:
+            for row, seq in zip(ids.tolist(), ids_of):
+                if len(seq) > c.max_prompt_tokens:
+                    raise ValueError(f"{c.path} row {row}: its prompt has {len(seq)} tokens, more than "
+                                     f"max_prompt_tokens={c.max_prompt_tokens}; raise max_prompt_tokens (and the "
+                                     "model's context) or shorten the template")
+        prompts = flowrl.Ragged.from_sequences(ids_of, dtype="int64")
         targets = encode_answers([self.answer_text(r[c.answer_field]) for r in rows])
         self.ctx.recorder.gauge("data_epoch", float(epochs.max()), per_node=True)
         return flowrl.Batch(
-            tensors={"prompts": torch.from_numpy(prompts), "targets": torch.from_numpy(targets),
-                     "rows": torch.from_numpy(ids)},
-            meta={"prompt_len": int(prompts.shape[1]), "max_new_tokens": c.max_new_tokens,
+            tensors={"prompts": prompts, "targets": torch.from_numpy(targets), "rows": torch.from_numpy(ids)},
+            meta={"max_new_tokens": c.max_new_tokens,
                   "targets_encoding": ENCODING, "tokenizer": self.tokenizer.spec})

@@ -79,7 +79,6 @@ class Evaluator(flowrl.Node):
         """Scores of the held-out set with the weights held now; {metric: value}."""
         import torch
 
-        from flowrl.data import left_pad
         from flowrl.models import generate
         from flowrl.rewards.passk import pass_at_k
         from flowrl.rewards.terms import Inputs, score_terms
@@ -90,12 +89,13 @@ class Evaluator(flowrl.Node):
         for start in range(0, len(self.prompts), c.batch_prompts):
             ids = self.prompts[start: start + c.batch_prompts]
             refs = self.answers[start: start + c.batch_prompts]
-            prompts = torch.from_numpy(left_pad(ids, tok.pad_id, c.max_prompt_tokens)).to(self.ctx.device)
+            prompts = flowrl.Ragged.from_sequences(ids, dtype="int64")  # each prompt its own length, no padding
             for temp, reps, out in ((0.0, 1, greedy), (c.temperature, k, sampled)):
-                g = generate(self.model, prompts.repeat_interleave(reps, 0), max_new_tokens=c.max_new_tokens,
+                rows = torch.arange(len(ids)).repeat_interleave(reps).numpy()
+                g = generate(self.model, prompts.select(rows), max_new_tokens=c.max_new_tokens,
                              temperature=temp, top_p=c.top_p, eos_id=tok.eos_id, pad_id=tok.pad_id, generator=gen)
-                lengths = g.response_mask.sum(1).tolist()
-                texts = [tok.decode(r[:n].tolist()) for r, n in zip(g.responses.cpu(), lengths)]
+                lengths = g.response_lens.tolist()
+                texts = [tok.decode(r[:n].tolist()) for r, n in zip(g.responses(tok.pad_id), lengths)]
                 _, scores = score_terms(c.terms, Inputs(texts, [a for a in refs for _ in range(reps)],
                                                         [int(n) for n in lengths], c.max_new_tokens))
                 out.extend(scores)

@@ -7,28 +7,28 @@ rollout), so they compare with the rollout's and the actor's.
 from pydantic import Field
 
 import flowrl
-from flowrl.nodes.common import ModelConfig, model_on, sampling_temperature
+from flowrl.nodes.common import ModelConfig, Sequences, model_on, sampling_temperature
 
 
 class Reference(flowrl.Node):
     role = "reference"
-    requires = {"tokens": "int64", "response_mask": "bool"}
+    requires = {"tokens": "int64"}
 
     class Config(ModelConfig):
         temperature: float | None = Field(None, gt=0)
         """Deprecated: read from the batch. If set, it must equal the rollout's temperature."""
+        max_tokens_per_microbatch: int | None = Field(8192, ge=1)
+        """Sequences are packed into forward passes of at most this many tokens (None: one pass)."""
 
     async def setup(self):
         self.model = model_on(self.ctx, self.config.model)
 
     async def process(self, batch, port):
-        import torch
+        from flowrl.models.packing import packed_logprobs
 
-        from flowrl.models import token_logprobs
-
-        temperature = sampling_temperature(batch, self.config.temperature, f"node `{self.ctx.name}`")
-        tokens, mask = batch.tensors["tokens"], batch.tensors["response_mask"]
-        p_len = tokens.shape[1] - mask.shape[1]
-        with torch.no_grad():
-            ref = token_logprobs(self.model, tokens.to(self.ctx.device), p_len, temperature=temperature)
-        return batch.replace(tensors={**batch.tensors, "ref_logprobs": ref.float().cpu()})
+        where = f"node `{self.ctx.name}`"
+        temperature = sampling_temperature(batch, self.config.temperature, where)
+        seqs = Sequences.of(batch, where)
+        ref = packed_logprobs(self.model, seqs.tokens, temperature=temperature,
+                              max_tokens=self.config.max_tokens_per_microbatch, where=where)
+        return batch.replace(tensors={**batch.tensors, "ref_logprobs": seqs.emit(ref)})

@@ -5,12 +5,7 @@ import importlib
 from pydantic import Field
 
 import flowrl
-from flowrl.nodes.common import ModelConfig, TaskConfig, model_on
-
-
-def _responses(batch):
-    tokens, mask = batch.tensors["tokens"], batch.tensors["response_mask"]
-    return tokens[:, tokens.shape[1] - mask.shape[1]:], mask
+from flowrl.nodes.common import ModelConfig, Sequences, TaskConfig, model_on
 
 
 class Reward(flowrl.Node):
@@ -42,15 +37,17 @@ class Reward(flowrl.Node):
     async def process(self, batch, port):
         import torch
 
-        responses, _ = _responses(batch)
+        from flowrl.tasks import PAD
+
+        responses, _ = Sequences.of(batch, f"node `{self.ctx.name}`").responses(PAD)
         scores = torch.as_tensor(self.fn(responses, batch.tensors["targets"], batch), dtype=torch.float32)
         self.ctx.recorder.mean("score", float(scores.mean()), weight=len(scores), per_node=True)
         return batch.replace(tensors={**batch.tensors, "scores": scores})
 
 
 class RewardModel(flowrl.Node):
-    """Scores with a model: the value head's output at the last response token. `checkpoint` loads
-    trained weights (a state dict saved with torch.save)."""
+    """Scores with a model: the value head's output at the last token of each sequence (prompt and
+    response, packed: no padding). `checkpoint` loads trained weights (a state dict saved with torch.save)."""
 
     role = "reward"
 
@@ -68,13 +65,11 @@ class RewardModel(flowrl.Node):
     async def process(self, batch, port):
         import torch
 
-        from flowrl.models import values
-
-        tokens, mask = batch.tensors["tokens"], batch.tensors["response_mask"]
-        p_len = tokens.shape[1] - mask.shape[1]
+        seqs = Sequences.of(batch, f"node `{self.ctx.name}`")
+        tokens = seqs.tokens
         with torch.no_grad():
-            v = values(self.model, tokens.to(self.ctx.device), p_len).float().cpu()  # [B, T]
-        last = (mask.long().cumsum(1).argmax(1))  # index of the last valid response token
-        scores = v.gather(1, last[:, None]).squeeze(1) * self.config.scale
+            out = self.model.forward_packed(tokens.values.to(self.ctx.device), tokens.offsets.to(self.ctx.device))
+        ends = (tokens.offsets[1:] - 1).clamp(min=0)
+        scores = out.float().cpu()[ends] * self.config.scale
         self.ctx.recorder.mean("score", float(scores.mean()), weight=len(scores), per_node=True)
         return batch.replace(tensors={**batch.tensors, "scores": scores})

@@ -43,13 +43,14 @@ class Rewards(flowrl.Node):
         if meta.get("targets_encoding") != ENCODING or "tokenizer" not in meta:
             raise ValueError("the `rewards` node needs batches from a `dataset` source (targets as UTF-8 answers, "
                              "meta `tokenizer`); for the built-in digit tasks use `kind: reward`")
+        from flowrl.nodes.common import Sequences
+
         tok = tokenizer_for(meta["tokenizer"])
-        tokens, mask = batch.tensors["tokens"], batch.tensors["response_mask"]
-        responses = tokens[:, tokens.shape[1] - mask.shape[1]:]
-        lengths = mask.sum(1).tolist()
+        responses, lengths = Sequences.of(batch, f"node `{self.ctx.name}`").responses(tok.pad_id)
+        lengths = lengths.tolist()
         x = Inputs(responses=[tok.decode(r[:n].tolist()) for r, n in zip(responses, lengths)],
                    references=decode_answers(batch.tensors["targets"]), lengths=[int(n) for n in lengths],
-                   max_tokens=int(meta.get("max_new_tokens") or mask.shape[1]))
+                   max_tokens=int(meta.get("max_new_tokens") or max(lengths, default=1)))
         # code terms wait on subprocesses: off the event loop, so heartbeats keep flowing
         per, total = await anyio.to_thread.run_sync(score_terms, self.config.terms, x)
         rec = self.ctx.recorder

@@ -11,6 +11,8 @@ what to sample -- once, for the whole graph: the temperature and top_p travel wi
 
 import time
 
+from typing import Literal
+
 from pydantic import Field
 
 import flowrl
@@ -20,7 +22,7 @@ from flowrl.nodes.common import ModelConfig
 
 class Rollout(flowrl.Node):
     role = "rollout"
-    requires = {"prompts": "int64", "targets": "int64"}
+    requires = {"prompts": "int64", "targets": "int64"}  # prompts ragged (each its own length) or [B, P]
     subscribes_weights = True
 
     class Config(ModelConfig):
@@ -37,6 +39,10 @@ class Rollout(flowrl.Node):
         """Generation budget; default: what the task needs."""
         stop_token_ids: list[int] = Field(default_factory=list)
         """Token ids that end a response like EOS does (hf and vllm engines)."""
+        layout: Literal["ragged", "padded"] = "ragged"
+        """`ragged`: every sample its own length (see nodes/common.py). `padded`: the rectangular layout
+        of earlier versions (tokens [R, P+T] with prompts left-padded, response_mask / logprobs [R, T]),
+        for user nodes written for it; the built-in nodes take both."""
 
     async def setup(self):
         from flowrl.engines import build_engine
@@ -78,17 +84,46 @@ class Rollout(flowrl.Node):
         sampling = Sampling(n=cfg.samples_per_prompt, temperature=cfg.temperature, top_p=cfg.top_p,
                             max_new_tokens=cfg.max_new_tokens or batch.meta["max_new_tokens"],
                             eos_id=eos, pad_id=pad, stop_token_ids=tuple(cfg.stop_token_ids))
+        import torch
+
         index = max(batch.index, 0)
+        prompts = batch.tensors["prompts"]
+        if not isinstance(prompts, flowrl.Ragged):  # a rectangular [B, P] from a user source: rows are whole prompts
+            prompts = flowrl.Ragged.from_padded(prompts, [prompts.shape[1]] * prompts.shape[0])
         t0 = time.perf_counter()
-        out = self.engine.generate(batch.tensors["prompts"], sampling, seed=self.ctx.seed * 1_000_003 + index)
+        out = self.engine.generate(prompts.to_torch(), sampling, seed=self.ctx.seed * 1_000_003 + index)
         seconds = time.perf_counter() - t0
         rec = self.ctx.recorder
         rec.observe("rollout_latency_s", seconds)
-        rec.count("rollout_tokens_generated", int(out.response_mask.sum()))
+        rec.count("rollout_tokens_generated", int(out.loss_mask.values.sum()))
+        version = self.ctx.policy_version
+        tensors = {"tokens": out.tokens, "loss_mask": out.loss_mask, "logprobs": out.logprobs,
+                   "prompt_lens": out.prompt_lens,
+                   "versions": out.tokens.like(torch.where(out.loss_mask.values, version, -1))}
+        if cfg.layout == "padded":
+            tensors = padded_layout(out, pad)
         return flowrl.Batch(
-            tensors={"tokens": out.tokens, "response_mask": out.response_mask, "logprobs": out.logprobs,
-                     "targets": batch.tensors["targets"].repeat_interleave(sampling.n, 0)},
+            tensors={**tensors, "targets": batch.tensors["targets"].repeat_interleave(sampling.n, 0)},
             meta={**batch.meta, "samples_per_prompt": sampling.n, "temperature": sampling.temperature,
                   "top_p": sampling.top_p, "rollout_engine": cfg.engine.type},
-            policy_version=self.ctx.policy_version,
+            policy_version=version,
         )
+
+
+def padded_layout(out, pad: int) -> dict:
+    """The rectangular layout: prompts left-padded to one width, responses right-padded to another."""
+    import torch
+
+    p = int(out.prompt_lens.max())
+    resp = out.tokens.lengths - out.prompt_lens
+    width = max(int(resp.max()), 1)
+    rows = out.tokens.num_samples
+    tokens = torch.full((rows, p + width), pad, dtype=torch.int64)
+    mask = torch.zeros(rows, width, dtype=torch.bool)
+    logprobs = torch.zeros(rows, width, dtype=torch.float32)
+    for i, (seq, lp, pl) in enumerate(zip(out.tokens, out.logprobs, out.prompt_lens.tolist())):
+        n = len(seq) - pl
+        tokens[i, p - pl: p + n] = seq
+        mask[i, :n] = True
+        logprobs[i, :n] = lp[pl:]
+    return {"tokens": tokens, "response_mask": mask, "logprobs": logprobs}
