@@ -43,6 +43,7 @@ CODES: dict[str, tuple[Severity, str, str]] = {
     "stateful-replicas": ("error", "replicas", "replicas > 1 of a stateful node that does not declare how its replicas merge"),
     "memory-exceeded": ("error", "memory", "the memory model puts more on a GPU than it has (weights, gradients, Adam, activations)"),
     "memory-headroom": ("warning", "memory", "the memory model puts more than 90% of a GPU's memory on it"),
+    "token-budget": ("warning", "tokens", "a node packs micro-batches of fewer tokens than the longest sequence the graph allows"),
 }
 
 

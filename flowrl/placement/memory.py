@@ -13,8 +13,9 @@ The model (what the field's rules of thumb say, e.g. ZeRO's paper and verl's siz
   their dtype, sharded over their ranks;
 - a **rollout engine** that reserves a share of the card (`gpu_memory_utilization: 0.5`, vLLM style)
   takes that share, whatever its model;
-- **activations**: per rank, one micro-batch of `ACTIVATION_TOKENS` tokens with activation
-  checkpointing: a hidden state per layer in the compute dtype for trainers, plus fp32 logits
+- **activations**: per rank, one micro-batch of the node's token budget (`max_tokens_per_microbatch`:
+  trainers pack sequences into micro-batches of at most that many tokens; `ACTIVATION_TOKENS` for a
+  node without one) with activation checkpointing: a hidden state per layer in the compute dtype for trainers, plus fp32 logits
   (tokens x vocab) for anything that computes log-probabilities;
 - **overhead**: the CUDA context and allocator reserve, `CONTEXT_BYTES` per process.
 A device's need is the sum over the processes placed on it (colocated nodes add up).
@@ -32,7 +33,7 @@ TRAIN_BYTES_PER_PARAM = 16
 CONTEXT_BYTES = 1 * GIB
 """CUDA context, cuBLAS/NCCL workspaces and the allocator's reserve, per process."""
 ACTIVATION_TOKENS = 4096
-"""Tokens of one micro-batch per rank that the activation estimate assumes."""
+"""Tokens of one micro-batch per rank that the activation estimate assumes for a node without a budget."""
 HEADROOM = 0.10
 """A device planned above 90% of its memory leaves too little for fragmentation and peaks."""
 TRAINERS = ("actor", "critic")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from math import prod
 
 from flowrl.graph.spec import GraphSpec
-from flowrl.placement import rules_graph, rules_hardware, rules_layout, rules_memory, rules_sharing
+from flowrl.placement import rules_graph, rules_hardware, rules_layout, rules_memory, rules_sharing, rules_tokens
 from flowrl.placement.devices import Device, Inventory
 from flowrl.placement.findings import Finding, dedupe
 from flowrl.placement.groups import Key, pick_cores, pick_gpus
@@ -124,6 +124,7 @@ def make_plan(spec: GraphSpec, inventory: Inventory, classes: dict[str, type] | 
         if req is not None:
             reqs[name] = req
     findings += rules_graph.check(spec, classes)
+    findings += rules_tokens.check(spec, classes)
     _place(spec, inventory, reqs, findings)
     needs = rules_memory.needs(spec, inventory, reqs, classes)
     findings += rules_sharing.check(spec, inventory, reqs, rules_memory.per_device(reqs, needs))

@@ -20,7 +20,8 @@ from pathlib import Path
 from flowrl.graph.spec import GraphSpec, NodeSpec
 from flowrl.placement.devices import Inventory
 from flowrl.placement.findings import Finding, ids_text
-from flowrl.placement.memory import HEADROOM, TRAINERS, ModelShape, Need, gib, hf_shape, min_ranks, node_need, tiny_params
+from flowrl.placement.rules_tokens import token_budget
+from flowrl.placement.memory import ACTIVATION_TOKENS, HEADROOM, TRAINERS, ModelShape, Need, gib, hf_shape, min_ranks, node_need, tiny_params
 from flowrl.placement.requests import Request
 
 Key = tuple[str, int]
@@ -91,8 +92,9 @@ def needs(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], classes: di
         node = spec.nodes[name]
         card = min((d.memory_bytes for g in req.placed for d in g if d.memory_bytes), default=None)
         shape = model_shape(node, classes.get(name))
+        budget = token_budget(node.config if isinstance(node.config, dict) else {}, classes.get(name))
         need = node_need(shape, role=req.role, dtype=_dtype(node), ranks=req.size, card_bytes=card,
-                         reserve_share=_share(node))
+                         reserve_share=_share(node), tokens=budget or ACTIVATION_TOKENS)
         if need.total:
             out[name] = (need, shape)
     return out
