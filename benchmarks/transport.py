@@ -18,8 +18,11 @@ over ipc, `copy=False`, `frombuffer` on receipt), `pyzmq pickle` (`send_pyobj`),
 Over tcp on loopback, at 4 KiB and 4 MiB only (channels between hosts; issue 15): `flowrl tcp`,
 `flowrl tcp+CURVE` (encrypted, the consumer's ZAP handler consulted per connection), and raw
 `pyzmq tcp` / `pyzmq tcp+CURVE` (PUSH/PULL, zero-copy) next to them.
+`flowrl ragged` sends the same bytes as ragged tensors (`flowrl.Ragged`: 64 sequences of uneven
+lengths, tokens and logprobs sharing offsets; issue 22): values and offsets travel as raw frames.
 Targets (issue 3): at 4 MiB flowrl >= 0.8x pyzmq zero-copy and >= 10x mp.Queue in MB/s; at 4 KiB
-flowrl >= 0.5x pyzmq zero-copy in messages/s. Numbers from a shared or busy machine are noisy.
+flowrl >= 0.5x pyzmq zero-copy in messages/s; (issue 22) flowrl ragged within 10% of flowrl at every
+size. Numbers from a shared or busy machine are noisy.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import numpy as np
 
 SIZES = [4 << 10, 256 << 10, 4 << 20, 64 << 20]
 TCP_METHODS = ["flowrl tcp", "pyzmq tcp", "flowrl tcp+CURVE", "pyzmq tcp+CURVE"]
-METHODS = ["flowrl", "pyzmq zero-copy", "pyzmq pickle", "mp.Queue", *TCP_METHODS]
+METHODS = ["flowrl", "flowrl ragged", "pyzmq zero-copy", "pyzmq pickle", "mp.Queue", *TCP_METHODS]
 TCP_SIZES = (4 << 10, 4 << 20)  # tcp methods run at these sizes only
 TARGET_BYTES = 400 << 20  # data moved per measurement (bounded by the counts below)
 
@@ -53,9 +56,24 @@ def arrays(size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return np.arange(seed, seed + n, dtype=np.int64), np.full(n, 0.5, dtype=np.float32)
 
 
-def read(tokens: np.ndarray, logprobs: np.ndarray) -> float:
-    """Touch every byte, as a real consumer would."""
-    return float(tokens.sum()) + float(logprobs.sum())
+def read(tokens, logprobs) -> float:
+    """Touch every byte, as a real consumer would (a ragged tensor: its values and offsets)."""
+    extra = 0.0
+    if not isinstance(tokens, np.ndarray):  # Ragged
+        extra = float(tokens.offsets[-1]) + float(logprobs.offsets[-1])
+        tokens, logprobs = tokens.values, logprobs.values
+    return float(tokens.sum()) + float(logprobs.sum()) + extra
+
+
+def ragged_arrays(size: int, sequences: int = 64):
+    """The bytes of `arrays(size)` as ragged tensors: `sequences` samples of uneven lengths."""
+    from flowrl.transport.ragged import Ragged
+
+    tokens, logprobs = arrays(size)
+    n = len(tokens)
+    cuts = np.sort(np.random.default_rng(0).integers(0, n + 1, size=max(0, min(sequences, n) - 1)))
+    offsets = np.concatenate([[0], cuts, [n]]).astype(np.int64)
+    return Ragged(tokens, offsets), Ragged(logprobs, offsets)
 
 
 class Clock:
@@ -124,13 +142,13 @@ def flowrl_rx(address, size, count, ready, results, capacity, curve=None):
     asyncio.run(main())
 
 
-def flowrl_tx(address, size, count, results, capacity, curve=None):
+def flowrl_tx(address, size, count, results, capacity, curve=None, ragged=False):
     from flowrl.transport import Batch, Sender
 
     async def main():
         async with Sender(flowrl_config(capacity, curve, "tx"), name="bench") as tx:
             await tx.connect(address)
-            tokens, logprobs = arrays(size)
+            tokens, logprobs = ragged_arrays(size) if ragged else arrays(size)
             settle()
             c0 = time.process_time()
             for i in range(count):
@@ -226,7 +244,8 @@ def run_pair(method: str, size: int, count: int, capacity: int, tmp: str) -> dic
         curve = tuple(k.decode() for k in zmq.curve_keypair())
     if method.startswith("flowrl"):
         rx = ctx.Process(target=flowrl_rx, args=(address, size, count, ready, results, capacity, curve))
-        tx = ctx.Process(target=flowrl_tx, args=(address, size, count, results, capacity, curve))
+        tx = ctx.Process(target=flowrl_tx, args=(address, size, count, results, capacity, curve,
+                                                 method == "flowrl ragged"))
     elif method.startswith("pyzmq"):
         pickle_mode = method == "pyzmq pickle"
         rx = ctx.Process(target=zmq_rx, args=(address, size, count, ready, results, pickle_mode, curve))
@@ -324,6 +343,13 @@ def main() -> None:
             checks.append({"size": size, "vs": method, "ratio": got, "target": goal, "ok": got >= goal})
             verdict = "PASS" if got >= goal else "MISS"
             print(f"target {human(size)}: flowrl / {method} = {got:.2f}x (>= {goal}x) {verdict}")
+    for size, row in rows.items():
+        if "flowrl" in row and "flowrl ragged" in row:
+            got = row["flowrl ragged"]["msgs_per_s"] / row["flowrl"]["msgs_per_s"]
+            checks.append({"size": int(size), "method": "flowrl ragged", "vs": "flowrl", "ratio": got, "target": 0.9,
+                           "ok": got >= 0.9})
+            print(f"target {human(int(size))}: flowrl ragged / flowrl = {got:.2f}x (>= 0.9x) "
+                  f"{'PASS' if got >= 0.9 else 'MISS'}")
     for size in (str(s) for s in TCP_SIZES):
         row = rows.get(size, {})
         for ours, raw in (("flowrl tcp", "pyzmq tcp"), ("flowrl tcp+CURVE", "pyzmq tcp+CURVE")):

@@ -335,6 +335,8 @@ def _check_ragged(name: str, t: Ragged) -> None:
     from flowrl.transport.ragged import offsets_problem
 
     dtype_name(t.values)
+    if t.valid:
+        return
     if is_torch(t.values) and t.values.layout != torch_module().strided:
         raise TypeError(f"ragged tensor {name!r} has layout {t.values.layout}; only dense (strided) values travel")
     problem = offsets_problem(t.values, t.offsets)

@@ -177,8 +177,9 @@ def decode_data(header: dict, views: list, limits: wire.DecodeLimits, delivery: 
     used = [False] * len(views)
     tensors: dict[str, Any] = {}
     n = None
+    shared: dict = {}  # inline offsets bytes -> offsets already decoded and checked (aligned tensors)
     for desc in descs:
-        name, t = _decode_tensor(desc, views, used, limits, region)
+        name, t = _decode_tensor(desc, views, used, limits, region, shared)
         if name in tensors:
             raise DecodeError("bad_field", f"tensor name {name!r} appears twice")
         tensors[name] = t
@@ -200,7 +201,7 @@ _SPECS: dict[tuple, tuple] = {(d, lib): (ITEMSIZE[d], NUMPY_DTYPES.get(d)) for d
 
 
 def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits,
-                   region: np.ndarray | None = None) -> tuple[str, Any]:
+                   region: np.ndarray | None = None, shared: dict | None = None) -> tuple[str, Any]:
     ragged = type(desc) is dict and "offsets" in desc
     if type(desc) is not dict or len(desc) != 5 + ragged or ("frame" in desc) + ("data" in desc) + ("shm" in desc) != 1:
         wire.check_keys(desc, _TENSOR_KEYS, _TENSOR_OPTIONAL, "tensor descriptor")
@@ -227,13 +228,19 @@ def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits
     shape = sub.get("shape")
     if type(shape) is not list or len(shape) != 1:
         raise DecodeError("shape", f"tensor {name!r}: offsets must have a 1-d shape")
-    offsets = _decode_array(f"{name}.offsets", sub, _SPECS[("int64", lib)], "int64", lib, shape, views, used,
-                            limits, region)
     if not len(values.shape):
         raise DecodeError("shape", f"ragged tensor {name!r}: values need a leading (token) dimension")
-    problem = offsets_problem(values, offsets)
-    if problem:
-        raise DecodeError("bad_offsets", f"ragged tensor {name!r}: {problem}")
+    data = sub.get("data")
+    key = (lib, data, values.shape[0]) if type(data) is bytes and shared is not None else None
+    offsets = shared.get(key) if key is not None else None
+    if offsets is None:
+        offsets = _decode_array(f"{name}.offsets", sub, _SPECS[("int64", lib)], "int64", lib, shape, views, used,
+                                limits, region)
+        problem = offsets_problem(values, offsets)
+        if problem:
+            raise DecodeError("bad_offsets", f"ragged tensor {name!r}: {problem}")
+        if key is not None:
+            shared[key] = offsets
     return name, Ragged(values, offsets, check=False)
 
 

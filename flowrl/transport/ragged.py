@@ -35,7 +35,7 @@ class RaggedError(ValueError):
 class Ragged:
     """Flat `values` + `offsets`: see the module docstring."""
 
-    __slots__ = ("values", "offsets")
+    __slots__ = ("values", "offsets", "_valid")
 
     def __init__(self, values: Any, offsets: Any, *, check: bool = True) -> None:
         self.values = values
@@ -44,6 +44,12 @@ class Ragged:
             problem = offsets_problem(values, offsets)
             if problem:
                 raise RaggedError(f"{problem}; build it with Ragged.from_sequences or Ragged.from_padded")
+        self._valid = (values, offsets)  # what was checked (or built by code that keeps offsets right)
+
+    @property
+    def valid(self) -> bool:
+        """Whether values and offsets are still the ones checked at construction (not reassigned)."""
+        return self._valid[0] is self.values and self._valid[1] is self.offsets
 
     # ------------------------------------------------------------------------------- construction
     @classmethod
@@ -266,7 +272,20 @@ class Ragged:
 
 
 def offsets_problem(values: Any, offsets: Any) -> str | None:
-    """What is wrong with `offsets` for `values`, or None (used by Ragged and the decoder)."""
+    """What is wrong with `offsets` for `values`, or None (used by Ragged, Batch and the decoder)."""
+    if type(offsets) is np.ndarray and type(values) is np.ndarray:  # the common case, checked in a few us
+        if offsets.dtype == np.int64 and offsets.ndim == 1 and offsets.shape[0] >= 1 and values.ndim >= 1 \
+                and offsets[0] == 0 and offsets[-1] == values.shape[0] and not (offsets[1:] < offsets[:-1]).any():
+            return None
+    elif is_torch(values) and is_torch(offsets):
+        o = offsets.detach().cpu().numpy() if offsets.dtype == torch_module().int64 else offsets
+        if isinstance(o, np.ndarray) and o.ndim == 1 and o.shape[0] >= 1 and len(values.shape) >= 1 \
+                and o[0] == 0 and o[-1] == values.shape[0] and not (o[1:] < o[:-1]).any():
+            return None
+    return _offsets_problem(values, offsets)
+
+
+def _offsets_problem(values: Any, offsets: Any) -> str | None:
     if not (isinstance(values, np.ndarray) or is_torch(values)):
         return f"values must be a numpy array or torch tensor, got {type(values).__name__}"
     if is_torch(values) != is_torch(offsets) or not (isinstance(offsets, np.ndarray) or is_torch(offsets)):
@@ -284,7 +303,6 @@ def offsets_problem(values: Any, offsets: Any) -> str | None:
         at = int(np.flatnonzero(np.diff(o) < 0)[0])
         return f"offsets must not decrease, but offsets[{at + 1}]={int(o[at + 1])} < offsets[{at}]={int(o[at])}"
     return None
-
 
 def _np(x: Any) -> np.ndarray:
     return x.detach().cpu().numpy() if is_torch(x) else x
