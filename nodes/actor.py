@@ -8,7 +8,7 @@ publishes version n + 1 to the rollouts over the weight-sync group.
 from pydantic import Field
 
 import flowrl
-from flowrl.nodes.common import ModelConfig, Sequences, model_on
+from flowrl.nodes.common import ModelConfig, Sequences, check_fits, model_on
 from flowrl.rl import ActorConfig
 
 
@@ -41,6 +41,7 @@ class Actor(flowrl.Sink):
         t = batch.tensors
         where = f"node `{self.ctx.name}`"
         seqs = Sequences.of(batch, where)
+        check_fits(seqs.tokens, self.trainer.model, where, batch.meta.get("tokenizer"), self.config.model)
         ref = seqs.per_token(batch, "ref_logprobs", where) if "ref_logprobs" in t else None
         metrics = self.trainer.train_step(tokens=seqs.tokens, loss_mask=seqs.loss_mask,
                                           old_logprobs=seqs.per_token(batch, "logprobs", where),

@@ -110,6 +110,39 @@ class Sequences(NamedTuple):
         return out, lens
 
 
+def check_fits(tokens, model, where: str, tokenizer: dict | None = None, spec=None) -> None:
+    """Refuse, before any kernel runs, sequences the model cannot take: token ids outside its
+    vocabulary (prompts tokenized for another model), or sequences longer than its context."""
+    vocab = int(getattr(model, "vocab_size", 0) or 0)
+    values = tokens.values
+    if vocab and len(values) and (int(values.max()) >= vocab or int(values.min()) < 0):
+        bad = int(values.max()) if int(values.max()) >= vocab else int(values.min())
+        named = f" (the batch was tokenized by {tokenizer})" if tokenizer else ""
+        raise ValueError(f"{where}: tensor `tokens` holds token id {bad}, outside the model's vocabulary of {vocab}"
+                         f"{named}; every node must use the tokenizer of the policy's model: give the dataset "
+                         "source and every model node the same `model:` (a YAML anchor under `vars:`)")
+    if tokenizer and spec is not None and tokenizer.get("type") == "hf" and getattr(spec, "type", None) == "hf" \
+            and str(tokenizer.get("path")) != str(spec.path):
+        raise ValueError(f"{where}: the batch was tokenized by the tokenizer in {tokenizer.get('path')}, this node's "
+                         f"model is {spec.path}; token ids differ between tokenizers: give the dataset source and "
+                         "every model node the same `model:` (a YAML anchor under `vars:`)")
+    context = _context(model)
+    if context and tokens.num_samples and int(tokens.lengths.max()) > context:
+        i = int(tokens.lengths.argmax())
+        raise ValueError(f"{where}: sequence {i} of tensor `tokens` has {int(tokens.lengths[i])} tokens, more than "
+                         f"the model's context of {context}; lower max_prompt_tokens / max_new_tokens or use a model "
+                         "with a longer context (model.max_seq_len for the built-in one)")
+
+
+def _context(model) -> int | None:
+    spec = getattr(model, "spec", None)
+    if spec is not None and getattr(spec, "max_seq_len", None):
+        return int(spec.max_seq_len)
+    config = getattr(getattr(model, "backbone", None), "config", None)
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) else None
+
+
 def _first_true(mask):
     """Prompt lengths from a loss mask: the position of each sequence's first trained token."""
     import torch

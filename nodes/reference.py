@@ -7,7 +7,7 @@ rollout), so they compare with the rollout's and the actor's.
 from pydantic import Field
 
 import flowrl
-from flowrl.nodes.common import ModelConfig, Sequences, model_on, sampling_temperature
+from flowrl.nodes.common import ModelConfig, Sequences, check_fits, model_on, sampling_temperature
 
 
 class Reference(flowrl.Node):
@@ -29,6 +29,7 @@ class Reference(flowrl.Node):
         where = f"node `{self.ctx.name}`"
         temperature = sampling_temperature(batch, self.config.temperature, where)
         seqs = Sequences.of(batch, where)
+        check_fits(seqs.tokens, self.model, where, batch.meta.get("tokenizer"), self.config.model)
         ref = packed_logprobs(self.model, seqs.tokens, temperature=temperature,
                               max_tokens=self.config.max_tokens_per_microbatch, where=where)
         return batch.replace(tensors={**batch.tensors, "ref_logprobs": seqs.emit(ref)})

@@ -5,7 +5,7 @@ import importlib
 from pydantic import Field
 
 import flowrl
-from flowrl.nodes.common import ModelConfig, Sequences, TaskConfig, model_on
+from flowrl.nodes.common import ModelConfig, Sequences, TaskConfig, check_fits, model_on
 
 
 class Reward(flowrl.Node):
@@ -65,8 +65,10 @@ class RewardModel(flowrl.Node):
     async def process(self, batch, port):
         import torch
 
-        seqs = Sequences.of(batch, f"node `{self.ctx.name}`")
+        where = f"node `{self.ctx.name}`"
+        seqs = Sequences.of(batch, where)
         tokens = seqs.tokens
+        check_fits(tokens, self.model, where, batch.meta.get("tokenizer"), self.config.model)
         with torch.no_grad():
             out = self.model.forward_packed(tokens.values.to(self.ctx.device), tokens.offsets.to(self.ctx.device))
         ends = (tokens.offsets[1:] - 1).clamp(min=0)

@@ -136,3 +136,18 @@ def test_dapo_joins_groups_of_any_widths_and_checkpoints_them(tmp_path):
     assert out.num_samples == 8
     assert out.tensors["tokens"].lengths.tolist()[:4] == seqs.tokens.lengths.tolist()
     assert out.tensors["tokens"].lengths.tolist()[4:] == (seqs.tokens.lengths + 2).tolist()
+
+
+def test_tokens_the_model_cannot_take_are_refused_by_name_before_any_kernel_runs():
+    node = make_node(Reference, {"model": MODEL}, name="reference")
+    b = ragged_batch()
+    t = dict(b.tensors)
+    values = t["tokens"].values.clone()
+    values[3] = 10_000  # a prompt tokenized for another model
+    t["tokens"] = t["tokens"].like(values)
+    with pytest.raises(ValueError, match=r"node `reference`: tensor `tokens` holds token id 10000.*same `model:`"):
+        call(node.process, b.replace(tensors=t, meta={**b.meta, "tokenizer": {"type": "char"}}), "in")
+    long = flowrl.Ragged.from_sequences([list(range(10)) * 6])  # 60 tokens, the model takes 48
+    t = {"tokens": long, "loss_mask": long.like(torch.ones(60, dtype=torch.bool))}
+    with pytest.raises(ValueError, match="sequence 0 of tensor `tokens` has 60 tokens, more than the model's context"):
+        call(node.process, flowrl.Batch(tensors=t, meta={"temperature": 1.0}), "in")
