@@ -55,7 +55,7 @@ def time_engine(engine, args, threads: int) -> dict:
         t0 = time.perf_counter()
         out = engine.generate(batch, s, seed=i + 1)
         dt = time.perf_counter() - t0
-        n = int(out.response_mask.sum())
+        n = int(out.loss_mask.values.sum())  # response tokens only
         tokens += n
         rates.append(n / dt)
     return {"tokens_per_s": statistics.median(rates), "completions": batch.shape[0] * args.samples,

@@ -25,8 +25,10 @@ runtime reports the failed sync and orders a new one. If the restore fails too (
 ``on_reload_error: fail``, which keeps no copy) the engine refuses to generate until a version
 loads completely, so nothing is ever sampled from mixed weights.
 
-Sampling: each prompt is one request with ``n`` completions and its own seed, so
-a batch is reproducible for a given seed and prompts do not share random draws. Log-probs are
+Sampling: each prompt is one request -- its own token ids, never padded -- with ``n`` completions
+and its own seed, so a batch is reproducible for a given seed and prompts do not share random
+draws (greedy: one completion per prompt, repeated ``n`` times). A prompt that leaves no room for
+``max_new_tokens`` within ``max_model_len`` is refused before anything is generated. Log-probs are
 vLLM's ``processed_logprobs``: after temperature, and (unlike flowrl's convention) after top-p, so
 with ``top_p < 1`` they are those of the renormalised nucleus; the actor's mismatch metric shows
 the difference, and its importance-sampling options correct for it.
@@ -41,9 +43,19 @@ from typing import Any
 
 import torch
 
-from flowrl.engines.base import RolloutEngine, Sampling, pack_completions, require_hf_model
+from flowrl.engines.base import (
+    Prompts,
+    RolloutEngine,
+    Sampling,
+    as_prompts,
+    check_prompts,
+    empty_generation,
+    pack_completions,
+    require_hf_model,
+)
 from flowrl.engines.spec import VLLMEngineSpec
-from flowrl.models.sampling import Generation
+from flowrl.models.generation import Generation
+from flowrl.transport.ragged import Ragged
 
 EXTENSION = "flowrl.engines.vllm_worker.FlowrlWorkerExtension"
 PREFIX = "backbone."
@@ -116,28 +128,36 @@ class VLLMEngine(RolloutEngine):
 
         greedy = sampling.temperature <= 0
         return SamplingParams(
-            n=1 if greedy else sampling.n, temperature=0.0 if greedy else sampling.temperature, top_p=1.0 if greedy else sampling.top_p,
+            n=1 if greedy else sampling.n, temperature=0.0 if greedy else sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p,
             max_tokens=sampling.max_new_tokens, stop_token_ids=list(sampling.stops), logprobs=0,
             detokenize=False, seed=seed % (2**63),
         )
 
-    def generate(self, prompts: torch.Tensor, sampling: Sampling, *, seed: int) -> Generation:
+    def generate(self, prompts: Prompts, sampling: Sampling, *, seed: int) -> Generation:
         from vllm.inputs import TokensPrompt
 
         if self.unusable is not None:
             raise EngineUnusableError(f"the vLLM engine holds mixed weights and cannot generate: {self.unusable}; "
                                       "it generates again once a whole version has loaded (or the node restarts)")
-        rows = prompts.tolist()
-        if sampling.temperature <= 0:  # vLLM decodes greedily with n = 1: repeat the request instead
-            rows = [r for r in rows for _ in range(sampling.n)]
-        requests = [TokensPrompt(prompt_token_ids=r) for r in rows]
+        prompts = as_prompts(prompts)
+        config = self.llm.llm_engine.model_config
+        check_prompts(prompts, sampling, context=int(config.max_model_len), setting="the engine's max_model_len",
+                      vocab_size=int(config.get_vocab_size()))
+        if not prompts.num_samples:
+            return empty_generation(prompts, sampling.n)
+        requests = [TokensPrompt(prompt_token_ids=p.tolist()) for p in prompts]  # each prompt's own ids
         # Request i draws from seed * 1_000_003 + i: distinct across the prompts of a batch and across
         # batches (seed + i would hand batch k's prompt i the draws of batch k + 1's prompt i - 1).
-        params = [self.sampling_params(sampling, seed * 1_000_003 + i) for i in range(len(rows))]
+        params = [self.sampling_params(sampling, seed * 1_000_003 + i) for i in range(len(requests))]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
+        draws = 1 if sampling.temperature <= 0 else sampling.n  # vLLM decodes greedily with n = 1
         completions = []
         for out in outputs:
-            for c in sorted(out.outputs, key=lambda c: c.index):
+            done = sorted(out.outputs, key=lambda c: c.index)
+            if len(done) != draws:
+                raise RuntimeError(f"vLLM returned {len(done)} completions for a request of n={draws}")
+            for c in done * (sampling.n // draws):
                 ids = list(c.token_ids)
                 lps = [step[tok].logprob for tok, step in zip(ids, c.logprobs or [])]
                 completions.append((ids, lps))
@@ -147,7 +167,7 @@ class VLLMEngine(RolloutEngine):
         # The first generation builds kernels for the shapes it meets (seconds on CPU); pay it
         # before READY, not inside the first ticket.
         sampling = Sampling(n=2, temperature=1.0, max_new_tokens=2, eos_id=0, pad_id=0)
-        self.generate(torch.zeros(2, 4, dtype=torch.long), sampling, seed=0)
+        self.generate(Ragged.from_sequences([[0, 0, 0, 0], [0, 0]]), sampling, seed=0)
 
     # weights --------------------------------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:
@@ -177,7 +197,8 @@ class VLLMEngine(RolloutEngine):
                                f"{next(iter(self.staging))!r}); nothing was loaded")
             if tuple(dst.shape) != tuple(tensor.shape):
                 raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} does not match the rollout's "
-                                 f"{tuple(dst.shape)}; trainer and rollout must build the same model. Nothing was loaded")
+                                 f"{tuple(dst.shape)}; trainer and rollout must build the same model. "
+                                 "Nothing was loaded")
             staged.append((_engine_name(name), tensor))
         return staged
 
