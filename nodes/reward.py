@@ -10,9 +10,10 @@ from flowrl.nodes.common import ModelConfig, Sequences, TaskConfig, check_fits, 
 
 class Reward(flowrl.Node):
     """Rule-based reward: the task's verifiable score (partial credit in [0, 1]), or your function
-    `fn(responses [B,T], targets [B,A], batch) -> scores [B]` given as `function: pkg.mod:fn`."""
+    `fn(responses [B,T], targets [B,A], batch) -> scores [B]` given as `function: pkg.mod:fn`
+    (responses right-padded with the task's PAD after their own end)."""
 
-    requires = {"tokens": "int64", "response_mask": "bool", "targets": "int64"}
+    requires = {"tokens": "int64", "targets": "int64"}
 
     role = "reward"
 

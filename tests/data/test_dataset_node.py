@@ -3,6 +3,9 @@
 import json
 
 import pytest
+import torch
+
+import flowrl
 
 from flowrl.data import CharTokenizer, decode_answers
 from flowrl.nodes.dataset import Dataset
@@ -25,29 +28,30 @@ def ticket(index, size):
     return Ticket(batch_id=f"t-{index:06d}", index=index, attempt=0, min_policy_version=0, size=size)
 
 
-def test_a_ticket_becomes_left_padded_prompts_with_their_answers(data):
+def test_a_ticket_becomes_prompts_of_their_own_length_with_their_answers(data):
     path, rows = data
     node = make_node(Dataset, {"path": str(path), "template": "Q: {question}=", "model": MODEL, "max_new_tokens": 4})
     batch = call(node.generate, ticket(0, 5))
     prompts, targets, ids = batch.tensors["prompts"], batch.tensors["targets"], batch.tensors["rows"].tolist()
-    assert prompts.shape[0] == 5 and batch.meta["prompt_len"] == prompts.shape[1]
+    assert isinstance(prompts, flowrl.Ragged) and prompts.num_samples == 5 and "prompt_len" not in batch.meta
     assert batch.meta["max_new_tokens"] == 4 and batch.meta["tokenizer"] == {"type": "char"}
     tok = CharTokenizer()
-    for p, i in zip(prompts.tolist(), ids):
-        want = tok.encode(f"Q: {rows[i]['question']}=")
-        assert p[len(p) - len(want):] == want and set(p[: len(p) - len(want)]) <= {PAD}
+    for p, i in zip(prompts, ids):
+        assert p.tolist() == tok.encode(f"Q: {rows[i]['question']}=")  # exactly its tokens: no padding
+    assert PAD not in prompts.values.tolist()
     assert decode_answers(targets) == [rows[i]["answer"] for i in ids]
     # a replayed ticket gets the very same batch
     again = call(node.generate, ticket(0, 5))
-    assert again.tensors["prompts"].tolist() == prompts.tolist() and again.tensors["rows"].tolist() == ids
+    assert torch.equal(again.tensors["prompts"].values, prompts.values) and again.tensors["rows"].tolist() == ids
 
 
-def test_a_fixed_prompt_length_pads_every_batch_to_it_and_refuses_longer_prompts(data):
+def test_max_prompt_tokens_is_a_cap_that_never_pads_and_names_the_row_it_refuses(data):
     path, _ = data
     node = make_node(Dataset, {"path": str(path), "model": MODEL, "max_prompt_tokens": 12})
-    assert call(node.generate, ticket(1, 4)).tensors["prompts"].shape == (4, 12)
+    prompts = call(node.generate, ticket(1, 4)).tensors["prompts"]
+    assert prompts.num_samples == 4 and int(prompts.lengths.max()) <= 12 and PAD not in prompts.values.tolist()
     node = make_node(Dataset, {"path": str(path), "model": MODEL, "max_prompt_tokens": 3})
-    with pytest.raises(ValueError, match="max_prompt_tokens=3"):
+    with pytest.raises(ValueError, match=r"row \d+: its prompt has \d+ tokens, more than max_prompt_tokens=3"):
         call(node.generate, ticket(0, 4))
 
 
@@ -83,6 +87,7 @@ def test_a_hugging_face_tokenizer_and_its_chat_template_tokenize_the_prompts(dat
                                "system": "Be brief."})
     batch = call(node.generate, ticket(0, 2))
     assert batch.meta["tokenizer"]["type"] == "hf"
-    for p, i in zip(batch.tensors["prompts"].tolist(), batch.tensors["rows"].tolist()):
-        text = node.tokenizer.tok.decode([t for t in p if t != node.tokenizer.pad_id])
+    for p, i in zip(batch.tensors["prompts"], batch.tensors["rows"].tolist()):
+        assert node.tokenizer.pad_id not in p.tolist()  # the prompt's own tokens, nothing in front
+        text = node.tokenizer.tok.decode(p.tolist())
         assert text.endswith(f"system: Be brief.\nuser: {rows[i]['question']}\nassistant:")
