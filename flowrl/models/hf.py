@@ -164,13 +164,15 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False) -> Any:
             f"{path!r} has no tokenizer_config.json; save the tokenizer next to the model "
             "(tokenizer.save_pretrained(path)); examples/hf_tiny/make_model.py writes one for the digit tasks"
         )
-    return _transformers().AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    return _transformers().AutoTokenizer.from_pretrained(path, local_files_only=True,
+                                                         trust_remote_code=trust_remote_code)
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     """Token ids of ``messages`` rendered with the folder's chat template, ready to generate after."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the tokenizer has no chat_template; add one to tokenizer_config.json or encode prompts directly")
+        raise ValueError("the tokenizer has no chat_template; add one to tokenizer_config.json or encode prompts "
+                         "directly")
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return list(tokenizer.encode(text, add_special_tokens=False))
 

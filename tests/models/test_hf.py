@@ -20,7 +20,8 @@ def model_dir(hf_model_dir):
 def test_hf_policy_generates_with_cache_and_recomputes_the_same_logprobs(model_dir):
     policy = build_model({"type": "hf", "path": model_dir})
     prompts = build_task({"name": "reverse", "digits": 4}).prompts(0, 0, 4)[0]
-    out = generate(policy, prompts, max_new_tokens=5, eos_id=EOS, pad_id=PAD, generator=torch.Generator().manual_seed(0))
+    out = generate(policy, prompts, max_new_tokens=5, eos_id=EOS, pad_id=PAD,
+                   generator=torch.Generator().manual_seed(0))
     assert out.num_samples == 4 and out.prompt_lens.tolist() == [prompts.shape[1]] * 4
     assert (out.response_lens >= 1).all() and (out.response_lens <= 5).all()
     packed = packed_logprobs(policy, out.tokens)
@@ -31,7 +32,8 @@ def test_hf_policy_generates_with_cache_and_recomputes_the_same_logprobs(model_d
     full = token_logprobs(policy, grid, p)
     mask = out.loss_mask.to_padded(False)[:, p:]
     torch.testing.assert_close(full * mask, out.logprobs.to_padded(0.0)[:, p:], atol=1e-4, rtol=0)
-    again = generate(policy, prompts, max_new_tokens=5, eos_id=EOS, pad_id=PAD, generator=torch.Generator().manual_seed(0))
+    again = generate(policy, prompts, max_new_tokens=5, eos_id=EOS, pad_id=PAD,
+                     generator=torch.Generator().manual_seed(0))
     assert torch.equal(out.tokens.values, again.tokens.values)
 
 

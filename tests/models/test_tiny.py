@@ -52,7 +52,8 @@ def test_same_seed_builds_bitwise_equal_weights_and_the_critic_trunk_equals_the_
 def test_cached_generation_gives_the_same_logprobs_as_a_full_forward(positions):
     model = build_model(SPEC.model_copy(update={"positions": positions}), seed=0)
     prompts = _prompts()
-    out = generate(model, prompts, max_new_tokens=8, eos_id=EOS, pad_id=PAD, generator=torch.Generator().manual_seed(0))
+    out = generate(model, prompts, max_new_tokens=8, eos_id=EOS, pad_id=PAD,
+                   generator=torch.Generator().manual_seed(0))
     packed = packed_logprobs(model, out.tokens)
     torch.testing.assert_close(packed.values * out.loss_mask.values, out.logprobs.values, atol=1e-5, rtol=0)
     tokens, mask, logprobs = _grid(out, prompts.shape[1])  # the legacy rectangular helper agrees
@@ -83,7 +84,8 @@ def test_generation_is_deterministic_under_a_seeded_generator():
 
 def test_a_response_ends_at_its_first_eos_and_nothing_comes_after():
     model = _eos_prone(build_model(SPEC, seed=0))
-    out = generate(model, _prompts(32), max_new_tokens=6, eos_id=EOS, pad_id=PAD, generator=torch.Generator().manual_seed(0))
+    out = generate(model, _prompts(32), max_new_tokens=6, eos_id=EOS, pad_id=PAD,
+                   generator=torch.Generator().manual_seed(0))
     lengths = out.response_lens
     assert len(set(lengths.tolist())) > 1  # rows did stop at different steps
     assert out.loss_mask.aligned(out.tokens) and out.logprobs.aligned(out.tokens)
