@@ -12,7 +12,8 @@ Padding goes to transformers as it expects it: a 2-D ``attention_mask`` (1 on re
 ``position_ids`` counting the real tokens, so a left-padded prompt decodes as it does alone and a
 pad is never attended to. ``forward_packed`` right-pads the sequences of a micro-batch into one
 batch (right pads are never seen by real tokens under causal attention) and gathers the real
-positions back -- a 2-D mask works with every attention implementation (eager, sdpa, flash).
+positions back. Only 2-D masks are passed, the form every attention implementation of transformers
+takes (eager and sdpa are tested here; a 4-D block mask would not reach flash attention).
 """
 
 from __future__ import annotations

@@ -255,31 +255,31 @@ class TinyLM(CausalLM):
         if start != cache.length:
             raise ValueError(f"cache holds {cache.length} positions but start={start}; feed tokens in order")
         b, s = tokens.shape
-        plain = attention_mask is None and position_ids is None and not cache.padded
         if attention_mask is not None:
             attention_mask = attention_mask.to(device=tokens.device, dtype=torch.bool)
-            cache.key_mask[:, start : start + s] = attention_mask
-            cache.padded = cache.padded or not bool(attention_mask.all())
-            real = attention_mask.to(torch.int64)
-            default = cache.next_pos[:, None] + default_positions(attention_mask)
-            cache.next_pos += real.sum(dim=1)
-            cache.max_next_pos = int(cache.next_pos.max()) if b else 0
+            steps, added = default_positions(attention_mask), attention_mask.to(torch.int64).sum(dim=1)
+            padded = cache.padded or not bool(attention_mask.all())
         else:
-            default = cache.next_pos[:, None] + torch.arange(s, device=tokens.device)
-            cache.next_pos += s
-            cache.max_next_pos += s
-        if cache.padded:
+            steps, added, padded = torch.arange(s, device=tokens.device), s, cache.padded
+        if attention_mask is None and position_ids is None and not cache.padded:
+            self._check_positions(start + s)
+            positions: int | torch.Tensor = start  # no pad anywhere: every row's positions are its slots
+        else:
+            positions = cache.next_pos[:, None] + steps if position_ids is None else position_ids.to(tokens.device)
+            exact = attention_mask is not None or position_ids is not None  # else: all rows advance by s
+            self._check_positions(int(positions.max()) + 1 if exact else cache.max_next_pos + s)
+        # checks passed: record the new slots
+        if attention_mask is not None:
+            cache.key_mask[:, start : start + s] = attention_mask
+        cache.padded = padded
+        cache.next_pos += added
+        cache.max_next_pos = int(cache.next_pos.max()) if attention_mask is not None and b else cache.max_next_pos + s
+        if padded:
             mask = padded_causal_mask(cache.key_mask, start, s)
-        else:  # no pad anywhere: one new token sees every slot, a chunk sees the slots up to its own
+        else:  # one new token sees every slot, a chunk sees the slots up to its own
             slots = torch.arange(start + s, device=tokens.device)
             mask = None if s == 1 else slots[None] <= slots[start:, None]
         plan = _Plan(mask=mask, cache=cache, start=start)
-        if plain:  # every row's positions are its slots
-            self._check_positions(start + s)
-            positions: int | torch.Tensor = start
-        else:
-            positions = default if position_ids is None else position_ids.to(tokens.device)
-            self._check_positions(cache.max_next_pos if position_ids is None else int(positions.max()) + 1)
         h = self._trunk(tokens, positions, plan)
         cache.length = start + s
         return self.lm_head(h)

@@ -14,8 +14,8 @@ from flowrl.transport.ragged import Ragged
 
 SPEC = TinyLMSpec(d_model=32, n_layers=2, n_heads=4, max_seq_len=40)
 LENGTHS = (5, 1, 9, 3, 12, 7)
-BACKENDS = ["learned", "rope", "hf", "hf-gpt2"]
-HF_DIRS = {"hf": "hf_model_dir", "hf-gpt2": "hf_gpt2_dir"}
+BACKENDS = ["learned", "rope", "hf", "hf-eager", "hf-gpt2"]
+HF_DIRS = {"hf": "hf_model_dir", "hf-eager": "hf_model_dir", "hf-gpt2": "hf_gpt2_dir"}
 
 
 def _model(kind: str, request, *, value_head: bool = False):
@@ -23,7 +23,10 @@ def _model(kind: str, request, *, value_head: bool = False):
     (the real one starts at zero, which would make every value comparison trivially true)."""
     if kind in HF_DIRS:
         pytest.importorskip("transformers")
-        model = build_model({"type": "hf", "path": request.getfixturevalue(HF_DIRS[kind])}, value_head=value_head)
+        spec = {"type": "hf", "path": request.getfixturevalue(HF_DIRS[kind])}
+        if kind == "hf-eager":  # the default is sdpa; eager adds a float mask instead of a bool one
+            spec["attn_implementation"] = "eager"
+        model = build_model(spec, value_head=value_head)
     else:
         model = build_model(SPEC.model_copy(update={"positions": kind}), value_head=value_head, seed=0)
     if value_head:
