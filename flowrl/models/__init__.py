@@ -3,8 +3,13 @@
     >>> policy = build_model({"type": "tiny", "d_model": 64}, seed=0)
     >>> critic = build_model({"type": "tiny", "d_model": 64}, value_head=True, seed=0)
     >>> out = generate(policy, prompts, max_new_tokens=5, eos_id=EOS)     # doctest: +SKIP
-    >>> lp = token_logprobs(policy, out.tokens, prompt_len=P)             # doctest: +SKIP
-    >>> v = values(critic, out.tokens, prompt_len=P)                      # doctest: +SKIP
+    >>> out.tokens, out.loss_mask, out.logprobs    # Ragged, aligned: prompt + response  # doctest: +SKIP
+    >>> lp = packed_logprobs(policy, out.tokens)   # aligned with out.tokens   # doctest: +SKIP
+    >>> v = packed_values(critic, out.tokens)      # aligned with out.tokens   # doctest: +SKIP
+
+``prompts`` is a :class:`~flowrl.transport.ragged.Ragged` (each prompt its own length) or a
+``[B, P]`` tensor of full rows. The rectangular helpers (``token_logprobs``, ``values``) still read
+``[B, P + T]`` grids whose prompts all have ``P`` tokens.
 
 The specs import without torch (the graph loader and ``flowrl check`` use them); everything else
 loads torch on first use.
@@ -22,18 +27,21 @@ if TYPE_CHECKING:
 __all__ = [
     "MODEL_TYPES", "HFModelSpec", "ModelSpec", "TinyLMSpec", "parse_model_spec", "build_model",
     "CausalLM", "Generation", "generate", "token_logprobs", "token_logprobs_and_entropy", "values",
-    "entropy_from_logits", "logprobs_from_logits",
+    "entropy_from_logits", "logprobs_from_logits", "packed_logprobs", "packed_values", "plan_microbatches",
 ]
 
 _LAZY = {
     "CausalLM": "flowrl.models.base",
-    "Generation": "flowrl.models.sampling",
+    "Generation": "flowrl.models.generation",
     "generate": "flowrl.models.sampling",
     "token_logprobs": "flowrl.models.sampling",
     "token_logprobs_and_entropy": "flowrl.models.sampling",
     "values": "flowrl.models.sampling",
     "entropy_from_logits": "flowrl.models.sampling",
     "logprobs_from_logits": "flowrl.models.sampling",
+    "packed_logprobs": "flowrl.models.packing",
+    "packed_values": "flowrl.models.packing",
+    "plan_microbatches": "flowrl.models.packing",
 }
 
 

@@ -27,7 +27,8 @@ class Generation(NamedTuple):
     loss_mask: Ragged
     """bool, aligned with ``tokens``: True on generated tokens up to and including the first stop."""
     logprobs: Ragged
-    """float32, aligned with ``tokens``: log-prob of each generated token (temperature-scaled, before top-p); 0 elsewhere."""
+    """float32, aligned with ``tokens``: log-prob of each generated token (temperature-scaled, before
+    top-p); 0 elsewhere."""
     prompt_lens: torch.Tensor
     """``[R]`` int64: prompt tokens at the start of each sample."""
 

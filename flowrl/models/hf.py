@@ -7,6 +7,13 @@ A policy or reference is ``AutoModelForCausalLM``; a critic is the base ``AutoMo
 plus a zero-initialised linear value head on the last hidden state. Only local folders are read
 (``local_files_only``): a node never downloads. transformers is imported when a model is built,
 never when flowrl is imported, so everything else works without it.
+
+Padding goes to transformers as it expects it: a 2-D ``attention_mask`` (1 on real tokens) plus
+``position_ids`` counting the real tokens, so a left-padded prompt decodes as it does alone and a
+pad is never attended to. ``forward_packed`` right-pads the sequences of a micro-batch into one
+batch (right pads are never seen by real tokens under causal attention) and gathers the real
+positions back. Only 2-D masks are passed, the form every attention implementation of transformers
+takes (eager and sdpa are tested here; a 4-D block mask would not reach flash attention).
 """
 
 from __future__ import annotations
@@ -18,8 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from flowrl.models.base import CausalLM
+from flowrl.models.base import CausalLM, default_positions
 from flowrl.models.spec import HFModelSpec
+from flowrl.transport.ragged import Ragged
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -66,28 +74,74 @@ class HFCausalLM(CausalLM):
             nn.init.zeros_(self.value_head.weight)
             nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[B, L, V]`` or values ``[B, L]``; pads (``attention_mask`` False) are never
+        attended to, and positions default to the count of real tokens before each one."""
+        kwargs: dict[str, Any] = {"input_ids": tokens, "use_cache": False}
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(device=tokens.device, dtype=torch.long)
+            kwargs["attention_mask"] = attention_mask
+            if position_ids is None:
+                position_ids = default_positions(attention_mask)
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids.to(tokens.device)
         if self.has_value_head:
-            hidden = self.backbone(input_ids=tokens, use_cache=False).last_hidden_state
+            hidden = self.backbone(**kwargs).last_hidden_state
             return self.value_head(hidden).squeeze(-1)  # [B, L]
-        return self.backbone(input_ids=tokens, use_cache=False).logits  # [B, L, V]
+        return self.backbone(**kwargs).logits  # [B, L, V]
+
+    def forward_packed(self, tokens: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """Outputs ``[N, V]`` (values ``[N]``) of packed sequences: one right-padded batch with an
+        attention mask and positions from 0 per row; the real positions are gathered back."""
+        bounds = cu_seqlens.to(torch.int64).cpu()
+        lens = bounds[1:] - bounds[:-1]
+        keep = torch.nonzero(lens > 0).flatten()
+        if len(keep) == 0:
+            return self.forward(tokens.new_zeros(1, 1))[0, :0]
+        seqs = Ragged(tokens, bounds.to(tokens.device), check=False).select(keep.numpy())
+        padded, mask = seqs.to_padded(0), seqs.mask()
+        positions = torch.arange(padded.shape[1], device=tokens.device).expand(padded.shape[0], -1)
+        return self.forward(padded, attention_mask=mask, position_ids=positions)[mask]
 
     def new_cache(self, batch: int, max_len: int) -> dict[str, Any]:
-        # The library creates its own cache on the first call; we keep whatever it returns.
-        return {"past": None, "length": 0}
+        """The library creates its own cache on the first call; we keep whatever it returns, the
+        2-D mask of the slots so far (once a pad appears) and each row's next position."""
+        return {"past": None, "length": 0, "mask": None, "padded": False, "next_pos": None}
 
-    def forward_cached(self, tokens: torch.Tensor, cache: dict[str, Any], start: int) -> torch.Tensor:
+    def forward_cached(self, tokens: torch.Tensor, cache: dict[str, Any], start: int,
+                       attention_mask: torch.Tensor | None = None,
+                       position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[B, S, V]`` of the tokens in slots ``start..start+S-1``; extends ``cache``.
+        With pads in the cache, transformers gets the whole slot mask and real-token positions."""
         if self.has_value_head:
             raise TypeError("forward_cached samples tokens; a value-head model (critic) has no logits")
         if start != cache["length"]:
             raise ValueError(f"cache holds {cache['length']} positions but start={start}; feed tokens in order")
-        kwargs = {"input_ids": tokens, "use_cache": True}
+        b, s = tokens.shape
+        device = tokens.device
+        if attention_mask is None:
+            new = torch.ones(b, s, dtype=torch.long, device=device)
+            steps = torch.arange(s, device=device)[None]
+        else:
+            new = attention_mask.to(device=device, dtype=torch.long)
+            steps = default_positions(new)
+            cache["padded"] = cache["padded"] or not bool(new.all())
+        next_pos = cache["next_pos"] if cache["next_pos"] is not None else torch.zeros(b, dtype=torch.long,
+                                                                                      device=device)
+        cache["mask"] = new if cache["mask"] is None else torch.cat([cache["mask"], new], dim=1)
+        kwargs: dict[str, Any] = {"input_ids": tokens, "use_cache": True}
+        if cache["padded"]:
+            kwargs["attention_mask"] = cache["mask"]
+        if cache["padded"] or position_ids is not None:
+            kwargs["position_ids"] = (next_pos[:, None] + steps) if position_ids is None else position_ids.to(device)
         if cache["past"] is not None:
             kwargs[self._cache_arg] = cache["past"]
         out = self.backbone(**kwargs)
         past = getattr(out, "cache", None)
         cache["past"] = past if past is not None else out.past_key_values
-        cache["length"] = start + tokens.shape[1]
+        cache["next_pos"] = next_pos + new.sum(dim=1)
+        cache["length"] = start + s
         return out.logits
 
 
@@ -111,13 +165,15 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False) -> Any:
             f"{path!r} has no tokenizer_config.json; save the tokenizer next to the model "
             "(tokenizer.save_pretrained(path)); examples/hf_tiny/make_model.py writes one for the digit tasks"
         )
-    return _transformers().AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    return _transformers().AutoTokenizer.from_pretrained(path, local_files_only=True,
+                                                         trust_remote_code=trust_remote_code)
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     """Token ids of ``messages`` rendered with the folder's chat template, ready to generate after."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the tokenizer has no chat_template; add one to tokenizer_config.json or encode prompts directly")
+        raise ValueError("the tokenizer has no chat_template; add one to tokenizer_config.json or encode prompts "
+                         "directly")
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return list(tokenizer.encode(text, add_special_tokens=False))
 

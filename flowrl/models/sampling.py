@@ -1,44 +1,35 @@
 """Sampling with a KV cache, and the per-token quantities RL needs, for any :class:`CausalLM`.
 
+    >>> prompts = Ragged.from_sequences([[3, 1, 4], [1, 5], [9, 2, 6, 5]])   # each its own length
     >>> out = generate(policy, prompts, max_new_tokens=5, temperature=1.0, eos_id=EOS, pad_id=PAD,
     ...                generator=torch.Generator().manual_seed(0))        # doctest: +SKIP
-    >>> out.tokens.shape, out.response_mask.shape, out.logprobs.shape     # doctest: +SKIP
-    (torch.Size([B, P + 5]), torch.Size([B, 5]), torch.Size([B, 5]))
-    >>> torch.allclose(out.logprobs, token_logprobs(policy, out.tokens, P), atol=1e-5)  # doctest: +SKIP
+    >>> out.tokens.lengths, out.prompt_lens                               # doctest: +SKIP
+    (tensor([..]), tensor([3, 2, 4]))             # prompt + response per sample, nothing after the EOS
+    >>> lp = packed_logprobs(policy, out.tokens)  # flowrl.models.packing    # doctest: +SKIP
+    >>> torch.allclose(lp.values * out.loss_mask.values, out.logprobs.values, atol=1e-5)  # doctest: +SKIP
     True
 
-Indexing convention used across flowrl: response position ``t`` (0-based) is token
-``tokens[:, P + t]``; its log-prob, entropy and value are all read from the model output at
+:func:`generate` returns a ragged :class:`~flowrl.models.generation.Generation`. Prompts of different
+lengths are decoded together, left-padded with ``pad_id`` behind an attention mask, so each row gets
+what it gets alone and pad ids never matter. A legacy ``[B, P]`` tensor is a batch of full rows.
+
+The rectangular helpers (:func:`token_logprobs`, :func:`token_logprobs_and_entropy`, :func:`values`)
+read a ``[B, P + T]`` grid whose prompts all have ``P`` tokens: response position ``t`` (0-based) is
+token ``tokens[:, P + t]``; its log-prob, entropy and value are all read from the model output at
 position ``P + t - 1``, the state the token was chosen in.
 
 Log-probs are those of the temperature-scaled distribution, *before* top-p truncation (as verl and
-OpenRLHF do): the trainer recomputes exactly the same quantity with :func:`token_logprobs`, so
-the PPO ratio is 1 on the first mini-batch when nothing changed.
+OpenRLHF do): the trainer recomputes exactly the same quantity, so the PPO ratio is 1 on the first
+mini-batch when nothing changed.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from flowrl.models.base import CausalLM
-
-
-class Generation(NamedTuple):
-    """What :func:`generate` returns."""
-
-    tokens: torch.Tensor
-    """``[B, P + T]`` int64: prompt, then response; ``pad_id`` after each EOS."""
-    response_mask: torch.Tensor
-    """``[B, T]`` bool: True for generated tokens up to and including the first EOS."""
-    logprobs: torch.Tensor
-    """``[B, T]`` float32: log-prob of each sampled token (0 where the mask is False)."""
-
-    @property
-    def responses(self) -> torch.Tensor:
-        """``[B, T]`` the response part of ``tokens``."""
-        return self.tokens[:, self.tokens.shape[1] - self.response_mask.shape[1] :]
+from flowrl.models.generation import Generation
+from flowrl.transport.ragged import Ragged
 
 
 def _sample(logp: torch.Tensor, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
@@ -53,10 +44,23 @@ def _sample(logp: torch.Tensor, top_p: float, generator: torch.Generator | None)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def _as_ragged(prompts: "Ragged | torch.Tensor") -> Ragged:
+    """Prompts as a torch Ragged: a Ragged as it is, a ``[B, P]`` tensor as ``B`` full rows."""
+    if isinstance(prompts, Ragged):
+        prompts = prompts.to_torch()
+        return Ragged(prompts.values.cpu(), prompts.offsets.cpu(), check=False)
+    if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2 or prompts.shape[1] == 0:
+        shape = tuple(prompts.shape) if hasattr(prompts, "shape") else type(prompts).__name__
+        raise ValueError(f"prompts must be a Ragged or a non-empty [B, P] int64 tensor, got {shape}")
+    b, p = prompts.shape
+    prompts = prompts.cpu()
+    return Ragged(prompts.reshape(-1), torch.arange(b + 1, dtype=torch.int64) * p, check=False)
+
+
 @torch.no_grad()
 def generate(
     model: CausalLM,
-    prompts: torch.Tensor,
+    prompts: "Ragged | torch.Tensor",
     *,
     max_new_tokens: int,
     temperature: float = 1.0,
@@ -65,29 +69,37 @@ def generate(
     pad_id: int | None = None,
     generator: torch.Generator | None = None,
 ) -> Generation:
-    """Sample up to ``max_new_tokens`` per prompt (``prompts [B, P]``, equal lengths, no padding).
+    """Sample up to ``max_new_tokens`` after each prompt; one sample per prompt (repeat prompts for more).
 
-    ``temperature <= 0`` is greedy decoding (log-probs then of the unscaled distribution). The same
-    ``generator`` state gives the same tokens: every random draw goes through it. Stops early once
-    every row has emitted EOS; the result is still padded to ``max_new_tokens``.
+    ``prompts`` is a :class:`Ragged` (each prompt its own length, at least one token) or a legacy
+    ``[B, P]`` tensor (all rows full). Internally prompts are left-padded with ``pad_id`` (default:
+    ``eos_id``) behind an attention mask, so no pad is ever attended to. A response ends at its first
+    ``eos_id`` (included) or after ``max_new_tokens``. ``temperature <= 0`` is greedy decoding
+    (log-probs then of the unscaled distribution). The same ``generator`` state gives the same
+    tokens: every random draw goes through it. Stops early once every row has emitted EOS.
     """
-    if prompts.dim() != 2 or prompts.shape[1] == 0:
-        raise ValueError(f"prompts must be a non-empty [B, P] int64 tensor, got shape {tuple(prompts.shape)}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    ragged = _as_ragged(prompts)
+    lens = ragged.lengths
+    if ragged.num_samples == 0 or bool((lens < 1).any()):
+        raise ValueError(f"every prompt needs at least one token; got {ragged.num_samples} prompts with lengths "
+                         f"{lens.tolist()[:8]}")
     pad = eos_id if pad_id is None else pad_id
     device = _device(model)
-    prompts = prompts.to(device)
-    b, p = prompts.shape
-    tokens = torch.full((b, p + max_new_tokens), pad, dtype=torch.long, device=device)
-    tokens[:, :p] = prompts
+    b, width = ragged.num_samples, int(lens.max())
+    padded = ragged.to_padded(pad, side="left").to(device=device, dtype=torch.long)
+    prompt_mask = ragged.mask(side="left").to(device)
+    responses = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=device)
     mask = torch.zeros(b, max_new_tokens, dtype=torch.bool, device=device)
     logprobs = torch.zeros(b, max_new_tokens, dtype=torch.float32, device=device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
-    cache = model.new_cache(b, p + max_new_tokens)
-    logits = model.forward_cached(prompts, cache, 0)[:, -1]
+    cache = model.new_cache(b, width + max_new_tokens)
+    all_full = bool((lens == width).all())  # no pad: the backends' plain path
+    logits = model.forward_cached(padded, cache, 0, None if all_full else prompt_mask)[:, -1]
+    steps = max_new_tokens
     for t in range(max_new_tokens):
         if temperature > 0:
             logp = torch.log_softmax(logits.float() / temperature, dim=-1)
@@ -97,14 +109,15 @@ def generate(
             tok = logp.argmax(dim=-1)
         live = ~done
         tok = torch.where(live, tok, pad)
-        tokens[:, p + t] = tok
+        responses[:, t] = tok
         mask[:, t] = live
         logprobs[:, t] = torch.where(live, logp.gather(-1, tok[:, None]).squeeze(-1), 0.0)
         done = done | (tok == eos_id)
         if t + 1 == max_new_tokens or bool(done.all()):
+            steps = t + 1
             break
-        logits = model.forward_cached(tok[:, None], cache, p + t)[:, -1]
-    return Generation(tokens, mask, logprobs)
+        logits = model.forward_cached(tok[:, None], cache, width + t)[:, -1]
+    return Generation.from_grids(ragged, responses[:, :steps], mask[:, :steps], logprobs[:, :steps], n=1)
 
 
 def _device(model: CausalLM) -> torch.device:

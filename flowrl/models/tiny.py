@@ -7,6 +7,11 @@
 Initialisation is a pure function of ``(spec, seed)`` -- every process that builds the policy from
 the same graph gets bitwise the same weights without any transfer -- and the critic's trunk equals
 the policy's (heads are initialised last). A policy starts near uniform over the vocabulary.
+
+Padding is never attended to: ``forward`` takes an ``attention_mask`` (True on real tokens) and the
+KV cache remembers which of its slots are pads, so a row's outputs do not depend on its pad ids or
+on the other rows of its batch. ``forward_packed`` computes sequences of their own length without
+any pad: the linear layers run on all tokens at once and attention runs per sequence.
 """
 
 from __future__ import annotations
@@ -18,23 +23,58 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flowrl.models.base import CausalLM
+from flowrl.models.base import CausalLM, default_positions
 from flowrl.models.spec import TinyLMSpec
 
 
 @dataclass
 class KVCache:
-    """Per-layer key and value buffers ``[B, H, max_len, Dh]``; positions ``< length`` are filled."""
+    """Per-layer key and value buffers ``[B, H, max_len, Dh]``; slots ``< length`` are filled.
+
+    ``key_mask [B, max_len]`` is False on the slots that hold pads (never attended to), and
+    ``next_pos [B]`` is the position the next real token of each row takes (its real tokens so far).
+    ``padded`` says whether any slot is a pad yet: until then decoding needs no mask at all.
+    """
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    key_mask: torch.Tensor
+    next_pos: torch.Tensor
     length: int = 0
+    padded: bool = False
+    max_next_pos: int = 0
+    """The largest ``next_pos`` (a Python int, so decoding checks ``max_seq_len`` without a sync)."""
+
+
+@dataclass
+class _Plan:
+    """How the queries of one pass attend (the same for every layer)."""
+
+    mask: torch.Tensor | None = None
+    """Bool ``[S, K]`` or ``[B, 1, S, K]``, True where a query may attend to a key; None = no mask."""
+    causal: bool = False
+    """SDPA's ``is_causal`` (square attention without a cache)."""
+    segments: list[tuple[int, int]] | None = None
+    """Packed: token ranges ``[a, b)``, each attending only to itself, causally."""
+    cache: KVCache | None = None
+    start: int = 0
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x [B, H, S, Dh]; cos/sin [S, Dh/2]: rotate channel pairs (i, i + Dh/2) by the position angle.
+    # x [B, H, S, Dh]; cos/sin [S, Dh/2] or [B, 1, S, Dh/2]: rotate channel pairs (i, i + Dh/2) by the angle.
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def padded_causal_mask(key_mask: torch.Tensor, start: int, s: int) -> torch.Tensor:
+    """Bool ``[B, 1, s, start + s]``: query ``i`` (slot ``start + i``) sees the real keys at slots
+    ``<= start + i``, and always itself -- so a pad query has one key and no row is ever all masked
+    (an all-masked row would give NaN, and a NaN value times a zero weight poisons real queries)."""
+    k = start + s
+    slots = torch.arange(k, device=key_mask.device)
+    query_slots = torch.arange(start, k, device=key_mask.device)[:, None]
+    allowed = (slots[None] <= query_slots) & key_mask[:, None, None, :k]
+    return allowed | (slots[None] == query_slots)
 
 
 class _Attention(nn.Module):
@@ -45,23 +85,24 @@ class _Attention(nn.Module):
         self.qkv = nn.Linear(spec.d_model, 3 * spec.d_model)
         self.proj = nn.Linear(spec.d_model, spec.d_model)
 
-    def forward(self, x, rope, cache: KVCache | None, layer: int, start: int) -> torch.Tensor:
+    def forward(self, x, rope, plan: _Plan, layer: int) -> torch.Tensor:
         b, s, d = x.shape
         q, k, v = self.qkv(x).view(b, s, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if rope is not None:  # q, k [B, H, S, Dh]
             q, k = _rotate(q, *rope), _rotate(k, *rope)
-        if cache is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
+        cache = plan.cache
+        if cache is not None:
+            start = plan.start
             cache.keys[layer][:, :, start : start + s] = k
             cache.values[layer][:, :, start : start + s] = v
             k = cache.keys[layer][:, :, : start + s]
             v = cache.values[layer][:, :, : start + s]
-            if s == 1:  # one new token sees every cached position
-                out = F.scaled_dot_product_attention(q, k, v)
-            else:  # new token i (position start+i) sees positions <= start+i
-                allowed = torch.arange(start + s)[None] <= torch.arange(start, start + s)[:, None]
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        if plan.segments is not None:  # packed: each sequence on its own, causal
+            parts = [F.scaled_dot_product_attention(q[:, :, a:e], k[:, :, a:e], v[:, :, a:e], is_causal=True)
+                     for a, e in plan.segments]
+            out = torch.cat(parts, dim=2) if parts else q
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.mask, is_causal=plan.causal)
         return self.proj(out.transpose(1, 2).reshape(b, s, d))
 
 
@@ -74,8 +115,8 @@ class _Block(nn.Module):
         self.fc = nn.Linear(spec.d_model, spec.mlp_ratio * spec.d_model)
         self.proj = nn.Linear(spec.mlp_ratio * spec.d_model, spec.d_model)
 
-    def forward(self, x, rope, cache, layer, start) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x), rope, cache, layer, start)
+    def forward(self, x, rope, plan: _Plan, layer: int) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), rope, plan, layer)
         return x + self.proj(F.gelu(self.fc(self.ln2(x))))
 
 
@@ -125,43 +166,120 @@ class TinyLM(CausalLM):
         elif not self.spec.tie_embeddings:
             self.lm_head.weight.normal_(0.0, std, generator=gen)
 
-    def _trunk(self, tokens: torch.Tensor, cache: KVCache | None, start: int) -> torch.Tensor:
-        b, s = tokens.shape
-        if start + s > self.spec.max_seq_len:
+    # ------------------------------------------------------------------------------- internals
+    def _check_positions(self, end: int) -> None:
+        """Refuse positions ``>= max_seq_len`` (``end`` = the largest position + 1)."""
+        if end > self.spec.max_seq_len:
             raise ValueError(
-                f"sequence of {start + s} tokens exceeds max_seq_len={self.spec.max_seq_len}; "
+                f"sequence of {end} tokens exceeds max_seq_len={self.spec.max_seq_len}; "
                 "raise model.max_seq_len or shorten prompts / max_new_tokens"
             )
+
+    def _trunk(self, tokens: torch.Tensor, positions: "int | torch.Tensor", plan: _Plan) -> torch.Tensor:
+        """Hidden states ``[B, S, D]``; ``positions`` is the first position of every row (an int) or
+        one position per token (``[B, S]``)."""
         x = self.tok_emb(tokens)
         rope = None
-        if self.pos_emb is not None:
-            x = x + self.pos_emb.weight[start : start + s]
+        if isinstance(positions, int):
+            span = slice(positions, positions + tokens.shape[1])
+            if self.pos_emb is not None:
+                x = x + self.pos_emb.weight[span]
+            else:
+                rope = (self.rope_cos[span], self.rope_sin[span])
+        elif self.pos_emb is not None:
+            x = x + self.pos_emb(positions)
         else:
-            rope = (self.rope_cos[start : start + s], self.rope_sin[start : start + s])
+            rope = (self.rope_cos[positions][:, None], self.rope_sin[positions][:, None])
         for i, block in enumerate(self.blocks):
-            x = block(x, rope, cache, i, start)
+            x = block(x, rope, plan, i)
         return self.norm(x)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self._trunk(tokens, None, 0)
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
         if self.has_value_head:
-            return self.value_head(h).squeeze(-1)  # [B, L]
-        return self.lm_head(h)  # [B, L, V]
+            return self.value_head(h).squeeze(-1)
+        return self.lm_head(h)
+
+    # ------------------------------------------------------------------------------- interface
+    def forward(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[B, L, V]`` or values ``[B, L]``; with ``attention_mask`` (True = real token) no
+        query attends to a pad, and positions default to the count of real tokens before each one."""
+        b, l = tokens.shape
+        if attention_mask is None and position_ids is None:
+            self._check_positions(l)
+            return self._head(self._trunk(tokens, 0, _Plan(causal=True)))
+        plan = _Plan(causal=True)
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(device=tokens.device, dtype=torch.bool)
+            plan = _Plan(mask=padded_causal_mask(attention_mask, 0, l))
+            if position_ids is None:
+                position_ids = default_positions(attention_mask)
+        position_ids = position_ids.to(tokens.device)
+        self._check_positions(int(position_ids.max()) + 1 if position_ids.numel() else 0)
+        return self._head(self._trunk(tokens, position_ids, plan))
+
+    def forward_packed(self, tokens: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """Outputs ``[N, V]`` (values ``[N]``) of packed sequences, no pad computed: the linear
+        layers run on all ``N`` tokens at once, attention runs causally within each sequence."""
+        bounds = cu_seqlens.to(torch.int64).cpu()
+        lens = bounds[1:] - bounds[:-1]
+        self._check_positions(int(lens.max()) if len(lens) else 0)
+        positions = torch.arange(tokens.shape[0]) - torch.repeat_interleave(bounds[:-1], lens)
+        segments = [(a, e) for a, e in zip(bounds[:-1].tolist(), bounds[1:].tolist()) if e > a]
+        h = self._trunk(tokens[None], positions[None].to(tokens.device), _Plan(segments=segments))
+        return self._head(h[0])
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
+        """An empty cache of ``max_len`` slots; refused beyond ``max_seq_len`` so that a generation
+        too long for the model fails at once, not at whichever step a row first gets there."""
+        self._check_positions(max_len)
         p = self.tok_emb.weight
         shape = (batch, self.spec.n_heads, max_len, self.spec.d_model // self.spec.n_heads)
         n = self.spec.n_layers
         return KVCache(
             keys=[torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(n)],
             values=[torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(n)],
+            key_mask=torch.ones(batch, max_len, dtype=torch.bool, device=p.device),
+            next_pos=torch.zeros(batch, dtype=torch.int64, device=p.device),
         )
 
-    def forward_cached(self, tokens: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
+    def forward_cached(self, tokens: torch.Tensor, cache: KVCache, start: int,
+                       attention_mask: torch.Tensor | None = None,
+                       position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[B, S, V]`` of tokens in cache slots ``start..start+S-1``; extends ``cache``.
+
+        ``attention_mask [B, S]`` marks pads among the new tokens (left-padded prompts); later
+        calls never attend to them. Positions default to each row's count of real tokens so far."""
         if self.has_value_head:
             raise TypeError("forward_cached samples tokens; a value-head model (critic) has no logits")
         if start != cache.length:
             raise ValueError(f"cache holds {cache.length} positions but start={start}; feed tokens in order")
-        h = self._trunk(tokens, cache, start)
-        cache.length = start + tokens.shape[1]
+        b, s = tokens.shape
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(device=tokens.device, dtype=torch.bool)
+            steps, added = default_positions(attention_mask), attention_mask.to(torch.int64).sum(dim=1)
+            padded = cache.padded or not bool(attention_mask.all())
+        else:
+            steps, added, padded = torch.arange(s, device=tokens.device), s, cache.padded
+        if attention_mask is None and position_ids is None and not cache.padded:
+            self._check_positions(start + s)
+            positions: int | torch.Tensor = start  # no pad anywhere: every row's positions are its slots
+        else:
+            positions = cache.next_pos[:, None] + steps if position_ids is None else position_ids.to(tokens.device)
+            exact = attention_mask is not None or position_ids is not None  # else: all rows advance by s
+            self._check_positions(int(positions.max()) + 1 if exact else cache.max_next_pos + s)
+        # checks passed: record the new slots
+        if attention_mask is not None:
+            cache.key_mask[:, start : start + s] = attention_mask
+        cache.padded = padded
+        cache.next_pos += added
+        cache.max_next_pos = int(cache.next_pos.max()) if attention_mask is not None and b else cache.max_next_pos + s
+        if padded:
+            mask = padded_causal_mask(cache.key_mask, start, s)
+        else:  # one new token sees every slot, a chunk sees the slots up to its own
+            slots = torch.arange(start + s, device=tokens.device)
+            mask = None if s == 1 else slots[None] <= slots[start:, None]
+        plan = _Plan(mask=mask, cache=cache, start=start)
+        h = self._trunk(tokens, positions, plan)
+        cache.length = start + s
         return self.lm_head(h)

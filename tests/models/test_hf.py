@@ -8,31 +8,33 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from flowrl.models import build_model, generate, token_logprobs, values  # noqa: E402
+from flowrl.models.packing import packed_logprobs  # noqa: E402
 from flowrl.tasks import EOS, PAD, VOCAB_SIZE, build_task  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    transformers.logging.set_verbosity_error()
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    return str(path)
+def model_dir(hf_model_dir):
+    return hf_model_dir
 
 
 def test_hf_policy_generates_with_cache_and_recomputes_the_same_logprobs(model_dir):
     policy = build_model({"type": "hf", "path": model_dir})
     prompts = build_task({"name": "reverse", "digits": 4}).prompts(0, 0, 4)[0]
-    out = generate(policy, prompts, max_new_tokens=5, eos_id=EOS, pad_id=PAD, generator=torch.Generator().manual_seed(0))
-    assert out.tokens.shape == (4, 12) and out.response_mask[:, 0].all()
-    full = token_logprobs(policy, out.tokens, prompts.shape[1])
-    torch.testing.assert_close(full * out.response_mask, out.logprobs, atol=1e-4, rtol=0)
-    again = generate(policy, prompts, max_new_tokens=5, eos_id=EOS, pad_id=PAD, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(out.tokens, again.tokens)
+    out = generate(policy, prompts, max_new_tokens=5, eos_id=EOS, pad_id=PAD,
+                   generator=torch.Generator().manual_seed(0))
+    assert out.num_samples == 4 and out.prompt_lens.tolist() == [prompts.shape[1]] * 4
+    assert (out.response_lens >= 1).all() and (out.response_lens <= 5).all()
+    packed = packed_logprobs(policy, out.tokens)
+    torch.testing.assert_close(packed.values * out.loss_mask.values, out.logprobs.values, atol=1e-4, rtol=0)
+    # the rectangular helper agrees on the full grid (every prompt has P tokens here)
+    p = prompts.shape[1]
+    grid = out.tokens.to_padded(PAD)
+    full = token_logprobs(policy, grid, p)
+    mask = out.loss_mask.to_padded(False)[:, p:]
+    torch.testing.assert_close(full * mask, out.logprobs.to_padded(0.0)[:, p:], atol=1e-4, rtol=0)
+    again = generate(policy, prompts, max_new_tokens=5, eos_id=EOS, pad_id=PAD,
+                     generator=torch.Generator().manual_seed(0))
+    assert torch.equal(out.tokens.values, again.tokens.values)
 
 
 def test_hf_critic_has_a_zero_initialised_value_head_and_trains(model_dir):

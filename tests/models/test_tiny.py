@@ -8,6 +8,7 @@ import torch
 from flowrl.models import (
     TinyLMSpec, build_model, generate, parse_model_spec, token_logprobs, token_logprobs_and_entropy, values,
 )
+from flowrl.models.packing import packed_logprobs
 from flowrl.tasks import EOS, PAD, VOCAB_SIZE, build_task
 
 SPEC = TinyLMSpec(d_model=32, n_layers=2, n_heads=4, max_seq_len=24)
@@ -15,6 +16,12 @@ SPEC = TinyLMSpec(d_model=32, n_layers=2, n_heads=4, max_seq_len=24)
 
 def _prompts(n: int = 6) -> torch.Tensor:
     return build_task({"name": "reverse", "digits": 4}).prompts(0, 0, n)[0]
+
+
+def _grid(out, p: int):
+    """The rectangular view of a generation whose prompts all have ``p`` tokens: tokens
+    ``[B, P + T]`` (``PAD`` after each response), response mask and log-probs ``[B, T]``."""
+    return (out.tokens.to_padded(PAD), out.loss_mask.to_padded(False)[:, p:], out.logprobs.to_padded(0.0)[:, p:])
 
 
 def _eos_prone(model):
@@ -45,9 +52,13 @@ def test_same_seed_builds_bitwise_equal_weights_and_the_critic_trunk_equals_the_
 def test_cached_generation_gives_the_same_logprobs_as_a_full_forward(positions):
     model = build_model(SPEC.model_copy(update={"positions": positions}), seed=0)
     prompts = _prompts()
-    out = generate(model, prompts, max_new_tokens=8, eos_id=EOS, pad_id=PAD, generator=torch.Generator().manual_seed(0))
-    full = token_logprobs(model, out.tokens, prompts.shape[1])
-    torch.testing.assert_close(full * out.response_mask, out.logprobs, atol=1e-5, rtol=0)
+    out = generate(model, prompts, max_new_tokens=8, eos_id=EOS, pad_id=PAD,
+                   generator=torch.Generator().manual_seed(0))
+    packed = packed_logprobs(model, out.tokens)
+    torch.testing.assert_close(packed.values * out.loss_mask.values, out.logprobs.values, atol=1e-5, rtol=0)
+    tokens, mask, logprobs = _grid(out, prompts.shape[1])  # the legacy rectangular helper agrees
+    full = token_logprobs(model, tokens, prompts.shape[1])
+    torch.testing.assert_close(full * mask, logprobs, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("positions", ["learned", "rope"])
@@ -66,21 +77,28 @@ def test_generation_is_deterministic_under_a_seeded_generator():
     model = build_model(SPEC, seed=0)
     runs = [generate(model, _prompts(), max_new_tokens=6, eos_id=EOS, generator=torch.Generator().manual_seed(s))
             for s in (5, 5, 6)]
-    assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].logprobs, runs[1].logprobs)
-    assert not torch.equal(runs[0].tokens, runs[2].tokens)
+    assert torch.equal(runs[0].tokens.values, runs[1].tokens.values)
+    assert torch.equal(runs[0].logprobs.values, runs[1].logprobs.values)
+    assert not torch.equal(runs[0].responses(PAD), runs[2].responses(PAD))
 
 
-def test_after_eos_come_padding_a_false_mask_and_zero_logprobs():
+def test_a_response_ends_at_its_first_eos_and_nothing_comes_after():
     model = _eos_prone(build_model(SPEC, seed=0))
-    out = generate(model, _prompts(32), max_new_tokens=6, eos_id=EOS, pad_id=PAD, generator=torch.Generator().manual_seed(0))
-    resp = out.responses
-    lengths = out.response_mask.sum(dim=1)
+    out = generate(model, _prompts(32), max_new_tokens=6, eos_id=EOS, pad_id=PAD,
+                   generator=torch.Generator().manual_seed(0))
+    lengths = out.response_lens
     assert len(set(lengths.tolist())) > 1  # rows did stop at different steps
-    for row, mask, lp, n in zip(resp, out.response_mask, out.logprobs, lengths.tolist()):
-        assert mask[:n].all() and not mask[n:].any()
-        if (row == EOS).any():
-            assert int((row == EOS).nonzero()[0]) == n - 1  # the EOS is the last valid token
-        assert (row[n:] == PAD).all() and (lp[n:] == 0).all() and (lp[:n] < 0).all()
+    assert out.loss_mask.aligned(out.tokens) and out.logprobs.aligned(out.tokens)
+    for i in range(out.num_samples):
+        p, n = int(out.prompt_lens[i]), int(lengths[i])
+        resp, mask, lp = out.tokens[i][p:], out.loss_mask[i], out.logprobs[i]
+        assert 1 <= n <= 6 and len(resp) == n
+        assert not mask[:p].any() and mask[p:].all() and (lp[:p] == 0).all() and (lp[p:] < 0).all()
+        eos = (resp == EOS).nonzero().flatten().tolist()
+        assert eos in ([], [n - 1]) and (eos or n == 6)  # ends at its only EOS, or at the budget
+    grid = out.responses(PAD)
+    assert grid.shape == (32, int(lengths.max()))
+    assert all((row[n:] == PAD).all() for row, n in zip(grid, lengths.tolist()))
 
 
 def test_greedy_and_tiny_top_p_both_pick_the_most_likely_token():
@@ -88,20 +106,26 @@ def test_greedy_and_tiny_top_p_both_pick_the_most_likely_token():
     greedy = generate(model, _prompts(), max_new_tokens=5, temperature=0.0, eos_id=EOS)
     nucleus = generate(model, _prompts(), max_new_tokens=5, top_p=1e-6, eos_id=EOS,
                        generator=torch.Generator().manual_seed(0))
-    assert torch.equal(greedy.tokens, nucleus.tokens)
+    assert torch.equal(greedy.tokens.values, nucleus.tokens.values)
+    assert torch.equal(greedy.tokens.offsets, nucleus.tokens.offsets)
 
 
 def test_temperature_scales_the_recomputed_logprobs_the_same_way():
     model = build_model(SPEC, seed=0)
-    out = generate(model, _prompts(), max_new_tokens=5, temperature=0.7, eos_id=EOS, generator=torch.Generator().manual_seed(1))
-    lp, ent = token_logprobs_and_entropy(model, out.tokens, 7, temperature=0.7)
-    torch.testing.assert_close(lp * out.response_mask, out.logprobs, atol=1e-5, rtol=0)
+    out = generate(model, _prompts(), max_new_tokens=5, temperature=0.7, eos_id=EOS, pad_id=PAD,
+                   generator=torch.Generator().manual_seed(1))
+    tokens, mask, logprobs = _grid(out, 7)
+    lp, ent = token_logprobs_and_entropy(model, tokens, 7, temperature=0.7)
+    torch.testing.assert_close(lp * mask, logprobs, atol=1e-5, rtol=0)
     assert ent.shape == lp.shape and float(ent.detach().min()) >= 0.0
+    packed = packed_logprobs(model, out.tokens, temperature=0.7)
+    torch.testing.assert_close(packed.values * out.loss_mask.values, out.logprobs.values, atol=1e-5, rtol=0)
 
 
 def test_an_untrained_policy_is_close_to_uniform():
     model = build_model(SPEC, seed=0)
-    _, ent = token_logprobs_and_entropy(model, generate(model, _prompts(), max_new_tokens=5, eos_id=EOS).tokens, 7)
+    out = generate(model, _prompts(), max_new_tokens=5, eos_id=EOS, pad_id=PAD)
+    _, ent = token_logprobs_and_entropy(model, _grid(out, 7)[0], 7)
     assert float(ent.detach().mean()) > 0.95 * torch.log(torch.tensor(float(VOCAB_SIZE)))
 
 
@@ -118,8 +142,12 @@ def test_values_come_one_per_response_token_and_only_from_a_critic():
 
 def test_sequences_longer_than_max_seq_len_are_refused_with_the_fix():
     model = build_model(SPEC, seed=0)
-    with pytest.raises(ValueError, match="max_seq_len=24"):
+    with pytest.raises(ValueError, match="max_seq_len=24"):  # at once, before any row could stop
         generate(model, _prompts(), max_new_tokens=20, eos_id=EOS)
+    with pytest.raises(ValueError, match="max_seq_len=24"):
+        model(torch.zeros(1, 25, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_seq_len=24"):
+        model.forward_packed(torch.zeros(30, dtype=torch.long), torch.tensor([0, 5, 30]))
 
 
 def test_bad_model_configs_are_rejected_with_the_reason():
