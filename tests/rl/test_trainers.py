@@ -59,7 +59,7 @@ def test_epochs_and_mini_batches_take_that_many_optimizer_steps():
     assert actor.steps == 8 and actor.updates == 1
     assert metrics["clipfrac"] >= 0.0
     with pytest.raises(ValueError, match="mini_batches=4 exceeds the batch of 2"):
-        actor.train_step(tokens=torch.zeros(2, 7, dtype=torch.long), prompt_len=P,
+        actor.train_step(tokens=torch.zeros(2, P + 3, dtype=torch.long), prompt_len=P,
                          response_mask=torch.ones(2, 3, dtype=torch.bool), old_logprobs=torch.zeros(2, 3),
                          advantages=torch.zeros(2))
 
