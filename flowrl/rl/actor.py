@@ -75,7 +75,8 @@ class ActorTrainer(Trainer):
             raise TypeError("Ragged tokens need a loss_mask aligned with them (True on the tokens to train on)")
         cfg = self.config
         if cfg.kl_loss_coef and ref_logprobs is None:
-            raise ValueError("kl_loss_coef > 0 needs ref_logprobs from the reference node; pass them or set kl_loss_coef=0")
+            raise ValueError("kl_loss_coef > 0 needs ref_logprobs from the reference node; pass them or set "
+                             "kl_loss_coef=0")
         adv = flat_aligned("advantages", advantages, tokens) if isinstance(advantages, Ragged) else \
             seq_values_to_tokens(torch.as_tensor(advantages), tokens)
         fields = {"mask": flat_aligned("loss_mask", loss_mask, tokens).bool(),

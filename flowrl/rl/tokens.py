@@ -86,7 +86,8 @@ def to_grid(values: Ragged | torch.Tensor, mask: Ragged) -> tuple[torch.Tensor, 
 
 
 def from_grid(grid: torch.Tensor, mask: Ragged) -> Ragged:
-    """The inverse of :func:`to_grid`: a Ragged aligned with ``mask``, ``grid``'s values at its masked tokens, 0 elsewhere."""
+    """The inverse of :func:`to_grid`: a Ragged aligned with ``mask``, ``grid``'s values at its masked
+    tokens, 0 elsewhere."""
     m, rows, cols, _, _ = _grid_index(mask)
     out = torch.zeros(m.shape[0], dtype=grid.dtype, device=grid.device)
     out[m] = grid[rows, cols]

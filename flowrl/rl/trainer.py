@@ -113,7 +113,8 @@ class Trainer:
         which = f"sequence {int(over[0])} of the batch has {int(lengths[over[0]])} tokens" if len(over) else \
             f"a sequence of another rank's shard has {longest} tokens"
         raise ValueError(f"{where}: {which}, more than max_tokens_per_microbatch={budget}; raise "
-                         f"max_tokens_per_microbatch to at least {longest} (or lower the prompt / response length caps)")
+                         f"max_tokens_per_microbatch to at least {longest} (or lower the prompt / response length "
+                         "caps)")
 
     def _passes(self, n: int) -> int:
         """The most of every rank's ``n`` (passes of a no-grad packed pass every rank runs)."""
