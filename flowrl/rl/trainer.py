@@ -92,7 +92,7 @@ class Trainer:
         """
         local = idx.tolist()
         plan = [[local[i] for i in b]
-                for b in nonempty_plan(batch.lengths[local], self.config.max_tokens_per_microbatch, where)]
+                for b in nonempty_plan(batch.lengths[local], self.config.max_tokens_per_microbatch, where, self.model)]
         n_tok, n_seq = float(seq_valid[idx.to(seq_valid.device)].sum()) if local else 0.0, float(len(local))
         if not self.dp.enabled:
             return plan, len(plan), n_tok, n_seq

@@ -64,6 +64,26 @@ def test_plan_packs_first_fit_decreasing_and_names_a_sequence_over_the_budget():
         plan_microbatches([5, 300], max_tokens=64, where="actor")
 
 
+@pytest.mark.parametrize("budget", [16, 24, 64])
+def test_padded_plan_bounds_the_padded_positions_and_cuts_the_sorted_lengths_where_it_costs_least(budget):
+    from itertools import combinations
+
+    from flowrl.models.packing import PADDED_CALL_SHARE
+
+    lengths = [7, 3, 8, 1, 4, 6, 2, 8, 5, 12, 2, 9]
+    bins = plan_microbatches(lengths, max_tokens=budget, padded=True)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    assert all(len(b) * max(lengths[i] for i in b) <= budget for b in bins)
+    runs = [sorted((lengths[i] for i in b), reverse=True) for b in bins]
+    flat = [x for r in runs for x in r]
+    assert flat == sorted(lengths, reverse=True)  # runs of the sorted lengths
+    cost = lambda rs: sum(len(r) * r[0] + budget / PADDED_CALL_SHARE for r in rs)  # noqa: E731
+    partitions = ([flat[a:b] for a, b in zip((0, *cuts), (*cuts, None))]
+                  for k in range(len(flat)) for cuts in combinations(range(1, len(flat)), k))
+    assert cost(runs) == pytest.approx(min(cost(rs) for rs in partitions if all(len(r) * r[0] <= budget for r in rs)))
+    assert plan_microbatches([5, 300], max_tokens=None, padded=True) == [[0, 1]]
+
+
 def test_token_index_and_shift():
     offsets = torch.tensor([0, 3, 3, 7, 9]).numpy()
     take, cu = token_index(offsets, [3, 0])
