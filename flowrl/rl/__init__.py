@@ -2,7 +2,8 @@
 
     >>> from flowrl.rl import ActorTrainer, ActorConfig, gae, group_advantages, ppo_policy_loss
 
-Layout: ``masked`` (reductions over valid tokens), ``advantages`` (GAE, GRPO groups, KL-penalised
+Layout: ``masked`` (reductions over valid tokens), ``tokens`` (ragged per-token data: legacy grids
+in, micro-batches out, the loss-masked grid GAE runs on), ``advantages`` (GAE, GRPO groups, KL-penalised
 token rewards), ``losses`` (clipped policy and value losses, KL estimators), ``trainer`` / ``actor``
 / ``critic`` (model-aware update steps with checkpointable state; data parallel over a node's ranks
 with ``parallel``, published from shards with ``publish``), ``single_process`` (the whole
@@ -20,7 +21,8 @@ __all__ = [
     "ActorTrainer", "CriticTrainer", "FullState", "full_state_items",
     "masked_mean", "masked_sum", "masked_var", "masked_whiten",
     "gae", "group_advantages", "token_rewards", "ppo_advantages", "broadcast_to_tokens", "compute_advantages",
-    "aggregate", "kl_estimate", "ppo_policy_loss", "value_loss", "entropy_bonus",
+    "ppo_advantages_ragged", "broadcast_to_tokens_ragged", "to_grid", "from_grid",
+    "aggregate", "loss_weights", "kl_estimate", "ppo_policy_loss", "value_loss", "entropy_bonus",
 ]
 
 _LAZY = {
@@ -30,8 +32,11 @@ _LAZY = {
     "full_state_items": "flowrl.rl.parallel",
     **{n: "flowrl.rl.masked" for n in ("masked_mean", "masked_sum", "masked_var", "masked_whiten")},
     **{n: "flowrl.rl.advantages" for n in ("gae", "group_advantages", "token_rewards", "ppo_advantages",
-                                           "broadcast_to_tokens", "compute_advantages")},
-    **{n: "flowrl.rl.losses" for n in ("aggregate", "kl_estimate", "ppo_policy_loss", "value_loss", "entropy_bonus")},
+                                           "broadcast_to_tokens", "compute_advantages", "ppo_advantages_ragged",
+                                           "broadcast_to_tokens_ragged")},
+    **{n: "flowrl.rl.tokens" for n in ("to_grid", "from_grid")},
+    **{n: "flowrl.rl.losses" for n in ("aggregate", "loss_weights", "kl_estimate", "ppo_policy_loss", "value_loss",
+                                       "entropy_bonus")},
 }
 
 

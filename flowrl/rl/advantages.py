@@ -5,6 +5,17 @@
     >>> adv = group_advantages(scores, group_size=8)                    # [B], one per sequence
     >>> adv, returns = compute_advantages(AdvantageConfig(), scores=scores, mask=mask, values=values)
 
+Sequences of their own length (``Ragged`` per-token tensors aligned with the tokens, see
+docs/packing.md) have the same functions in ragged form:
+
+    >>> adv, returns = ppo_advantages_ragged(scores, values, loss_mask, gamma=1.0, lam=0.95)  # Ragged each
+    >>> adv = broadcast_to_tokens_ragged(group_advantages(scores, 8), loss_mask)                # Ragged
+
+They gather each sequence's loss-masked tokens into a right-padded ``[B, T]`` grid
+(``flowrl.rl.tokens.to_grid``), run the grid function, and scatter back (``from_grid``): a loss
+mask with holes (multi-turn: tool output between the model's turns) is one episode of the masked
+tokens, in order. ``compute_advantages`` takes either form.
+
 Pure tensor functions, no gradients: the callers pass detached values.
 """
 
@@ -17,6 +28,8 @@ import torch
 from flowrl.rl.config import AdvantageConfig
 from flowrl.rl.losses import kl_estimate
 from flowrl.rl.masked import masked_whiten
+from flowrl.rl.tokens import flat_aligned, from_grid, to_grid
+from flowrl.transport.ragged import Ragged
 
 
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:
@@ -138,18 +151,57 @@ def ppo_advantages(
 
 
 @torch.no_grad()
+def ppo_advantages_ragged(
+    scores: torch.Tensor,
+    values: Ragged,
+    loss_mask: Ragged,
+    *,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    kl: Ragged | None = None,
+    kl_coef: float = 0.0,
+    whiten: bool = True,
+    all_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[Ragged, Ragged]:
+    """:func:`ppo_advantages` of sequences of their own length: ``(advantages, returns)``, Ragged, aligned.
+
+    ``scores [B]``; ``values`` (the critic's, e.g. ``CriticTrainer.values(tokens)``), ``loss_mask``
+    and ``kl`` (per-token KL to the reference, or None) aligned with the tokens. The score lands on
+    each sequence's last loss-masked token; GAE runs over the loss-masked tokens in order (holes
+    closed up); whitening (``all_sum``: over every data-parallel rank) uses the masked tokens only.
+    Both results are 0 off the loss mask.
+    """
+    loss_mask = loss_mask.to_torch()
+    v, m = to_grid(flat_aligned("values", values, loss_mask).float(), loss_mask)
+    k = to_grid(flat_aligned("kl", kl, loss_mask).float(), loss_mask)[0] if kl is not None else None
+    adv, returns = ppo_advantages(scores.to(v.device), v, m, gamma=gamma, lam=lam, kl=k, kl_coef=kl_coef,
+                                  whiten=whiten, all_sum=all_sum)
+    return from_grid(adv, loss_mask), from_grid(returns, loss_mask)
+
+
+def broadcast_to_tokens_ragged(seq_values: torch.Tensor, loss_mask: Ragged) -> Ragged:
+    """``[B]`` per-sequence values -> a float32 Ragged aligned with ``loss_mask``: the value on every
+    loss-masked token of its sequence, 0 elsewhere."""
+    m = loss_mask.to_torch()
+    if seq_values.shape[0] != m.num_samples:
+        raise ValueError(f"{seq_values.shape[0]} per-sequence values for {m.num_samples} sequences")
+    return m.like(seq_values.float().to(m.values.device)[m.sample_ids()] * m.values.float())
+
+
+@torch.no_grad()
 def compute_advantages(
     config: AdvantageConfig,
     *,
     scores: torch.Tensor,
-    mask: torch.Tensor,
-    values: torch.Tensor | None = None,
-    logprobs: torch.Tensor | None = None,
-    ref_logprobs: torch.Tensor | None = None,
+    mask: torch.Tensor | Ragged,
+    values: torch.Tensor | Ragged | None = None,
+    logprobs: torch.Tensor | Ragged | None = None,
+    ref_logprobs: torch.Tensor | Ragged | None = None,
     group_size: int | None = None,
     all_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Advantages ``[B, T]`` (and GAE returns ``[B, T]``, None for GRPO) as ``config`` says.
+) -> tuple[torch.Tensor | Ragged, torch.Tensor | Ragged | None]:
+    """Advantages ``[B, T]`` (and GAE returns ``[B, T]``, None for GRPO) as ``config`` says; with a Ragged
+    ``mask`` (the loss mask) and Ragged ``values`` / ``logprobs`` / ``ref_logprobs`` aligned with it, Ragged ones.
 
     What the advantages node and the single-process loop both call. ``gae`` needs the critic's
     ``values``, and with ``kl_coef > 0`` the sampling ``logprobs`` and the reference's
@@ -157,11 +209,12 @@ def compute_advantages(
     ``all_sum``: on a node with several ranks, their sum (see :func:`ppo_advantages`); GRPO needs
     none, its groups stay whole on one rank.
     """
+    ragged = isinstance(mask, Ragged)
     if config.estimator == "grpo":
         if group_size is None:
             raise ValueError("advantage.estimator=grpo needs group_size (samples per prompt)")
         seq = group_advantages(scores, group_size, normalize_std=config.normalize_std)
-        return broadcast_to_tokens(seq, mask), None
+        return (broadcast_to_tokens_ragged(seq, mask) if ragged else broadcast_to_tokens(seq, mask)), None
     if values is None:
         raise ValueError("advantage.estimator=gae needs the critic's values; add a critic or use estimator=grpo")
     kl = None
@@ -169,6 +222,11 @@ def compute_advantages(
         if logprobs is None or ref_logprobs is None:
             raise ValueError("advantage.kl_coef > 0 needs logprobs and ref_logprobs (a reference node); "
                              "provide them or set kl_coef=0")
-        kl = kl_estimate(logprobs, ref_logprobs, config.kl_kind)
-    return ppo_advantages(scores, values, mask, gamma=config.gamma, lam=config.lam, kl=kl,
-                          kl_coef=config.kl_coef, whiten=config.whiten, all_sum=all_sum)
+        if ragged:
+            kl = mask.to_torch().like(kl_estimate(flat_aligned("logprobs", logprobs, mask),
+                                                  flat_aligned("ref_logprobs", ref_logprobs, mask), config.kl_kind))
+        else:
+            kl = kl_estimate(logprobs, ref_logprobs, config.kl_kind)
+    fn = ppo_advantages_ragged if ragged else ppo_advantages
+    return fn(scores, values, mask, gamma=config.gamma, lam=config.lam, kl=kl, kl_coef=config.kl_coef,
+              whiten=config.whiten, all_sum=all_sum)

@@ -36,8 +36,25 @@ class OptimConfig(_Config):
     """Passes over each batch (PPO epochs)."""
     mini_batches: int = Field(1, ge=1)
     """Optimizer steps per epoch: the batch is shuffled and split into this many parts."""
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
-    """How per-token losses become one number; see ``flowrl.rl.losses.aggregate``."""
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = \
+        "token_mean"
+    """How per-token losses become one number; see ``flowrl.rl.losses`` (DAPO's token mean, GRPO's sequence
+    mean, Dr. GRPO's constant-normalised sum) and docs/packing.md."""
+    loss_agg_norm_len: int | None = Field(None, ge=1)
+    """``seq_mean_token_sum_norm`` (Dr. GRPO): the constant each sequence's token sum is divided by (usually the
+    response length cap, ``max_new_tokens``); required by that mode, unused by the others."""
+    max_tokens_per_microbatch: int | None = Field(4096, ge=1)
+    """Token budget of one forward/backward pass: each mini-batch's sequences are packed (no padding) into
+    micro-batches of at most this many tokens, gradients accumulate over them, one optimizer step per
+    mini-batch. Bounds activation memory; the update does not depend on it (to float rounding). A sequence
+    longer than this is an error. None: one micro-batch per mini-batch."""
+
+    @model_validator(mode="after")
+    def _norm_len_for_sum_norm(self) -> "OptimConfig":
+        if self.loss_agg == "seq_mean_token_sum_norm" and self.loss_agg_norm_len is None:
+            raise ValueError("loss_agg=seq_mean_token_sum_norm divides each sequence's token sum by a constant: "
+                             "set loss_agg_norm_len (e.g. the rollout's max_new_tokens)")
+        return self
 
 
 class ActorConfig(OptimConfig):

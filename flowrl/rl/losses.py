@@ -7,13 +7,27 @@
     >>> loss, stats = ppo_policy_loss(logprobs, old_logprobs, adv, keep, is_weights=w)
     >>> mismatch = logprob_mismatch(old_logprobs, rollout_logprobs, mask)   # {"mismatch_logprob_abs_mean": ...}
 
-Shapes are ``[B, T]`` over response tokens with a validity ``mask``. How per-token losses become
-one number is :func:`aggregate`'s ``mode``:
+Shapes are ``[B, T]`` over response tokens with a validity ``mask``, or flat ``[N]`` per-token
+tensors of packed sequences (the trainers). How per-token losses ``l_it`` (sequence ``i`` of the
+mini-batch's ``S`` sequences, valid token ``t`` of its ``T_i``) become one number is ``mode``:
 
-- ``token_mean``: mean over every valid token of the batch (long answers weigh more; verl's
-  default, and DAPO's recommendation);
-- ``seq_mean_token_mean``: mean per sequence, then over sequences (the original GRPO);
-- ``seq_mean_token_sum``: sum per sequence, mean over sequences.
+- ``token_mean``: ``sum_i sum_t l_it / sum_i T_i`` -- every valid token of the mini-batch weighs the
+  same (DAPO's "token-level policy gradient loss", Yu et al. 2025, eq. 8; verl's default), so long
+  answers are not under-weighted;
+- ``seq_mean_token_mean``: ``(1/S) sum_i (1/T_i) sum_t l_it`` -- the original GRPO (Shao et al.
+  2024): each sequence weighs the same, its tokens share its weight (DAPO's criticism: a long
+  answer's tokens count less);
+- ``seq_mean_token_sum``: ``(1/S) sum_i sum_t l_it`` -- per-sequence sums, averaged over sequences;
+- ``seq_mean_token_sum_norm``: ``(1/S) sum_i sum_t l_it / L`` with a constant ``L``
+  (``loss_agg_norm_len``) -- Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"):
+  the ``1/T_i`` length normalisation is replaced by one constant (the generation budget), removing
+  GRPO's length bias without changing the scale from batch to batch.
+
+``S`` counts every sequence of the mini-batch (one whose tokens are all masked out too). The
+trainers split a mini-batch into micro-batches and over data-parallel ranks; :func:`loss_weights`
+gives each token its weight from the mini-batch's GLOBAL ``sum_i T_i`` and ``S`` (all micro-batches,
+all ranks), so ``sum(weights * loss)`` over any split adds up to the aggregate of the whole
+mini-batch.
 """
 
 from __future__ import annotations
@@ -24,20 +38,52 @@ import torch
 
 from flowrl.rl.masked import masked_mean, masked_sum
 
-LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
+LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
 KLKind = Literal["k1", "k2", "k3"]
 RolloutIS = Literal["off", "truncate", "mask"]
 
 
-def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: LossAgg = "token_mean") -> torch.Tensor:
-    """Per-token ``[B, T]`` -> scalar, over valid tokens only (see the module docstring)."""
+def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: LossAgg = "token_mean",
+              norm_len: int | None = None) -> torch.Tensor:
+    """Per-token ``[B, T]`` -> scalar, over valid tokens only (see the module docstring).
+
+    ``norm_len``: the constant of ``seq_mean_token_sum_norm`` (default: ``T``, the grid's width).
+    """
     if mode == "token_mean":
         return masked_mean(loss, mask)
     if mode == "seq_mean_token_mean":
         return masked_mean(loss, mask, dim=1).mean()
     if mode == "seq_mean_token_sum":
         return masked_sum(loss, mask, dim=1).mean()
-    raise ValueError(f"unknown loss aggregation {mode!r}; use token_mean, seq_mean_token_mean or seq_mean_token_sum")
+    if mode == "seq_mean_token_sum_norm":
+        return masked_sum(loss, mask, dim=1).mean() / float(norm_len or mask.shape[-1])
+    raise ValueError(f"unknown loss aggregation {mode!r}; use token_mean, seq_mean_token_mean, seq_mean_token_sum "
+                     "or seq_mean_token_sum_norm")
+
+
+def loss_weights(mask: torch.Tensor, seq_tokens: torch.Tensor, mode: LossAgg, *, tokens: float, sequences: float,
+                 norm_len: int | None = None) -> torch.Tensor:
+    """Per-token weights ``[N]`` such that ``(weights * loss).sum()`` is this token's share of ``mode``'s aggregate.
+
+    ``mask [N]``: the valid tokens; ``seq_tokens [N]``: how many valid tokens the sequence of each
+    token has (``T_i``); ``tokens`` / ``sequences``: the mini-batch's totals ``sum_i T_i`` and ``S``
+    over every micro-batch and rank. Summed over any split of the mini-batch the weighted losses give
+    exactly :func:`aggregate` of the whole of it.
+    """
+    m = mask.to(torch.float32)
+    if mode == "token_mean":
+        return m / max(float(tokens), 1.0)
+    if mode == "seq_mean_token_mean":
+        return m / (seq_tokens.to(torch.float32).clamp(min=1.0) * max(float(sequences), 1.0))
+    if mode == "seq_mean_token_sum":
+        return m / max(float(sequences), 1.0)
+    if mode == "seq_mean_token_sum_norm":
+        if not norm_len:
+            raise ValueError("loss_agg=seq_mean_token_sum_norm needs loss_agg_norm_len (a constant, e.g. the "
+                             "rollout's max_new_tokens)")
+        return m / (max(float(sequences), 1.0) * float(norm_len))
+    raise ValueError(f"unknown loss aggregation {mode!r}; use token_mean, seq_mean_token_mean, seq_mean_token_sum "
+                     "or seq_mean_token_sum_norm")
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k3") -> torch.Tensor:
@@ -82,6 +128,31 @@ def ppo_policy_loss(
     ``is_weights [B, T]`` (detached, from :func:`rollout_importance_weights`) multiply each token's
     loss: the correction for a rollout that sampled from a policy other than ``old_logprobs``'.
     """
+    loss, clipped, ratio, log_ratio = ppo_token_loss(logprobs, old_logprobs, advantages, clip_low=clip_low,
+                                                     clip_high=clip_high, dual_clip=dual_clip, is_weights=is_weights)
+    with torch.no_grad():
+        stats = {
+            "clipfrac": masked_mean(clipped.float(), mask),
+            "approx_kl": masked_mean(ratio - 1.0 - log_ratio, mask),
+            "ratio_mean": masked_mean(ratio, mask),
+        }
+    return aggregate(loss, mask, agg), stats
+
+
+def ppo_token_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`ppo_policy_loss` per token, not aggregated: ``(loss, clipped, ratio, log_ratio)`` of any shape.
+
+    ``clipped`` (bool), ``ratio`` and ``log_ratio`` are detached (the statistics' inputs).
+    """
     log_ratio = (logprobs - old_logprobs.float()).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
@@ -93,13 +164,7 @@ def ppo_policy_loss(
         loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * dual_clip), loss)
     if is_weights is not None:
         loss = loss * is_weights.detach().to(loss.dtype)
-    with torch.no_grad():
-        stats = {
-            "clipfrac": masked_mean((clipped > unclipped).float(), mask),
-            "approx_kl": masked_mean(ratio - 1.0 - log_ratio, mask),
-            "ratio_mean": masked_mean(ratio, mask),
-        }
-    return aggregate(loss, mask, agg), stats
+    return loss, (clipped > unclipped).detach(), ratio.detach(), log_ratio.detach()
 
 
 def value_loss(
@@ -116,15 +181,23 @@ def value_loss(
     ``clip_range=None`` is the plain squared error. Returns the loss and the (detached) fraction
     of tokens where the clipped term was the larger one.
     """
+    loss, clipped = value_token_loss(values, old_values, returns, clip_range=clip_range)
+    if clip_range is None:
+        return aggregate(loss, mask, agg), torch.zeros(())
+    with torch.no_grad():
+        clipfrac = masked_mean(clipped.float(), mask)
+    return aggregate(loss, mask, agg), clipfrac
+
+
+def value_token_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, *,
+                     clip_range: float | None = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`value_loss` per token, not aggregated: ``(0.5 * max(err, err_clip), clipped)`` of any shape."""
     err = (values - returns) ** 2
     if clip_range is None:
-        return 0.5 * aggregate(err, mask, agg), torch.zeros(())
+        return 0.5 * err, torch.zeros_like(err, dtype=torch.bool)
     v_clip = old_values + (values - old_values).clamp(-clip_range, clip_range)
     err_clip = (v_clip - returns) ** 2
-    loss = 0.5 * aggregate(torch.maximum(err, err_clip), mask, agg)
-    with torch.no_grad():
-        clipfrac = masked_mean((err_clip > err).float(), mask)
-    return loss, clipfrac
+    return 0.5 * torch.maximum(err, err_clip), (err_clip > err).detach()
 
 
 def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, agg: LossAgg = "token_mean") -> torch.Tensor:

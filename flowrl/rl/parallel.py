@@ -60,13 +60,17 @@ class DataParallel:
 
         A "layer" is every item of every ``nn.ModuleList`` (the transformer blocks of the built-in
         model and of Hugging Face models); the rest (embeddings, heads, final norm) is the root's
-        group. The module stays the same object, its class gains FSDP's methods.
+        group. The module stays the same object, its class gains FSDP's methods. A backend's own packed
+        kernel (``forward_packed``) is registered as a forward method too, so calling it all-gathers the
+        root's parameters as ``model(...)`` does (``flowrl.models.packing.forward_packed`` calls it).
         """
         if not self.enabled:
             return model
         import torch.distributed as dist
         from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+        from flowrl.models.packing import has_packed_kernel
 
         device = next(model.parameters()).device
         self.device = device
@@ -80,6 +84,8 @@ class DataParallel:
                 for layer in module:
                     fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
+        if has_packed_kernel(model):
+            register_fsdp_forward_method(model, "forward_packed")
         return model
 
     def from_rank0(self, t: torch.Tensor) -> torch.Tensor:

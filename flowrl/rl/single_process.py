@@ -3,9 +3,12 @@
     python -m flowrl.rl.single_process --algo ppo --seed 0
     python -m flowrl.rl.single_process --algo grpo task.digits=6 rollout.samples_per_prompt=8
 
-It calls exactly the functions the role nodes call (generate, task.score, token_logprobs, the
+It calls exactly the functions the role nodes call (generate, task.score, packed_logprobs, the
 critic's values, the advantages, the actor and critic trainers) on the same batch, in one thread
-of one process, and prints the reward per step. ``key.path=value`` arguments override the preset
+of one process, and prints the reward per step. The batch is ragged end to end: ``generate``
+returns each sample at its own length (``Generation``: tokens, loss mask and log-probs aligned),
+and the trainers pack it into micro-batches of ``max_tokens_per_microbatch`` tokens.
+``key.path=value`` arguments override the preset
 of the chosen algorithm (:func:`preset`), e.g. ``actor.lr=3e-3``.
 """
 
@@ -20,7 +23,8 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from flowrl.models import ModelSpec, TinyLMSpec, build_model, generate, token_logprobs
+from flowrl.models import ModelSpec, TinyLMSpec, build_model, generate
+from flowrl.models.packing import packed_logprobs
 from flowrl.rl.actor import ActorTrainer
 from flowrl.rl.advantages import compute_advantages
 from flowrl.rl.config import ActorConfig, AdvantageConfig, CriticConfig, RolloutConfig
@@ -100,11 +104,11 @@ def run(config: LoopConfig, *, on_step: Callable[[dict[str, float]], None] | Non
     need_ref = bool(cfg.advantage.kl_coef or cfg.actor.kl_loss_coef)
     reference = copy.deepcopy(policy).requires_grad_(False).eval() if need_ref else None
     actor = ActorTrainer(policy, cfg.actor, seed=cfg.seed)
-    critic = CriticTrainer(build_model(cfg.model, value_head=True, seed=cfg.seed), cfg.critic, seed=cfg.seed) if ppo else None
+    critic = CriticTrainer(build_model(cfg.model, value_head=True, seed=cfg.seed), cfg.critic,
+                           seed=cfg.seed) if ppo else None
     sampler = torch.Generator().manual_seed(cfg.seed)
     n_prompts, group = cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt
     max_new = cfg.rollout.max_new_tokens or task.max_new_tokens
-    p_len = task.prompt_len
     rows: list[dict[str, float]] = []
     for step in range(cfg.steps):
         prompts, targets = task.prompts(cfg.seed, step * n_prompts, n_prompts)
@@ -112,25 +116,23 @@ def run(config: LoopConfig, *, on_step: Callable[[dict[str, float]], None] | Non
         policy.eval()
         gen = generate(policy, prompts, max_new_tokens=max_new, temperature=cfg.rollout.temperature,
                        top_p=cfg.rollout.top_p, eos_id=EOS, pad_id=PAD, generator=sampler)
-        scores = task.score(gen.responses, targets)
-        mask = gen.response_mask
+        scores = task.score(gen.responses(pad=PAD), targets)
         ref_lp = None
         if reference is not None:
-            with torch.no_grad():
-                ref_lp = token_logprobs(reference, gen.tokens, p_len, temperature=cfg.rollout.temperature)
+            ref_lp = packed_logprobs(reference, gen.tokens, temperature=cfg.rollout.temperature,
+                                     max_tokens=cfg.actor.max_tokens_per_microbatch, where="reference")
         row: dict[str, float] = {}
-        old_values = critic.values(gen.tokens, p_len) if critic is not None else None
-        adv, returns = compute_advantages(cfg.advantage, scores=scores, mask=mask, values=old_values,
+        old_values = critic.values(gen.tokens) if critic is not None else None
+        adv, returns = compute_advantages(cfg.advantage, scores=scores, mask=gen.loss_mask, values=old_values,
                                           logprobs=gen.logprobs, ref_logprobs=ref_lp, group_size=group)
         if critic is not None:
-            crit = critic.train_step(tokens=gen.tokens, prompt_len=p_len, response_mask=mask,
-                                     returns=returns, old_values=old_values)
+            crit = critic.train_step(tokens=gen.tokens, loss_mask=gen.loss_mask, returns=returns,
+                                     old_values=old_values)
             row.update({k if k not in ("grad_norm", "lr") else f"critic/{k}": v for k, v in crit.items()})
-        row.update(actor.train_step(tokens=gen.tokens, prompt_len=p_len, response_mask=mask,
-                                    old_logprobs=gen.logprobs, advantages=adv, ref_logprobs=ref_lp,
-                                    temperature=cfg.rollout.temperature))
+        row.update(actor.train_step(tokens=gen.tokens, loss_mask=gen.loss_mask, old_logprobs=gen.logprobs,
+                                    advantages=adv, ref_logprobs=ref_lp, temperature=cfg.rollout.temperature))
         row = {"step": step + 1, "wall_s": time.perf_counter() - t0, "reward_mean": float(scores.mean()),
-               "samples": float(len(scores)), "tokens": float(p_len * len(scores) + mask.sum()), **row}
+               "samples": float(len(scores)), "tokens": float(gen.tokens.total), **row}
         rows.append(row)
         if on_step is not None:
             on_step(row)
@@ -154,7 +156,8 @@ def apply_overrides(config: BaseModel, overrides: list[str]) -> Any:
         *parents, leaf = key.split(".")
         for part in parents:
             if not isinstance(node.get(part), dict):
-                raise ValueError(f"override {item!r}: {part!r} is not a section; sections are {sorted(k for k, v in node.items() if isinstance(v, dict))}")
+                sections = sorted(k for k, v in node.items() if isinstance(v, dict))
+                raise ValueError(f"override {item!r}: {part!r} is not a section; sections are {sections}")
             node = node[part]
         node[leaf] = yaml.safe_load(raw)
     return type(config).model_validate(data)
@@ -170,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key.path=value, e.g. actor.lr=3e-3")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    extra = [f"{k}={v}" for k, v in (("seed", args.seed), ("steps", args.steps), ("target_reward", args.target)) if v is not None]
+    given = (("seed", args.seed), ("steps", args.steps), ("target_reward", args.target))
+    extra = [f"{k}={v}" for k, v in given if v is not None]
     cfg = apply_overrides(preset(args.algo), extra + args.overrides)
 
     def show(row: dict[str, float]) -> None:

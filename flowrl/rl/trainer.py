@@ -9,6 +9,13 @@ trainer is data parallel over that group (or the ``group`` given): the model is 
 each rank trains on its shard of every batch, and N ranks make the update one rank makes on the
 concatenated batch (see ``flowrl.rl.parallel`` and docs/data-parallel.md). Every rank must call
 ``train_step`` (and the critic's ``values``) for every batch, an empty shard included.
+
+Sequences are of their own length (``Ragged``, see docs/packing.md): a mini-batch is a set of
+sequences, cut into micro-batches of at most ``max_tokens_per_microbatch`` tokens (packed, no
+padding); gradients accumulate over them, each token weighted with the mini-batch's global
+denominators (:func:`flowrl.rl.losses.loss_weights`), and one optimizer step ends the mini-batch.
+Data parallel, every rank runs as many passes as the rank with the most micro-batches (one-token
+dummy passes with a zero loss), so the collectives of FSDP stay matched.
 """
 
 from __future__ import annotations
@@ -17,10 +24,13 @@ import copy
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
+from flowrl.models.packing import dummy_forward, nonempty_plan
 from flowrl.rl.config import OptimConfig
+from flowrl.rl.tokens import TokenBatch
 from flowrl.rl.parallel import (
     DataParallel,
     load_local_model_state,
@@ -71,25 +81,57 @@ class Trainer:
             for part in order.tensor_split(n):
                 yield local_rows(part, offset, batch_size) if self.dp.enabled else part
 
-    def _global_share(self, count: float) -> tuple[float, float]:
-        """(this rank's loss scale, the mini-batch's count over all ranks) for a loss averaged over ``count``.
+    def _plan(self, batch: TokenBatch, idx: torch.Tensor, seq_valid: torch.Tensor,
+              where: str) -> tuple[list[list[int]], int, float, float]:
+        """``(micro-batches, passes, tokens, sequences)`` of the mini-batch of this rank's sequences ``idx``.
 
-        A loss ``mean_r = sum_r / count_r`` scaled by ``count_r / count * world_size`` and then
-        averaged by FSDP's gradient reduction gives ``sum / count``: the 1-rank loss's gradient.
+        Micro-batches hold batch positions (first-fit decreasing by length into the token budget;
+        sequences of no tokens are left out). ``passes``: the most micro-batches any rank has (every
+        rank runs that many forward/backward passes). ``tokens``: the mini-batch's valid tokens
+        (``seq_valid [B]`` summed over ``idx``), ``sequences``: its sequences, both over all ranks.
         """
+        local = idx.tolist()
+        plan = [[local[i] for i in b]
+                for b in nonempty_plan(batch.lengths[local], self.config.max_tokens_per_microbatch, where, self.model)]
+        n_tok, n_seq = float(seq_valid[idx.to(seq_valid.device)].sum()) if local else 0.0, float(len(local))
         if not self.dp.enabled:
-            return 1.0, count
-        total = float(self.dp.all_sum(torch.tensor([count], dtype=torch.float64))[0])
-        return (count / total * self.dp.world_size if total else 0.0), total
+            return plan, len(plan), n_tok, n_seq
+        counts = torch.zeros(2 + self.dp.world_size, dtype=torch.float64)
+        counts[0], counts[1], counts[2 + self.dp.rank] = n_tok, n_seq, len(plan)
+        total = self.dp.all_sum(counts)  # one all-reduce: both totals and every rank's count
+        return plan, int(total[2:].max()), float(total[0]), float(total[1])
 
-    def _denominator(self, mask: torch.Tensor) -> float:
-        """What ``aggregate`` divides by under ``loss_agg``: valid tokens, or sequences."""
-        return float(mask.sum()) if self.config.loss_agg == "token_mean" else float(mask.shape[0])
+    def _check_budget(self, lengths: np.ndarray, where: str) -> None:
+        """Refuse a sequence longer than the micro-batch budget on every rank at once (no rank left waiting)."""
+        budget = self.config.max_tokens_per_microbatch
+        if budget is None:
+            return
+        longest = int(self.dp.all_max(float(lengths.max()) if len(lengths) else 0.0))
+        if longest <= budget:
+            return
+        over = np.flatnonzero(lengths > budget)
+        which = f"sequence {int(over[0])} of the batch has {int(lengths[over[0]])} tokens" if len(over) else \
+            f"a sequence of another rank's shard has {longest} tokens"
+        raise ValueError(f"{where}: {which}, more than max_tokens_per_microbatch={budget}; raise "
+                         f"max_tokens_per_microbatch to at least {longest} (or lower the prompt / response length "
+                         "caps)")
 
-    def _optimizer_step(self, loss: torch.Tensor) -> float:
-        """Backward, clip, step with the warm-up learning rate; returns the pre-clip gradient norm."""
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+    def _passes(self, n: int) -> int:
+        """The most of every rank's ``n`` (passes of a no-grad packed pass every rank runs)."""
+        return int(self.dp.all_max(float(n))) if self.dp.enabled else n
+
+    def _dummy_pass(self) -> None:
+        """A backward of zero that joins the collectives of a real micro-batch (this rank has no more)."""
+        self._backward(dummy_forward(self.model, self.device).float().sum() * 0.0)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """Accumulate ``loss``'s gradient. Data parallel, FSDP averages gradients over the ranks and each rank's
+        loss is its part of the global sum, so it is scaled by the world size: the sum of the parts' gradients."""
+        (loss * self.dp.world_size if self.dp.enabled else loss).backward()
+
+    def _optimizer_step(self) -> float:
+        """Clip the accumulated gradient, step with the warm-up learning rate, clear the gradient; returns
+        the pre-clip gradient norm."""
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)  # sharded: the global norm
         if hasattr(grad_norm, "full_tensor"):
@@ -97,6 +139,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
         self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         return float(grad_norm)
 

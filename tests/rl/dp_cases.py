@@ -19,33 +19,54 @@ from datetime import timedelta
 
 import torch
 
-from flowrl.models import TinyLMSpec, build_model, generate
+from flowrl.models import TinyLMSpec, build_model
 from flowrl.rl import ActorConfig, ActorTrainer, CriticConfig, CriticTrainer
-from flowrl.tasks import EOS, PAD, build_task
+from flowrl.tasks import build_task
+from flowrl.transport.ragged import Ragged
+from tests.rl.batches import PackedTinyLM, random_batch, sample_rect
 
 SPEC = TinyLMSpec(d_model=32, n_layers=2, n_heads=2, max_seq_len=16)
+RSPEC = TinyLMSpec(d_model=32, n_layers=2, n_heads=2, max_seq_len=24)  # ragged cases: up to 21 tokens
 TASK = build_task({"name": "reverse", "digits": 3})
 P = TASK.prompt_len
 B = 16
 STEPS = 3
 
-# name -> (trainer kind, config, rows of rank 0 (rank 1 gets the rest))
+# name -> (trainer kind, config, rows of rank 0 (rank 1 gets the rest), data: rect | ragged | ragged_kernel)
+# rect: the legacy call on rollouts of the reverse task. ragged: long-tailed random sequences, packed into
+# micro-batches of a small token budget, so the ranks hold different token counts and micro-batch counts (the
+# one with fewer runs dummy passes); ragged_kernel: the same on a model with its own forward_packed (registered
+# with FSDP as a forward method), plain TinyLM otherwise (padded micro-batches).
 CASES = {
-    "actor_token_mean": ("actor", ActorConfig(lr=3e-3, epochs=2, mini_batches=4, kl_loss_coef=0.1, entropy_coef=0.01), 8),
+    "actor_token_mean": ("actor", ActorConfig(lr=3e-3, epochs=2, mini_batches=4, kl_loss_coef=0.1, entropy_coef=0.01),
+                         8, "rect"),
     "actor_seq_mean_uneven": ("actor", ActorConfig(lr=3e-3, mini_batches=8, loss_agg="seq_mean_token_mean",
-                                                   max_grad_norm=0.05), 13),
-    "actor_empty_shard": ("actor", ActorConfig(lr=3e-3, mini_batches=2), 16),
-    "critic_token_mean": ("critic", CriticConfig(lr=3e-3, epochs=2, mini_batches=2, clip_range_value=0.2), 6),
+                                                   max_grad_norm=0.05), 13, "rect"),
+    "actor_empty_shard": ("actor", ActorConfig(lr=3e-3, mini_batches=2), 16, "rect"),
+    "critic_token_mean": ("critic", CriticConfig(lr=3e-3, epochs=2, mini_batches=2, clip_range_value=0.2), 6, "rect"),
+    "ragged_actor_token_mean": ("actor", ActorConfig(lr=3e-3, epochs=2, mini_batches=2, kl_loss_coef=0.1,
+                                                     entropy_coef=0.01, max_tokens_per_microbatch=24),
+                                5, "ragged_kernel"),
+    "ragged_actor_seq_mean_is": ("actor", ActorConfig(lr=3e-3, mini_batches=2, loss_agg="seq_mean_token_mean",
+                                                      rollout_is="truncate", rollout_is_cap=1.05,
+                                                      max_tokens_per_microbatch=30), 11, "ragged"),
+    "ragged_actor_sum_norm_empty": ("actor", ActorConfig(lr=3e-3, mini_batches=3, loss_agg="seq_mean_token_sum_norm",
+                                                         loss_agg_norm_len=16, max_tokens_per_microbatch=24),
+                                    16, "ragged_kernel"),
+    "ragged_critic": ("critic", CriticConfig(lr=3e-3, epochs=2, mini_batches=2, clip_range_value=0.2,
+                                             max_tokens_per_microbatch=24), 7, "ragged_kernel"),
 }
 
 
-def batches() -> list[dict[str, torch.Tensor]]:
+def batches(form: str = "rect") -> list[dict]:
     """The same STEPS batches of B rows on every rank and in the test."""
     out = []
     for s in range(STEPS):
+        if form != "rect":
+            out.append(random_batch(build_model(RSPEC, seed=0), B, seed=s, response=(1, 16), holes=True))
+            continue
         prompts, _ = TASK.prompts(s, 0, B)
-        gen = generate(build_model(SPEC, seed=0), prompts, max_new_tokens=TASK.max_new_tokens, eos_id=EOS,
-                       pad_id=PAD, generator=torch.Generator().manual_seed(s))
+        gen = sample_rect(build_model(SPEC, seed=0), prompts, max_new_tokens=TASK.max_new_tokens, seed=s)
         g = torch.Generator().manual_seed(100 + s)
         mask = gen.response_mask
         out.append({"tokens": gen.tokens, "response_mask": mask, "old_logprobs": gen.logprobs,
@@ -55,13 +76,23 @@ def batches() -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def trainer(kind: str, config, seed_model: int = 0, seed: int = 7):
+def trainer(kind: str, config, form: str = "rect", seed_model: int = 0, seed: int = 7):
+    spec = SPEC if form == "rect" else RSPEC
+    build = (lambda **kw: PackedTinyLM(spec, **kw)) if form == "ragged_kernel" else \
+        (lambda **kw: build_model(spec, **kw))
     if kind == "actor":
-        return ActorTrainer(build_model(SPEC, seed=seed_model), config, seed=seed)
-    return CriticTrainer(build_model(SPEC, value_head=True, seed=seed_model), config, seed=seed)
+        return ActorTrainer(build(seed=seed_model), config, seed=seed)
+    return CriticTrainer(build(value_head=True, seed=seed_model), config, seed=seed)
 
 
-def step(t, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+def step(t, batch: dict) -> dict[str, float]:
+    if isinstance(batch["tokens"], Ragged):
+        if isinstance(t, ActorTrainer):
+            return t.train_step(tokens=batch["tokens"], loss_mask=batch["loss_mask"],
+                                old_logprobs=batch["old_logprobs"], advantages=batch["advantages"],
+                                ref_logprobs=batch["ref_logprobs"])
+        return t.train_step(tokens=batch["tokens"], loss_mask=batch["loss_mask"], returns=batch["returns"],
+                            old_values=t.values(batch["tokens"]))
     if isinstance(t, ActorTrainer):
         return t.train_step(tokens=batch["tokens"], prompt_len=P, response_mask=batch["response_mask"],
                             old_logprobs=batch["old_logprobs"], advantages=batch["advantages"],
@@ -71,10 +102,10 @@ def step(t, batch: dict[str, torch.Tensor]) -> dict[str, float]:
                         returns=batch["returns"], old_values=old)
 
 
-def shard(batch: dict[str, torch.Tensor], rank: int, rows0: int) -> dict[str, torch.Tensor]:
+def shard(batch: dict, rank: int, rows0: int) -> dict:
     """Rank 0 holds rows [0, rows0), rank 1 the rest: the batch is their concatenation in rank order."""
     sl = slice(0, rows0) if rank == 0 else slice(rows0, B)
-    return {k: v[sl] for k, v in batch.items()}
+    return {k: v.select(sl) if isinstance(v, Ragged) else v[sl] for k, v in batch.items()}
 
 
 def main(out_dir: str) -> None:
@@ -85,19 +116,28 @@ def main(out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
-    data, out = batches(), {}
-    for name, (kind, config, rows0) in CASES.items():
-        t = trainer(kind, config, seed_model=rank, seed=7 + 10 * rank)  # rank 0's weights and seed must win
-        metrics = [step(t, shard(b, rank, rows0)) for b in data]
-        out[name] = {"params": {k: v.clone() for k, v in full_state_items(t.model)}, "metrics": metrics}
+    data, out = {form: batches(form) for form in ("rect", "ragged")}, {}
+    for name, (kind, config, rows0, form) in CASES.items():
+        t = trainer(kind, config, form, seed_model=rank, seed=7 + 10 * rank)  # rank 0's weights and seed must win
+        dummies = []
+        real_dummy = t._dummy_pass
+        t._dummy_pass = lambda: (dummies.append(1), real_dummy())  # count the passes a rank pads with
+        metrics = [step(t, shard(b, rank, rows0)) for b in data["rect" if form == "rect" else "ragged"]]
+        out[name] = {"params": {k: v.clone() for k, v in full_state_items(t.model)}, "metrics": metrics,
+                     "dummy_passes": len(dummies)}
 
     # GAE advantages whitened over every rank's tokens
     from flowrl.rl import ppo_advantages
     from flowrl.rl.parallel import DataParallel
 
-    sh = shard(data[0], rank, 5)
+    sh = shard(data["rect"][0], rank, 5)
     adv, _ = ppo_advantages(sh["advantages"], sh["returns"], sh["response_mask"], all_sum=DataParallel().all_sum)
     out["whitened"] = adv
+    from flowrl.rl import ppo_advantages_ragged
+
+    sh = shard(data["ragged"][0], rank, 5)
+    adv, _ = ppo_advantages_ragged(sh["scores"], sh["returns"], sh["loss_mask"], all_sum=DataParallel().all_sum)
+    out["whitened_ragged"] = adv.values
 
     # full_state_items of a freshly sharded model is the unsharded model's state, bitwise
     plain = build_model(SPEC, seed=0)
@@ -106,16 +146,18 @@ def main(out_dir: str) -> None:
     out["fresh"] = {"expected": before, "items": [(k, v.clone()) for k, v in full_state_items(sharded.model)]}
 
     # checkpoint: save each rank's state after 2 steps, load into a new trainer, the 3rd step is bitwise equal
-    kind, config, rows0 = CASES["critic_token_mean"]
-    for kind, config, rows0, name in [(*CASES["critic_token_mean"], "critic"), (*CASES["actor_token_mean"], "actor")]:
-        a = trainer(kind, config)
-        for b in data[:2]:
+    for kind, config, rows0, form, name in [(*CASES["critic_token_mean"], "critic"),
+                                            (*CASES["actor_token_mean"], "actor"),
+                                            (*CASES["ragged_actor_token_mean"], "ragged_actor")]:
+        a = trainer(kind, config, form)
+        batches_ = data["rect" if form == "rect" else "ragged"]
+        for b in batches_[:2]:
             step(a, shard(b, rank, rows0))
         path = os.path.join(out_dir, f"ckpt-{name}-{rank}.pt")
         torch.save(a.state_dict(), path)
-        restored = trainer(kind, config, seed_model=5)
+        restored = trainer(kind, config, form, seed_model=5)
         restored.load_state_dict(torch.load(path, weights_only=True))
-        ma, mb = step(a, shard(data[2], rank, rows0)), step(restored, shard(data[2], rank, rows0))
+        ma, mb = step(a, shard(batches_[2], rank, rows0)), step(restored, shard(batches_[2], rank, rows0))
         same = all(torch.equal(x, y) for (_, x), (_, y) in zip(full_state_items(a.model),
                                                                  full_state_items(restored.model)))
         out[f"resume_{name}"] = {"bitwise": same, "metrics_equal": ma == mb, "steps": restored.steps}
@@ -133,7 +175,7 @@ def publish(out_dir: str, rank: int) -> None:
     from flowrl.rl.publish import FullState
     from flowrl.weights import WeightPublisher
 
-    kind, config, rows0 = CASES["actor_token_mean"]
+    kind, config, rows0, _ = CASES["actor_token_mean"]
     t = trainer(kind, config)
     step(t, shard(batches()[0], rank, rows0))
     expected = {k: v.clone() for k, v in full_state_items(t.model)}

@@ -92,5 +92,6 @@ def ppo_is_loss(lp, old, rollout, adv, mask, clip_low, clip_high, mode, cap, flo
 
 def mismatch(trainer, rollout, mask):
     diffs = [abs(a - b) for tr, rr, mr in zip(trainer, rollout, mask) for a, b, m in zip(tr, rr, mr) if m]
-    kls = [math.exp(a - b) - 1 - (a - b) for tr, rr, mr in zip(trainer, rollout, mask) for a, b, m in zip(tr, rr, mr) if m]
+    kls = [math.exp(a - b) - 1 - (a - b)
+           for tr, rr, mr in zip(trainer, rollout, mask) for a, b, m in zip(tr, rr, mr) if m]
     return sum(diffs) / len(diffs), max(diffs), sum(kls) / len(kls)

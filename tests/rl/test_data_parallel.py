@@ -84,10 +84,10 @@ def ranks(tmp_path_factory) -> list[dict]:
 def reference() -> dict[str, dict]:
     """Each case on one rank, no process group, on the whole batches."""
     torch.set_num_threads(1)
-    data, out = dp_cases.batches(), {}
-    for name, (kind, config, _) in dp_cases.CASES.items():
-        t = dp_cases.trainer(kind, config)
-        metrics = [dp_cases.step(t, b) for b in data]
+    data, out = {form: dp_cases.batches(form) for form in ("rect", "ragged")}, {}
+    for name, (kind, config, _, form) in dp_cases.CASES.items():
+        t = dp_cases.trainer(kind, config, form)
+        metrics = [dp_cases.step(t, b) for b in data["rect" if form == "rect" else "ragged"]]
         out[name] = {"params": {k: v.clone() for k, v in t.model.state_dict().items()}, "metrics": metrics}
     return out
 
@@ -125,7 +125,8 @@ def test_a_rank_keeps_its_own_rows_of_each_mini_batch_in_the_permutations_order(
 @pytest.mark.parametrize("case", list(dp_cases.CASES))
 def test_two_ranks_make_the_one_rank_update_after_k_steps(ranks, reference, case):
     ref = _comparable(reference[case]["params"])
-    start = _comparable(dp_cases.trainer(*dp_cases.CASES[case][:2]).model.state_dict())
+    kind, config, _, form = dp_cases.CASES[case]
+    start = _comparable(dp_cases.trainer(kind, config, form).model.state_dict())
     for r in ranks:
         got = _comparable(r[case]["params"])
         assert got.keys() == ref.keys()
@@ -149,6 +150,23 @@ def test_metrics_are_reduced_over_all_ranks(ranks, reference, case):
 
 
 @pytest.mark.timeout(240)
+def test_ragged_cases_had_ranks_with_fewer_micro_batches_padding_with_dummy_passes(ranks):
+    ragged = [name for name, case in dp_cases.CASES.items() if case[3] != "rect"]
+    assert all(ranks[1][name]["dummy_passes"] > 0 for name in ragged if name.endswith("_empty"))
+    assert sum(r[name]["dummy_passes"] for r in ranks for name in ragged) > len(ragged)
+
+
+@pytest.mark.timeout(240)
+def test_ragged_gae_advantages_are_whitened_with_the_whole_batchs_statistics(ranks):
+    from flowrl.rl import ppo_advantages_ragged
+
+    b = dp_cases.batches("ragged")[0]
+    whole, _ = ppo_advantages_ragged(b["scores"], b["returns"], b["loss_mask"])
+    got = torch.cat([r["whitened_ragged"] for r in ranks])
+    assert torch.allclose(got, whole.values, atol=1e-5)
+
+
+@pytest.mark.timeout(240)
 def test_gae_advantages_are_whitened_with_the_whole_batchs_statistics(ranks):
     from flowrl.rl import ppo_advantages
 
@@ -169,7 +187,7 @@ def test_full_state_items_of_a_sharded_model_is_the_unsharded_state_dict(ranks):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("kind", ["actor", "critic"])
+@pytest.mark.parametrize("kind", ["actor", "critic", "ragged_actor"])
 def test_each_rank_resumes_bitwise_from_its_own_checkpoint(ranks, kind):
     for r in ranks:
         assert r[f"resume_{kind}"]["bitwise"] and r[f"resume_{kind}"]["metrics_equal"]

@@ -70,7 +70,8 @@ def test_fill_holds_kept_groups_until_a_batch_of_the_tickets_size_is_full_and_as
     state = node.state_dict()
     again = make_node(DapoFilter, {}, name="dapo")
     again.load_state_dict(state)
-    assert again.waited == node.waited == 0 and torch.equal(again.held[0].tensors["tokens"], node.held[0].tensors["tokens"])
+    assert again.waited == node.waited == 0
+    assert torch.equal(again.held[0].tensors["tokens"], node.held[0].tensors["tokens"])
     row = metrics_row(node, tmp_path)
     assert row["dapo_groups_kept"] == 5 and row["dapo_groups_dropped"] == 3
     assert row["dapo_tickets_per_batch_mean"] == 2 and row["dapo_groups_held"] == 1

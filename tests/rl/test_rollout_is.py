@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flowrl.models import build_model, generate
+from flowrl.models import build_model
 from flowrl.rl import ActorConfig, ActorTrainer, ppo_policy_loss
 from flowrl.rl.losses import logprob_mismatch, rollout_importance_weights
-from flowrl.tasks import EOS, PAD, build_task
+from flowrl.tasks import build_task
 from tests.rl import reference as ref
+from tests.rl.batches import sample_rect
 
 MASK = [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]]
 LP = [[-1.0, -0.5, -2.0, -9.0], [-0.2, -1.5, -3.0, -0.1], [-0.7, -0.3, -1.1, -2.5]]
@@ -78,8 +79,7 @@ def test_is_options_need_recomputed_old_logprobs_and_say_so():
 def _batch(seed=0):
     policy = build_model({"type": "tiny", "d_model": 32, "n_layers": 1, "n_heads": 2}, seed=seed)
     prompts = build_task({"name": "reverse", "digits": 3}).prompts(0, 0, 8)[0]
-    gen = generate(policy, prompts, max_new_tokens=4, temperature=0.7, eos_id=EOS, pad_id=PAD,
-                   generator=torch.Generator().manual_seed(0))
+    gen = sample_rect(policy, prompts, max_new_tokens=4, temperature=0.7, seed=0)
     return policy, gen, prompts.shape[1]
 
 

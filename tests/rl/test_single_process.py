@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
+from flowrl.rl import single_process
 from flowrl.rl.single_process import LoopConfig, apply_overrides, main, preset, run
+from tests.rl.batches import as_ragged
+
+
+@pytest.fixture(autouse=True)
+def ragged_generate(monkeypatch):
+    """The loop is written for the ragged ``Generation``; until ``flowrl.models.generate`` returns it (the
+    models change), this stand-in converts the rectangular one. Afterwards it passes the result through."""
+    real = single_process.generate
+    monkeypatch.setattr(single_process, "generate", lambda model, prompts, **kw: as_ragged(real(model, prompts, **kw),
+                                                                                          prompts))
 
 # Small enough to learn within seconds on one CPU thread, big enough to need learning:
 # a random policy scores about 0.06 on 3-digit reversal.

@@ -7,9 +7,12 @@ import copy
 import pytest
 import torch
 
-from flowrl.models import TinyLMSpec, build_model, generate, token_logprobs
+from flowrl.models import TinyLMSpec, build_model
+from flowrl.models.packing import packed_logprobs
 from flowrl.rl import ActorConfig, ActorTrainer, CriticConfig, CriticTrainer
-from flowrl.tasks import EOS, PAD, build_task
+from flowrl.rl.tokens import rect_to_ragged, to_rect
+from flowrl.tasks import build_task
+from tests.rl.batches import sample_rect
 
 SPEC = TinyLMSpec(d_model=32, n_layers=1, n_heads=2, max_seq_len=16)
 TASK = build_task({"name": "reverse", "digits": 3})
@@ -18,8 +21,7 @@ P = TASK.prompt_len
 
 def _batch(model, n=16, seed=0):
     prompts, _ = TASK.prompts(seed, 0, n)
-    return generate(model, prompts, max_new_tokens=TASK.max_new_tokens, eos_id=EOS, pad_id=PAD,
-                    generator=torch.Generator().manual_seed(seed))
+    return sample_rect(model, prompts, max_new_tokens=TASK.max_new_tokens, seed=seed)
 
 
 def _actor_step(actor, gen, adv, **extra):
@@ -33,9 +35,9 @@ def test_a_positive_advantage_makes_its_tokens_more_likely():
     adv = torch.where(torch.arange(16) < 8, 1.0, -1.0)  # [B]: broadcast over each row's tokens
     actor = ActorTrainer(policy, ActorConfig(lr=1e-2), seed=0)
     metrics = _actor_step(actor, gen, adv)
-    with torch.no_grad():
-        after = token_logprobs(policy, gen.tokens, P)
     mask = gen.response_mask
+    tokens, _, _ = rect_to_ragged(gen.tokens, P, mask)
+    after = to_rect(packed_logprobs(policy, tokens), P, mask.shape[1])
     delta = ((after - gen.logprobs) * mask).sum(dim=1)
     assert float(delta[:8].min()) > 0 and float(delta[8:].max()) < 0
     for key in ("policy_loss", "entropy", "clipfrac", "approx_kl", "grad_norm", "lr", "response_len"):
@@ -59,7 +61,7 @@ def test_epochs_and_mini_batches_take_that_many_optimizer_steps():
     assert actor.steps == 8 and actor.updates == 1
     assert metrics["clipfrac"] >= 0.0
     with pytest.raises(ValueError, match="mini_batches=4 exceeds the batch of 2"):
-        actor.train_step(tokens=torch.zeros(2, 7, dtype=torch.long), prompt_len=P,
+        actor.train_step(tokens=torch.zeros(2, P + 3, dtype=torch.long), prompt_len=P,
                          response_mask=torch.ones(2, 3, dtype=torch.bool), old_logprobs=torch.zeros(2, 3),
                          advantages=torch.zeros(2))
 
@@ -92,7 +94,8 @@ def test_the_critic_learns_returns_and_resumes_exactly():
     first = None
     for i in range(30):
         old = critic.values(gen.tokens, P)
-        metrics = critic.train_step(tokens=gen.tokens, prompt_len=P, response_mask=mask, returns=returns, old_values=old)
+        metrics = critic.train_step(tokens=gen.tokens, prompt_len=P, response_mask=mask, returns=returns,
+                                    old_values=old)
         first = first if first is not None else metrics["value_loss"]
         if i == 19:
             saved = copy.deepcopy(critic.state_dict())  # a checkpoint is a snapshot
