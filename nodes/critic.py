@@ -8,13 +8,13 @@ each batch changes its state exactly once and actor and critic stay at the same 
 from pydantic import Field
 
 import flowrl
-from flowrl.nodes.common import ModelConfig, model_on
+from flowrl.nodes.common import ModelConfig, Sequences, check_fits, model_on
 from flowrl.rl import AdvantageConfig, CriticConfig
 
 
 class Critic(flowrl.Node):
     role = "critic"
-    requires = {"tokens": "int64", "response_mask": "bool", "logprobs": "float32", "scores": "float32"}
+    requires = {"tokens": "int64", "logprobs": "float32", "scores": "float32"}
     stateful = True
 
     class Config(ModelConfig):
@@ -30,24 +30,28 @@ class Critic(flowrl.Node):
         self.trainer = CriticTrainer(model, self.config.train, seed=self.ctx.seed)
 
     async def process(self, batch, port):
-        from flowrl.rl import kl_estimate, ppo_advantages
+        from flowrl.rl import kl_estimate, ppo_advantages_ragged
 
         t = batch.tensors
-        tokens, mask = t["tokens"], t["response_mask"]
-        p_len = tokens.shape[1] - mask.shape[1]
+        where = f"node `{self.ctx.name}`"
+        seqs = Sequences.of(batch, where)
+        check_fits(seqs.tokens, self.trainer.model, where, batch.meta.get("tokenizer"), self.config.model)
         adv_cfg = self.config.advantage
-        old_values = self.trainer.values(tokens, p_len).cpu()
+        old_values = self.trainer.values(seqs.tokens)
         kl = None
         if adv_cfg.kl_coef and "ref_logprobs" in t:
-            kl = kl_estimate(t["logprobs"], t["ref_logprobs"], adv_cfg.kl_kind)
-        adv, returns = ppo_advantages(t["scores"], old_values, mask, gamma=adv_cfg.gamma, lam=adv_cfg.lam,
-                                      kl=kl, kl_coef=adv_cfg.kl_coef, whiten=adv_cfg.whiten,
-                                      all_sum=self.trainer.dp.all_sum)
-        metrics = self.trainer.train_step(tokens=tokens, prompt_len=p_len, response_mask=mask,
-                                          returns=returns, old_values=old_values)
+            logprobs, ref = seqs.per_token(batch, "logprobs", where), seqs.per_token(batch, "ref_logprobs", where)
+            kl = logprobs.like(kl_estimate(logprobs.values, ref.values, adv_cfg.kl_kind) * seqs.loss_mask.values)
+        adv, returns = ppo_advantages_ragged(t["scores"], old_values, seqs.loss_mask, gamma=adv_cfg.gamma,
+                                             lam=adv_cfg.lam, kl=kl, kl_coef=adv_cfg.kl_coef, whiten=adv_cfg.whiten,
+                                             all_sum=self.trainer.dp.all_sum)
+        metrics = self.trainer.train_step(tokens=seqs.tokens, loss_mask=seqs.loss_mask, returns=returns,
+                                          old_values=old_values)
         for k, v in metrics.items():
             self.ctx.recorder.mean(f"critic_{k}", float(v))
-        return batch.replace(tensors={**t, "values": old_values, "advantages": adv, "returns": returns})
+        values = old_values.like(old_values.values * seqs.loss_mask.values)
+        return batch.replace(tensors={**t, "values": seqs.emit(values), "advantages": seqs.emit(adv),
+                                      "returns": seqs.emit(returns)})
 
     def state_dict(self):
         return self.trainer.state_dict()
