@@ -1,6 +1,6 @@
 """Padded vs packed actor updates on long-tailed sequence lengths: trainer tokens/s and peak memory.
 
-    python benchmarks/packing.py              # ~2-3 minutes on 2 cores
+    python benchmarks/packing.py              # ~2 minutes (one torch thread)
     python benchmarks/packing.py --quick      # ~30 s: fewer, shorter steps
     python benchmarks/packing.py --json out.json --budgets 4096 1024
 
@@ -20,9 +20,10 @@ old log-probs from the rollout (no recompute pass).
   hold similar lengths, so little is wasted). The "computed" column says which: model positions
   run per real token.
 
-Tokens/s counts real tokens only (prompt + response, never padding) over the steps' wall time;
-tok/cpu-s over the process's CPU time (``time.process_time``: both threads) -- steadier on a shared
-machine, though torch's idle threads spin, so contention inflates it too.
+Tokens/s counts real tokens only (prompt + response, never padding) per second of a step's wall
+time, tok/cpu-s per second of the process's CPU time (``time.process_time``), each the best of the
+timed steps (the one least disturbed by other load). One torch thread by default: on a shared
+machine idle OpenMP threads spin, which inflates both clocks (``--threads 2`` to use both cores).
 Peak memory: measured apart, one update in a fresh process per mode; the column is how much that
 update grows the process's peak resident set (``resource.getrusage(...).ru_maxrss``), so it covers
 activations, gradients and the optimizer's state (the same in every mode) -- not tracemalloc, which
@@ -91,17 +92,19 @@ def child(mode: str, budget: int | None, n: int, steps: int, threads: int) -> di
     actor = ActorTrainer(model, ActorConfig(lr=1e-5, mini_batches=2, max_tokens_per_microbatch=budget), seed=0)
     actor.train_step(**batch(8, seed=99, padded=mode == "padded")[0])  # warm-up (first-call costs), not timed
     data = [batch(n, seed=s, padded=mode == "padded") for s in range(1, steps + 1)]
-    walls, cpus, real, computed[0] = [], [], 0, 0
+    walls, cpus, reals, computed[0] = [], [], [], 0
     for b, tokens in data:
         t0, c0 = time.perf_counter(), time.process_time()
         actor.train_step(**b)
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
-        real += tokens
+        reals.append(tokens)
     kernel = has_packed_kernel(model)
-    return {"mode": mode, "budget": budget, "wall_s": sum(walls), "cpu_s": sum(cpus),
-            "tokens_per_s": real / sum(walls), "tokens_per_cpu_s": real / sum(cpus),
-            "real_tokens_per_step": real / len(walls), "step_s": sum(walls) / len(walls),
+    real = sum(reals)
+    return {"mode": mode, "budget": budget, "step_s": sum(walls) / len(walls),  # the best step of each: the
+            "tokens_per_s": max(r / w for r, w in zip(reals, walls)),        # least disturbed by other load
+            "tokens_per_cpu_s": max(r / c for r, c in zip(reals, cpus)),
+            "real_tokens_per_step": real / len(walls),
             "computed_per_real": (real if kernel else computed[0]) / real, "kernel": kernel}
 
 
@@ -140,17 +143,18 @@ def run_child(args: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="~30 s: 24 sequences, 1 timed step per mode")
+    parser.add_argument("--quick", action="store_true", help="~30 s: 16 sequences, 1 timed step per mode")
     parser.add_argument("--budgets", type=int, nargs="+", default=[4096, 1024],
                         help="max_tokens_per_microbatch of the packed rows")
-    parser.add_argument("--seqs", type=int, default=None, help="sequences per batch (default 64, --quick 24)")
+    parser.add_argument("--seqs", type=int, default=None, help="sequences per batch (default 64, --quick 16)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per mode (default 2, --quick 1)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: idle threads spin, which a shared machine punishes)")
     parser.add_argument("--json", default=None, help="also write the rows here")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "BUDGET"), help=argparse.SUPPRESS)
     parser.add_argument("--memory", nargs=2, metavar=("MODE", "BUDGET"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    n = args.seqs or (24 if args.quick else 64)
+    n = args.seqs or (16 if args.quick else 64)
     steps = args.steps or (1 if args.quick else 2)
     if args.child or args.memory:
         mode, budget = args.child or args.memory

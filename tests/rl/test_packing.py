@@ -199,3 +199,18 @@ def test_loss_weights_over_any_split_add_up_to_the_aggregate(mode):
                          norm_len=12)
         total += float((w * loss.values[take]).sum())
     assert total == pytest.approx(float(want), rel=1e-6)
+
+
+@pytest.mark.timeout(120)
+def test_the_packing_benchmark_runs_both_modes_and_packed_computes_fewer_positions():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "packing.py"
+    spec = importlib.util.spec_from_file_location("bench_packing", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    padded = bench.child("padded", None, 6, 1, 1)
+    packed = bench.child("packed", 1024, 6, 1, 1)
+    assert padded["real_tokens_per_step"] == packed["real_tokens_per_step"] > 0
+    assert packed["computed_per_real"] < padded["computed_per_real"]
