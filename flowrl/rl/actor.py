@@ -129,11 +129,7 @@ class ActorTrainer(Trainer):
         has_ref = "ref" in batch.fields
         sums = torch.zeros(7, dtype=torch.float64)  # policy loss, entropy, kl, clipped, approx kl, ratio, tokens
         self.optimizer.zero_grad(set_to_none=True)
-        for k in range(passes):
-            if k >= len(plan):
-                self._dummy_pass()
-                continue
-            mb = batch.take(plan[k])
+        for mb in self._micro(batch, plan, passes):
             f = mb.fields
             logits = forward_packed(self.model, mb.tokens, mb.cu_seqlens)
             lp, ent = aligned_logprobs(logits, mb.tokens, mb.cu_seqlens, temperature, entropy=True,

@@ -106,11 +106,7 @@ class CriticTrainer(Trainer):
         plan, passes, n_tok, n_seq = self._plan(batch, idx, seq_valid, "critic")
         sums = torch.zeros(3, dtype=torch.float64)  # value loss, clipped tokens, tokens
         self.optimizer.zero_grad(set_to_none=True)
-        for k in range(passes):
-            if k >= len(plan):
-                self._dummy_pass()
-                continue
-            mb = batch.take(plan[k])
+        for mb in self._micro(batch, plan, passes):
             f = mb.fields
             v = shift_to_tokens(forward_packed(self.model, mb.tokens, mb.cu_seqlens).float(), mb.cu_seqlens)
             w = loss_weights(f["mask"], seq_valid[mb.seq].float(), cfg.loss_agg, tokens=n_tok, sequences=n_seq,

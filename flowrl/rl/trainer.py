@@ -120,6 +120,15 @@ class Trainer:
         """The most of every rank's ``n`` (passes of a no-grad packed pass every rank runs)."""
         return int(self.dp.all_max(float(n))) if self.dp.enabled else n
 
+    def _micro(self, batch: Any, plan: list, passes: int) -> Iterator[Any]:
+        """The micro-batches of a mini-batch (``batch.take`` of each planned part), then dummy passes
+        up to ``passes``: every rank runs as many as the rank with the most."""
+        for k in range(passes):
+            if k < len(plan):
+                yield batch.take(plan[k])
+            else:
+                self._dummy_pass()
+
     def _dummy_pass(self) -> None:
         """A backward of zero that joins the collectives of a real micro-batch (this rank has no more)."""
         self._backward(dummy_forward(self.model, self.device).float().sum() * 0.0)
