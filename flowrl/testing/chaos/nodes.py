@@ -287,7 +287,7 @@ class Hold(flowrl.Node):
 
     def state_dict(self):
         state = {"held": [list(h) for h in self.held]}
-        if self.config.ragged:
+        if self.config.ragged or self.lengths:
             state["lengths"] = [list(n) for n in self.lengths]
         return state
 
