@@ -14,10 +14,12 @@ checkpoint interval, kill during a checkpoint commit, SIGSTOP, stuck in process,
 a corrupt frame, or a node that hangs in every incarnation). `--ranks` adds data-parallel nodes (2-3
 ranks, a collective in `process`; a weight-publishing data-parallel sink and its subscriber in half
 the shapes) and kills of one rank; `--scale` gives every schedule a `flowrl scale` up and down of a
-stateless node mid-run (and, in half of them, a kill of a replica just added). Prints schedules, completed, failed
-with a clear error, failed without one, hung (must be 0), state mismatches (must be 0), ledger
-violations (must be 0) and runs past their time bound; exit 0 only when all of those hold and
-every recoverable schedule completed.
+stateless node mid-run (and, in half of them, a kill of a replica just added). Half of the shapes
+(drawn from the seed; `--ragged all` / `none` forces it) are ragged: their batches carry a
+`flowrl.Ragged` next to `x`, which every node keeps aligned and every stateful node and sink checks.
+Prints schedules, completed, failed with a clear error, failed without one, hung (must be 0), state
+mismatches (must be 0), ledger violations (must be 0), runs past their time bound and how many
+shapes were ragged; exit 0 only when all of those hold and every recoverable schedule completed.
 
 Each `--trials` trial runs `graphs/grpo.yaml` (a small, quick variant: 4 digits, 1 layer) for real with
 one fault `kill:NODE@t=T` — NODE drawn from every node of the graph, T uniform in [0.5, 4] s after
@@ -105,8 +107,9 @@ def shapes_main(args) -> int:
     keep = Path(args.keep) if args.keep else None
     with tempfile.TemporaryDirectory(prefix="flowrl-shapes-") as d:
         workdir = keep or Path(d)
+        ragged = {"seed": None, "all": True, "none": False}[args.ragged]
         results = campaign(seeds, per, workdir, jobs=args.jobs, features=features, on_result=show, total=args.shapes,
-                           holds=args.holds, ranks=args.ranks, scale=args.scale)
+                           holds=args.holds, ranks=args.ranks, scale=args.scale, ragged=ragged)
     refs = [r for r in results if r.schedule == "ref"]
     runs = [r for r in results if r.schedule != "ref"]
     count = lambda pred: sum(1 for r in runs if pred(r))
@@ -123,6 +126,7 @@ def shapes_main(args) -> int:
         "scale requests unanswered/refused": count(lambda r: bool(r.scale_errors)),
         "recoverable but failed": count(lambda r: r.recoverable and r.outcome == "failed_clear"),
         "references ok": f"{sum(r.ok for r in refs)}/{len(refs)}",
+        "ragged shapes": f"{sum('ragged' in r.traits for r in refs)}/{len(refs)}",
         "contract holds": f"{count(lambda r: r.ok)}/{len(runs)}",
     }
     if args.scale:
@@ -169,6 +173,8 @@ def main() -> int:
     ap.add_argument("--scale", action="store_true",
                     help="--shapes: every schedule scales a stateless node up and down mid-run (flowrl scale), "
                          "half of them killing a replica just added")
+    ap.add_argument("--ragged", choices=("seed", "all", "none"), default="seed",
+                    help="--shapes: ragged batches in the shapes the seed picks (half), in all, or in none")
     ap.add_argument("--keep", metavar="DIR", help="--shapes: keep every run directory under DIR")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="FILE")

@@ -1,7 +1,7 @@
 """Shape x fault, like Jepsen for this runtime: random DAGs of synthetic nodes (chains, fan-out,
-joins, 1-3 sinks, stateful transforms, drops, replicas) under random fault schedules (kill, two
-kills in one checkpoint interval, kill during a commit, SIGSTOP, stuck in process, a lost message,
-a corrupt frame, a node that hangs in every incarnation).
+joins, 1-3 sinks, stateful transforms, drops, replicas; ragged batches in half of them) under
+random fault schedules (kill, two kills in one checkpoint interval, kill during a commit, SIGSTOP,
+stuck in process, a lost message, a corrupt frame, a node that hangs in every incarnation).
 
 Every run must end within its time bound, and then either have completed — every ticket consumed
 or dropped once by every sink, every stateful node's final state bitwise equal to the model's (and
@@ -27,6 +27,7 @@ import threading
 import numpy as np
 import pytest
 
+import flowrl
 from flowrl.graph import dump_graph
 from flowrl.graph.loader import load_graph_text
 from flowrl.testing.chaos import (
@@ -77,6 +78,7 @@ class _Recorder:
 
 class _Ctx:
     recorder = _Recorder()
+    name = None
 
 
 class _RankCtx:
@@ -230,9 +232,17 @@ def test_the_ci_set_has_every_shape_trait_and_every_fault_kind():
         for k in range(PER_SHAPE):
             kinds |= set(random_schedule(shape, simulate(shape), k, Features.all()).kinds)
     assert traits >= {"join", "fan-out", "several sinks", "stateless sink", "replicated sink", "stateful transform",
-                      "drops", "shrinks", "replicas"}
+                      "drops", "shrinks", "replicas", "ragged"}
     assert kinds == {"kill", "double_kill", "kill_commit", "sigstop", "stall", "drop_message", "corrupt", "poison"}
     assert len(SCHEDULES) >= 30
+    for name, plan_ in (("shapes", PLAN), ("holds", HOLD_PLAN), ("ranks", RANK_PLAN)):  # ragged and not, in each
+        assert {shape.ragged for shape, _ in plan_} == {True, False} or name == "ranks", name
+        assert any(shape.ragged for shape, _ in plan_), name
+    ragged = {t for shape, _ in PLAN + HOLD_PLAN + RANK_PLAN if shape.ragged for t in shape.traits()}
+    assert ragged >= {"join", "shrinks", "stateful transform", "stateless sink", "replaced tickets", "data parallel",
+                      "weight sync"}, "ragged batches through joins, selects, held tickets and shards"
+    assert any(shape.ragged and shape.nodes[s].ranks == 3 for shape, _ in RANK_PLAN for s in shape.stateful), \
+        "a ragged batch in token-balanced shards of a data-parallel stateful node"
 
 
 def test_the_ledger_check_counts_per_ticket_and_sink_and_honours_rollbacks_and_drops():
@@ -267,16 +277,21 @@ def test_a_fold_is_order_dependent_so_a_reordering_is_a_mismatch():
 
 
 def test_without_the_new_options_every_seed_gives_the_shapes_and_schedules_it_always_gave():
-    """`ranks`, `scale` (and `holds`) are opt-in: older campaigns' seeds stay comparable."""
-    h = hashlib.sha256()
+    """`ranks`, `scale` (and `holds`) are opt-in: older campaigns' seeds stay comparable. Half the
+    shapes are now ragged (the seed's last draw): their graphs and schedules are the ones they were."""
+    from flowrl.testing.chaos.shapes import RAGGED_MARK
+
+    h, ragged = hashlib.sha256(), 0
     for seed in range(40):
         for kw in ({}, {"holds": True}):
             shape = random_shape(seed, **kw)
-            h.update(shape.describe().encode())
+            ragged += shape.ragged
+            h.update(shape.describe().replace(RAGGED_MARK, "").encode())
             expected = simulate(shape)
             for k in range(3):
                 h.update(random_schedule(shape, expected, k, Features.all()).describe().encode())
     assert h.hexdigest() == "447ea8490f4728ddf89ca60eb92728f8971dc543926aee44d94458a1422abfcd"
+    assert 25 <= ragged <= 55, f"{ragged} of 80 shapes ragged"
 
 
 def test_rank_shapes_have_data_parallel_nodes_where_the_runtime_allows_them_and_a_subscriber_per_trainer():
@@ -328,6 +343,126 @@ def test_rank_states_are_checked_per_rank_and_a_save_at_different_tickets_is_nam
     assert compare_state("sink/rank1", dict(want), want) is None
     diff = compare_state("sink/rank1", {**want, "counts": [2, 1]}, want)
     assert diff.startswith("sink/rank1: saved when its ranks had folded [2, 1] tickets")
+
+
+def test_rank_bounds_are_the_runtimes_token_balanced_split_of_a_ragged_batch():
+    """The model's shard bounds (`rank_bounds`) must be the runtime's (`split_groups`): by count
+    without `r`, by tokens with it, empty shards included."""
+    from flowrl.runtime.worker.ranks import split_groups
+
+    rng = np.random.default_rng(0)
+    differ = 0
+    for _ in range(300):
+        n, parts = int(rng.integers(0, 12)), int(rng.integers(2, 4))
+        x = rng.integers(0, N.MOD, size=n, dtype=np.int64)
+        lengths = N.ragged_lengths(x)
+        for batch, lens in ((flowrl.Batch(tensors={"x": x, "r": N.ragged_of(x, lengths)}), lengths),
+                            (flowrl.Batch(tensors={"x": x}), None)):
+            got, start = [], 0
+            for shard in split_groups(batch, parts):
+                got.append((start, start + shard.num_samples))
+                start += shard.num_samples
+                assert N.ragged_problem(shard, lens is not None) is None
+            assert N.rank_bounds(n, parts, lens) == got, (n, parts, lens)
+        differ += N.rank_bounds(n, parts, lengths) != N.rank_bounds(n, parts)
+    assert differ > 30, "tokens, not counts, decide the shards of many ragged batches"
+
+
+def _ragged_batch(ix=3, size=6, seed=11):
+    src = N.TicketSource(N.TicketSource.Config(seed=seed, ragged=True), _Ctx())
+    ticket = flowrl.Ticket(batch_id=f"t-{ix:06d}", index=ix, attempt=0, min_policy_version=0, size=size)
+    return asyncio.run(src.generate(ticket)).replace(batch_id=f"t-{ix:06d}")
+
+
+def test_ragged_batches_keep_r_aligned_with_x_through_every_synthetic_node_and_the_codec(fake_collectives):
+    from flowrl.runtime.worker.ranks import merge_outputs, split_groups
+    from flowrl.transport import codec
+
+    b = _ragged_batch()
+    x = np.asarray(b.tensors["x"])
+    assert N.lengths_of(b).tolist() == (1 + x % 7).tolist() and len(set(N.lengths_of(b).tolist())) > 1
+    assert N.ragged_problem(b, True) is None
+
+    def run(cls, batch, **config):
+        node = cls(cls.Config(**config), _Ctx())
+        asyncio.run(node.setup())
+        out = asyncio.run(node.process(batch, "in"))
+        assert N.ragged_problem(out, True) is None, cls.__name__
+        return out, node
+
+    mixed, _ = run(N.Mix, b, mul=5, add=3)
+    assert N.lengths_of(mixed).tolist() == N.lengths_of(b).tolist()
+    assert np.array_equal(np.asarray(mixed.tensors["x"]), N.mix_values(x, 5, 3))
+    shrunk, _ = run(N.Shrink, codec.decode(codec.encode(mixed)), seed=4)  # read-only values off the wire
+    keep = N.shrink_mask(np.asarray(mixed.tensors["x"]), 4)
+    assert 0 < shrunk.num_samples < b.num_samples and N.lengths_of(shrunk).tolist() == N.lengths_of(b)[keep].tolist()
+    merged = asyncio.run(N.Merge(N.Merge.Config(), _Ctx()).join({"a": shrunk, "b": mixed}))
+    assert N.ragged_problem(merged, True) is None and merged.num_samples == shrunk.num_samples + b.num_samples
+    hold = N.Hold(N.Hold.Config(rate=1.0, max_held=1, ragged=True), _Ctx())  # holds the first, not the next
+    asyncio.run(hold.setup())
+    assert isinstance(asyncio.run(hold.process(merged, "in")), flowrl.Drop)
+    state = hold.state_dict()
+    assert state["lengths"] == [N.lengths_of(merged).tolist()] and all(type(v) is int for v in state["lengths"][0])
+    hold.load_state_dict(state)  # as after a restart
+    released = asyncio.run(hold.process(b, "in"))
+    assert N.ragged_problem(released, True) is None
+    assert N.lengths_of(released).tolist() == N.lengths_of(merged).tolist() + N.lengths_of(b).tolist()
+    group = _Group(3)  # RMix on 3 ranks: the runtime's token-balanced shards, merged back in rank order
+    ranks = [N.RMix(N.RMix.Config(mul=7, add=1), _RankCtx(r, group)) for r in range(3)]
+    shards = split_groups(released, 3)
+    outs = on_ranks(ranks, lambda r, o: asyncio.run(o.process(shards[r], "in")))
+    whole = merge_outputs(outs)
+    assert N.ragged_problem(whole, True) is None
+    assert np.array_equal(np.asarray(whole.tensors["x"]), N.rmix_values(np.asarray(released.tensors["x"]), 7, 1))
+    assert N.lengths_of(whole).tolist() == N.lengths_of(released).tolist()
+    sink, _ = N.FoldSink(N.FoldSink.Config(ragged=True), _Ctx()), None
+    asyncio.run(sink.setup())
+    asyncio.run(sink.process(whole, "in"))
+    assert sink.chain == N.fold_state(N.EMPTY_CHAIN, whole.batch_id, np.asarray(whole.tensors["x"]),
+                                      N.lengths_of(whole))
+    assert sink.chain != N.fold_state(N.EMPTY_CHAIN, whole.batch_id, np.asarray(whole.tensors["x"])), \
+        "the chain folds r's lengths"
+
+
+def _corrupt(batch, values=None, offsets=None):
+    """`batch` with `r` given other values or offsets, past the Batch's own checks."""
+    r = batch.tensors["r"]
+    bad = flowrl.Ragged(r.values if values is None else values, r.offsets if offsets is None else offsets,
+                        check=False)
+    out = batch.replace()
+    object.__setattr__(out, "tensors", {**batch.tensors, "r": bad})
+    return out
+
+
+@pytest.mark.parametrize("cls", ["FoldSink", "Fold", "LogSink", "Hold", "RFoldSink"])
+def test_a_stateful_node_or_sink_fails_loudly_naming_itself_and_the_batch_on_a_corrupted_r(cls, fake_collectives):
+    b = _ragged_batch(ix=5, size=5)
+    r = b.tensors["r"]
+    lengths = N.lengths_of(b)
+    values = np.array(r.values)
+    values[int(r.offsets[2])] += 1  # a token of sample 2
+    shifted = np.array(r.offsets)
+    shifted[1:-1] += 1  # every sample but the last one longer, the last shorter: the values no longer fit
+    short = flowrl.Ragged.from_sequences(list(r)[:-1], lib="numpy")
+    cases = {
+        "sample 2 differs": _corrupt(b, values=values),
+        "not x repeated": _corrupt(b, offsets=shifted),
+        "has 4 samples, 'x' 5": _corrupt(b, values=short.values, offsets=short.offsets),
+        "bad offsets": _corrupt(b, offsets=np.array(r.offsets)[::-1].copy()),
+        "each must be 1..7": _corrupt(b, values=np.repeat(np.asarray(b.tensors["x"]), lengths + 7),
+                                      offsets=np.concatenate([[0], np.cumsum(lengths + 7)]).astype(np.int64)),
+        "no ragged tensor 'r'": b.replace(tensors={"x": b.tensors["x"]}),
+    }
+    node_cls = getattr(N, cls)
+    ctx = _RankCtx(0, _Group(1)) if cls.startswith("R") else _Ctx()
+    ctx.name = "checker"
+    node = node_cls(node_cls.Config(ragged=True), ctx)
+    asyncio.run(node.setup())
+    asyncio.run(node.process(b, "in"))  # a good one passes
+    for why, bad in cases.items():
+        with pytest.raises(N.RaggedMismatch, match=rf"node 'checker': batch t-000005 \(ticket 5.*{why}"):
+            asyncio.run(node.process(bad, "in"))
+    assert N.ragged_problem(b.replace(tensors={"x": b.tensors["x"]})) is None, "not required: no r is fine"
 
 
 def test_scale_schedules_scale_a_stateless_node_up_then_down_and_kill_a_replica_just_added():

@@ -6,7 +6,7 @@ Each shape is run fault-free first (the reference: it must complete with the mod
 states; its wall time sets the shape's time bound and its final states are what every faulted run
 must end with), then under each of its schedules. Shapes go in parallel
 (`jobs`), the runs of one shape one after another. `shape_kw` goes to `random_shape` (`ranks=True`,
-`scale=True`, `holds=True`, sizes); `scale=True` also gives every schedule a scale event pair.
+`scale=True`, `holds=True`, `ragged`, sizes); `scale=True` also gives every schedule a scale event pair.
 """
 
 from __future__ import annotations

@@ -141,9 +141,13 @@ def compare_state(node: str, got: dict | None, want: dict) -> str | None:
     """None when equal bitwise; otherwise what differs, in ticket indices (missing, repeated, order)."""
     if got is None:
         return f"{node}: no state in the final checkpoint"
-    if "held" in want:  # a Hold node: the values it still holds at the end
-        return None if got.get("held") == want["held"] else \
-            f"{node}: holds {len(got.get('held', []))} batches at the end, the model {len(want['held'])}"
+    if "held" in want:  # a Hold node: the values it still holds at the end (and, ragged, their r lengths)
+        if got.get("held") != want["held"]:
+            return f"{node}: holds {len(got.get('held', []))} batches at the end, the model {len(want['held'])}" + \
+                ("" if len(got.get("held", [])) != len(want["held"]) else " (other values)")
+        if got.get("lengths") != want.get("lengths"):
+            return f"{node}: holds r lengths {got.get('lengths')}, the model {want.get('lengths')}"
+        return None
     ranks = None
     if "counts" in want and got.get("counts") != want["counts"]:  # a data-parallel node's ranks at its save
         ranks = f"saved when its ranks had folded {got.get('counts')} tickets (want {want['counts']})"

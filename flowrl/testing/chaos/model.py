@@ -11,10 +11,15 @@ flows on as a marker; a join whose inputs include a drop marker drops the ticket
 folds every ticket that reaches it exactly once, in index order, and never a dropped one; a sink
 records each ticket once, as consumed or as dropped.
 
-Data-parallel nodes: the runtime splits a batch into contiguous near-equal shards, one per rank
-(`nodes.rank_bounds`); each rank of a stateful one folds its own shard (an empty one too) and the
-digests of every rank's shard, for every ticket that reaches the node. `RMix`'s output does not
-depend on the number of ranks (its collective sums the whole batch).
+Ragged shapes (`shape.ragged`: the source's `ragged` config): every value is `x` and the lengths of
+`r` (sample i of `r` is x_i repeated that many times), which follow the samples through selects,
+concats and held batches; the chains fold the lengths too (`nodes.fold_state`), and a `Hold`
+node's state keeps them.
+
+Data-parallel nodes: the runtime splits a batch into contiguous shards, one per rank, of near-equal
+samples or, ragged, near-equal tokens (`nodes.rank_bounds`); each rank of a stateful one folds its own
+shard (an empty one too) and the digests of every rank's shard, for every ticket that reaches the
+node. `RMix`'s output does not depend on the number of ranks (its collective sums the whole batch).
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ def simulate(shape, batch_id: Callable[[int], str] = default_batch_id) -> Expect
               for r in range(d.ranks)}
     counts = {name: 0 for name in chains}
     indices: dict[str, list[int]] = {name: [] for name in chains}
-    held: dict[str, list[np.ndarray]] = {name: [] for name, d in shape.nodes.items() if d.cls == "Hold"}
+    held: dict[str, list[tuple]] = {name: [] for name, d in shape.nodes.items() if d.cls == "Hold"}
     for d in shape.nodes.values():
         out.reached[d.name] = []
         if d.sink:
@@ -60,7 +65,7 @@ def simulate(shape, batch_id: Callable[[int], str] = default_batch_id) -> Expect
     replaced, i = 0, 0
     while i < shape.steps + replaced:
         bid = batch_id(i)
-        value: dict[str, np.ndarray | str] = {}
+        value: dict[str, tuple | str] = {}  # (x, r's lengths or None), or a drop marker
         asks = False  # a sink got a marker asking for a replacement
         for d in shape.nodes.values():  # topological order
             ins = [value[p] for p in d.inputs.values()]
@@ -73,57 +78,62 @@ def simulate(shape, batch_id: Callable[[int], str] = default_batch_id) -> Expect
                 continue
             out.reached[d.name].append(i)
             cfg = d.config
+            x, lens = ins[0] if ins else (None, None)
             if d.cls == "TicketSource":
                 x = N.source_values(cfg.get("seed", 0), i, shape.batch_size)
+                lens = N.ragged_lengths(x) if cfg.get("ragged") else None
             elif d.cls == "Mix":
-                x = N.mix_values(ins[0], cfg.get("mul", 3), cfg.get("add", 1))
+                x = N.mix_values(x, cfg.get("mul", 3), cfg.get("add", 1))
             elif d.cls == "Drop":
-                x = DROP if N.drops(cfg.get("seed", 0), bid, cfg.get("rate", 0.25)) else ins[0]
+                x = DROP if N.drops(cfg.get("seed", 0), bid, cfg.get("rate", 0.25)) else x
             elif d.cls == "Shrink":
-                x = ins[0][N.shrink_mask(ins[0], cfg.get("seed", 0))]
+                keep = N.shrink_mask(x, cfg.get("seed", 0))
+                x, lens = x[keep], None if lens is None else lens[keep]
             elif d.cls == "Hold":
                 if len(held[d.name]) < cfg.get("max_held", 2) and N.holds(cfg.get("seed", 0), bid, cfg.get("rate", 0.3)):
-                    held[d.name].append(ins[0])
+                    held[d.name].append((x, lens))
                     x = REPLACE
                 else:
-                    x, held[d.name] = np.concatenate([*held[d.name], ins[0]]), []
+                    x, lens = _cat([*held[d.name], (x, lens)])
+                    held[d.name] = []
             elif d.cls == "Merge":
-                x = np.concatenate([value[d.inputs["a"]], value[d.inputs["b"]]])
+                x, lens = _cat([value[d.inputs["a"]], value[d.inputs["b"]]])
             elif d.cls == "RMix":
-                x = N.rmix_values(ins[0], cfg.get("mul", 3), cfg.get("add", 1))
+                x = N.rmix_values(x, cfg.get("mul", 3), cfg.get("add", 1))
             elif d.cls == "RSub":
-                x = N.rmix_values(ins[0], cfg.get("mul", 5), cfg.get("add", 2))
+                x = N.rmix_values(x, cfg.get("mul", 5), cfg.get("add", 2))
             elif d.cls == "Sub":
-                x = N.mix_values(ins[0], cfg.get("mul", 5), cfg.get("add", 2))
-            elif d.cls in ("Fold", "FoldSink", "LogSink", "RFold", "RFoldSink", "RTrainer"):
-                x = ins[0]
-            else:
+                x = N.mix_values(x, cfg.get("mul", 5), cfg.get("add", 2))
+            elif d.cls not in ("Fold", "FoldSink", "LogSink", "RFold", "RFoldSink", "RTrainer"):
                 raise ValueError(f"node {d.name!r}: unknown synthetic class {d.cls!r}")
             if isinstance(x, str):  # this node dropped the ticket
                 value[d.name] = x
                 continue
             if d.stateful and d.cls != "Hold" and d.cls not in ("RFold", "RFoldSink", "RTrainer"):
-                chains[d.name] = N.fold_state(chains[d.name], bid, x)
+                chains[d.name] = N.fold_state(chains[d.name], bid, x, lens)
                 counts[d.name] += 1
                 indices[d.name].append(i)
             elif d.cls in ("RFold", "RFoldSink", "RTrainer"):  # per rank: its shard, every shard's digest
-                shards = [x[a:b] for a, b in N.rank_bounds(len(x), d.ranks)]
-                digests = [N.shard_digest(sh) for sh in shards]
-                for r, sh in enumerate(shards):
+                bounds = N.rank_bounds(len(x), d.ranks, lens)
+                shards = [(x[a:b], None if lens is None else lens[a:b]) for a, b in bounds]
+                digests = [N.shard_digest(*sh) for sh in shards]
+                for r, (sx, sl) in enumerate(shards):
                     key = N.rank_state_key(d.name, r)
-                    chains[key] = N.rank_fold_state(chains[key], bid, sh, digests)
+                    chains[key] = N.rank_fold_state(chains[key], bid, sx, digests, sl)
                     counts[key] += 1
                     indices[key].append(i)
             if d.sink:
                 out.outcomes[d.name][i] = "consumed"
-            value[d.name] = x
+            value[d.name] = (x, lens)
         if asks and replaced < shape.steps:  # the scheduler adds one ticket, at most `steps` in all
             replaced += 1
         i += 1
     out.total = shape.steps + replaced
     for name, chain in chains.items():
         if name in held:
-            out.states[name] = {"held": [h.tolist() for h in held[name]]}
+            out.states[name] = {"held": [hx.tolist() for hx, _ in held[name]]}
+            if shape.nodes[name].config.get("ragged"):
+                out.states[name]["lengths"] = [hl.tolist() for _, hl in held[name]]
         else:
             out.states[name] = {"chain": chain, "count": counts[name], "indices": indices[name]}
     for name, d in shape.nodes.items():
@@ -131,3 +141,10 @@ def simulate(shape, batch_id: Callable[[int], str] = default_batch_id) -> Expect
             for r in range(d.ranks):
                 out.states[N.rank_state_key(name, r)]["counts"] = [counts[name]] * d.ranks
     return out
+
+
+def _cat(parts: list[tuple]) -> tuple:
+    """(x, lengths) of samples of several values, in order (lengths None when not ragged)."""
+    x = np.concatenate([p[0] for p in parts])
+    lens = None if parts[0][1] is None else np.concatenate([p[1] for p in parts])
+    return x, lens

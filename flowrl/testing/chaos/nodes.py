@@ -16,11 +16,19 @@ publish, like a DTensor trainer's `full_tensor()`. `Sub` (stateless, replicable)
 them and checks that every version it receives is whole: the label and every rank's part agree;
 `RSub` is a data-parallel `Sub` whose `process` is `RMix`'s.
 
-Every batch is `x`: int64[size] plus `meta["ix"]`, the ticket index. Every output is a pure function
-of the input, so what each node should see is known from the graph alone (`flowrl.testing.chaos.model`
-computes it). A stateful node's state is a hash chain over (batch id, digest of the batch's content)
-in the order it folded them, plus the indices it folded: after any crash, equal to a fault-free run's
-state bitwise only if it saw each ticket exactly once, in index order.
+Every batch is `x`: int64[size] plus `meta["ix"]`, the ticket index; in a ragged shape (the source's
+`ragged: true`) also `r`, a `flowrl.Ragged` aligned with `x`: sample i of `r` is x_i repeated L_i
+times, L_i = 1 + (the source's x_i mod 7). Nodes that map `x` elementwise rewrite `r` from the new
+`x` with the same offsets (`with_x`); `Shrink`'s select, `Merge`'s concat, `Hold`'s held samples and
+the runtime's token-balanced shards of data-parallel nodes keep it aligned. Every node checks an `r`
+it gets against its `x` (`ragged_problem`), and a stateful node or sink configured `ragged: true`
+also requires one; a mismatch raises, naming the node and the batch.
+
+Every output is a pure function of the input, so what each node should see is known from the graph
+alone (`flowrl.testing.chaos.model` computes it). A stateful node's state is a hash chain over
+(batch id, digest of the batch's content: `x` and, in a ragged shape, `r`'s lengths) in the order it
+folded them, plus the indices it folded: after any crash, equal to a fault-free run's state bitwise
+only if it saw each ticket exactly once, in index order.
 
 Module import is light (numpy and hashlib only), as node modules must be.
 """
@@ -63,16 +71,109 @@ def shrink_mask(x: np.ndarray, seed: int) -> np.ndarray:
     return keep
 
 
-def content_digest(batch_id: str, x: np.ndarray) -> bytes:
+def content_digest(batch_id: str, x: np.ndarray, lengths: np.ndarray | None = None) -> bytes:
+    """Digest of a batch's content: its id, `x` and, in a ragged shape, `r`'s lengths (a sample lost
+    or repeated in `r` alone changes it too)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(batch_id.encode())
     h.update(np.ascontiguousarray(x, dtype=np.int64).tobytes())
+    if lengths is not None:
+        h.update(b"r")
+        h.update(np.ascontiguousarray(lengths, dtype=np.int64).tobytes())
     return h.digest()
 
 
-def fold_state(chain: str, batch_id: str, x: np.ndarray) -> str:
+def fold_state(chain: str, batch_id: str, x: np.ndarray, lengths: np.ndarray | None = None) -> str:
     """One step of a stateful node's hash chain."""
-    return hashlib.blake2b(bytes.fromhex(chain) + content_digest(batch_id, x), digest_size=16).hexdigest()
+    return hashlib.blake2b(bytes.fromhex(chain) + content_digest(batch_id, x, lengths), digest_size=16).hexdigest()
+
+
+# --- ragged batches: `r` next to `x` ------------------------------------------------------------
+
+MAX_LEN = 7
+"""A ragged sample holds 1..MAX_LEN tokens."""
+
+
+def ragged_lengths(x: np.ndarray) -> np.ndarray:
+    """Tokens of each sample of a ragged source batch: 1 + x_i mod 7 (1..7, per sample)."""
+    return 1 + np.asarray(x, dtype=np.int64) % MAX_LEN
+
+
+def ragged_of(x: np.ndarray, lengths: np.ndarray):
+    """`r` for `x`: sample i is x_i repeated lengths_i times (numpy values and offsets)."""
+    import flowrl
+
+    lengths = np.asarray(lengths, dtype=np.int64)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return flowrl.Ragged(np.repeat(np.asarray(x, dtype=np.int64), lengths), offsets)
+
+
+def _host(a) -> np.ndarray:
+    return a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
+
+
+def lengths_of(batch) -> np.ndarray | None:
+    """`r`'s lengths (int64 numpy), or None when the batch has no `r`."""
+    r = batch.tensors.get("r")
+    return None if r is None else _host(r.offsets[1:] - r.offsets[:-1]).astype(np.int64, copy=False)
+
+
+def ragged_problem(batch, required: bool = False) -> str | None:
+    """What is wrong with the batch's `r` for its `x`, or None: `r` must be a Ragged of as many
+    samples as `x`, with valid offsets, lengths 1..7 and values x_i repeated (and, `required`,
+    be there at all)."""
+    import flowrl
+    from flowrl.transport.ragged import offsets_problem
+
+    r = batch.tensors.get("r")
+    if r is None:
+        return f"no ragged tensor 'r' (has {sorted(batch.tensors)})" if required else None
+    if type(r) is not flowrl.Ragged:
+        return f"'r' is a {type(r).__name__}, not a Ragged"
+    problem = offsets_problem(r.values, r.offsets)
+    if problem:
+        return f"'r' has bad offsets: {problem}"
+    x = np.asarray(batch.tensors["x"], dtype=np.int64)
+    if r.num_samples != len(x):
+        return f"'r' has {r.num_samples} samples, 'x' {len(x)}"
+    lengths = lengths_of(batch)
+    if len(lengths) and (lengths.min() < 1 or lengths.max() > MAX_LEN):
+        return f"'r' has sample lengths {lengths.tolist()}, each must be 1..{MAX_LEN}"
+    values = _host(r.values)
+    if values.ndim != 1 or values.dtype != np.int64:
+        return f"'r' values are {values.dtype}{list(values.shape)}, want int64[tokens]"
+    wrong = np.flatnonzero(values != np.repeat(x, lengths))
+    if wrong.size:
+        sample = int(np.searchsorted(_host(r.offsets), wrong[0], side="right")) - 1
+        return f"'r' values are not x repeated by its lengths: sample {sample} differs"
+    return None
+
+
+class RaggedMismatch(RuntimeError):
+    """A batch whose `r` is not consistent with its `x` (raised by the node that got it)."""
+
+
+def node_name(node) -> str:
+    return getattr(node.ctx, "name", None) or type(node).__name__
+
+
+def check_ragged(node, batch, required: bool = False) -> None:
+    """Raise `RaggedMismatch` naming the node and the batch when `ragged_problem` finds something."""
+    problem = ragged_problem(batch, required)
+    if problem is not None:
+        raise RaggedMismatch(f"node {node_name(node)!r}: batch {batch.batch_id} (ticket {batch.meta.get('ix')}, "
+                             f"attempt {batch.attempt}): {problem}")
+
+
+def with_x(batch, x: np.ndarray):
+    """`batch` with `x` replaced and, if it has `r`, `r` rewritten from the new `x` with the same
+    offsets (`np.repeat(x, r.lengths)`): what every node that maps `x` elementwise returns."""
+    tensors = {**batch.tensors, "x": x}
+    r = tensors.get("r")
+    if r is not None:
+        tensors["r"] = r.like(np.repeat(np.asarray(x, dtype=np.int64), lengths_of(batch)))
+    return batch.replace(tensors=tensors)
 
 
 EMPTY_CHAIN = "00" * 16
@@ -94,14 +195,17 @@ class TicketSource(flowrl.Source):
         burst: int = 1
         """With `pace_s`: tickets come in bursts of this many (a wait of `pace_s * burst` before each
         burst), so that several are still in flight at once, as in an unpaced run."""
+        ragged: bool = False
+        """Batches carry `r` too: sample i is x_i repeated 1 + (x_i mod 7) times (`ragged_of`)."""
 
     async def generate(self, ticket):
         if self.config.pace_s and ticket.index % max(1, self.config.burst) == 0:
             import anyio
 
             await anyio.sleep(self.config.pace_s * max(1, self.config.burst))
-        return flowrl.Batch(tensors={"x": source_values(self.config.seed, ticket.index, ticket.size)},
-                            meta={"ix": ticket.index})
+        x = source_values(self.config.seed, ticket.index, ticket.size)
+        tensors = {"x": x, "r": ragged_of(x, ragged_lengths(x))} if self.config.ragged else {"x": x}
+        return flowrl.Batch(tensors=tensors, meta={"ix": ticket.index})
 
 
 class Mix(flowrl.Node):
@@ -112,7 +216,8 @@ class Mix(flowrl.Node):
         add: int = 1
 
     async def process(self, batch, port):
-        return batch.replace(tensors={"x": mix_values(np.asarray(batch.tensors["x"]), self.config.mul, self.config.add)})
+        check_ragged(self, batch)
+        return with_x(batch, mix_values(np.asarray(batch.tensors["x"]), self.config.mul, self.config.add))
 
 
 class Drop(flowrl.Node):
@@ -124,6 +229,7 @@ class Drop(flowrl.Node):
         """Fraction of tickets dropped (by hash, so the same ones in every run)."""
 
     async def process(self, batch, port):
+        check_ragged(self, batch)
         if drops(self.config.seed, batch.batch_id, self.config.rate):
             return None
         return batch
@@ -136,13 +242,15 @@ class Shrink(flowrl.Node):
         seed: int = 0
 
     async def process(self, batch, port):
+        check_ragged(self, batch)
         return batch.select(shrink_mask(np.asarray(batch.tensors["x"]), self.config.seed))
 
 
 class Hold(flowrl.Node):
     """Stateful filter: holds the batch of a ticket that `holds(seed, batch id, rate)` picks (at most
     `max_held` in a row), dropping the ticket with `replace=True`; the next batch it passes on
-    carries every held value in front of its own."""
+    carries every held value in front of its own (and, `ragged`, their `r` lengths: its state keeps
+    them as plain lists, `lengths`, one per held batch)."""
 
     stateful = True
 
@@ -150,24 +258,42 @@ class Hold(flowrl.Node):
         seed: int = 0
         rate: float = 0.3
         max_held: int = 2
+        ragged: bool = False
+        """Batches must carry `r` (checked); the held ones' lengths are part of the state."""
 
     async def setup(self):
         self.held: list[list[int]] = []
+        self.lengths: list[list[int]] = []
 
     async def process(self, batch, port):
+        check_ragged(self, batch, self.config.ragged)
         x = np.asarray(batch.tensors["x"])
+        lengths = lengths_of(batch)
         if len(self.held) < self.config.max_held and holds(self.config.seed, batch.batch_id, self.config.rate):
             self.held.append(x.tolist())
+            if lengths is not None:
+                self.lengths.append(lengths.tolist())
             return flowrl.Drop("held", replace=True)
         out = np.concatenate([np.asarray(h, dtype=np.int64) for h in self.held] + [x])
-        self.held = []
-        return batch.replace(tensors={"x": out})
+        tensors = {"x": out}
+        if lengths is not None:
+            if len(self.lengths) != len(self.held):
+                raise RaggedMismatch(f"node {node_name(self)!r}: batch {batch.batch_id} carries 'r' but "
+                                     f"{len(self.held) - len(self.lengths)} held batches did not")
+            tensors["r"] = ragged_of(out, np.concatenate([np.asarray(n, dtype=np.int64) for n in self.lengths]
+                                                         + [lengths]))
+        self.held, self.lengths = [], []
+        return batch.replace(tensors=tensors)
 
     def state_dict(self):
-        return {"held": [list(h) for h in self.held]}
+        state = {"held": [list(h) for h in self.held]}
+        if self.config.ragged or self.lengths:
+            state["lengths"] = [list(n) for n in self.lengths]
+        return state
 
     def load_state_dict(self, state):
         self.held = [list(h) for h in state["held"]]
+        self.lengths = [list(n) for n in state.get("lengths", [])]
 
 
 class Merge(flowrl.Join):
@@ -177,7 +303,15 @@ class Merge(flowrl.Join):
 
     async def join(self, batches):
         a, b = batches["a"], batches["b"]
-        return a.replace(tensors={"x": np.concatenate([np.asarray(a.tensors["x"]), np.asarray(b.tensors["x"])])})
+        check_ragged(self, a)
+        check_ragged(self, b)
+        tensors = {"x": np.concatenate([np.asarray(a.tensors["x"]), np.asarray(b.tensors["x"])])}
+        if ("r" in a.tensors) != ("r" in b.tensors):
+            raise RaggedMismatch(f"node {node_name(self)!r}: batch {a.batch_id}: 'r' on input "
+                                 f"{'a' if 'r' in a.tensors else 'b'} only")
+        if "r" in a.tensors:
+            tensors["r"] = flowrl.Ragged.concat([a.tensors["r"], b.tensors["r"]])
+        return a.replace(tensors=tensors)
 
 
 class _Folding:
@@ -186,11 +320,15 @@ class _Folding:
     class Config(flowrl.NodeConfig):
         history: int = 100_000
         """Indices kept in the state (the last ones): enough to say which ticket went missing."""
+        ragged: bool = False
+        """Every batch must carry `r`, consistent with `x` (else it raises, naming the node and
+        the batch); the chain folds `r`'s lengths too."""
 
     async def setup(self):
         self.chain, self.count, self.indices = EMPTY_CHAIN, 0, []
 
     def fold(self, batch) -> None:
+        check_ragged(self, batch, self.config.ragged)
         self.chain = self.next_chain(batch)
         self.count += 1
         self.indices.append(index_of(batch))
@@ -204,7 +342,7 @@ class _Folding:
         self.chain, self.count, self.indices = state["chain"], int(state["count"]), list(state["indices"])
 
     def next_chain(self, batch) -> str:
-        return fold_state(self.chain, batch.batch_id, np.asarray(batch.tensors["x"]))
+        return fold_state(self.chain, batch.batch_id, np.asarray(batch.tensors["x"]), lengths_of(batch))
 
 
 class Fold(_Folding, flowrl.Node):
@@ -230,24 +368,47 @@ class FoldSink(_Folding, flowrl.Sink):
 
 
 class LogSink(flowrl.Sink):
-    """Stateless sink (a logger, an evaluator): counts samples, keeps nothing between batches."""
+    """Stateless sink (a logger, an evaluator): counts samples, keeps nothing between batches (and,
+    `ragged`, checks `r` as `FoldSink` does)."""
+
+    class Config(flowrl.NodeConfig):
+        ragged: bool = False
 
     async def process(self, batch, port):
+        check_ragged(self, batch, self.config.ragged)
         self.ctx.recorder.count("chaos_samples", batch.num_samples, per_node=True)
 
 
 # --- data-parallel nodes: a collective inside `process` -----------------------------------------
 
-def rank_bounds(n: int, parts: int) -> list[tuple[int, int]]:
-    """[start, stop) of each rank's shard of an n-sample batch: contiguous, near-equal, the first
-    ranks one larger (the runtime's split of a batch without prompt groups)."""
-    base, extra = divmod(n, parts)
-    out, start = [], 0
-    for r in range(parts):
-        stop = start + base + (1 if r < extra else 0)
-        out.append((start, stop))
-        start = stop
-    return out
+def rank_bounds(n: int, parts: int, lengths: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """[start, stop) of each rank's shard of an n-sample batch, as the runtime splits it
+    (`Batch.split(parts, by_tokens=True)`; chaos batches have no prompt groups): contiguous.
+
+    Without `r` (`lengths` None), or with no tokens, near-equal counts, the first ranks one larger.
+    With `r`, near-equal tokens: rank k (of the ranks but the last) takes samples while it has none,
+    or while its tokens so far plus half the next sample's stay within the tokens left divided by
+    the ranks left, and never so many that a later rank would get no sample while there are
+    enough; the last rank takes the rest. A rank may get no sample (n < parts)."""
+    total = 0 if lengths is None else int(np.asarray(lengths, dtype=np.int64).sum())
+    if lengths is None or n == 0 or total == 0:
+        base, extra = divmod(n, parts)
+        cuts = [0] + [r * base + min(r, extra) for r in range(1, parts + 1)]
+    else:
+        w = np.asarray(lengths, dtype=np.int64)
+        cuts, start, left_tokens = [0], 0, float(total)
+        for r in range(parts - 1):
+            ranks_left = parts - r
+            share = left_tokens / ranks_left
+            limit = max(start, n - (ranks_left - 1))
+            stop, took = start, 0.0
+            while stop < limit and (stop == start or took + w[stop] / 2 <= share):
+                took += float(w[stop])
+                stop += 1
+            cuts.append(stop)
+            start, left_tokens = stop, left_tokens - took
+        cuts.append(n)
+    return [(int(a), int(b)) for a, b in zip(cuts, cuts[1:])]
 
 
 def rmix_values(x: np.ndarray, mul: int, add: int) -> np.ndarray:
@@ -257,16 +418,19 @@ def rmix_values(x: np.ndarray, mul: int, add: int) -> np.ndarray:
     return (x * mul + add + total) % MOD
 
 
-def shard_digest(x: np.ndarray) -> int:
-    """A 62-bit digest of a shard's values (what the ranks all-gather)."""
-    h = hashlib.blake2b(np.ascontiguousarray(x, dtype=np.int64).tobytes(), digest_size=8).digest()
-    return int.from_bytes(h, "little") >> 2
+def shard_digest(x: np.ndarray, lengths: np.ndarray | None = None) -> int:
+    """A 62-bit digest of a shard's values and, ragged, its `r` lengths (what the ranks all-gather)."""
+    h = hashlib.blake2b(np.ascontiguousarray(x, dtype=np.int64).tobytes(), digest_size=8)
+    if lengths is not None:
+        h.update(b"r" + np.ascontiguousarray(lengths, dtype=np.int64).tobytes())
+    return int.from_bytes(h.digest(), "little") >> 2
 
 
-def rank_fold_state(chain: str, batch_id: str, shard: np.ndarray, digests: list[int]) -> str:
-    """One step of a data-parallel stateful node's per-rank chain: its own shard, and every rank's
-    shard digest (gathered: the state depends on every rank)."""
-    h = hashlib.blake2b(bytes.fromhex(chain) + content_digest(batch_id, shard), digest_size=16)
+def rank_fold_state(chain: str, batch_id: str, shard: np.ndarray, digests: list[int],
+                    lengths: np.ndarray | None = None) -> str:
+    """One step of a data-parallel stateful node's per-rank chain: its own shard (and its `r`
+    lengths), and every rank's shard digest (gathered: the state depends on every rank)."""
+    h = hashlib.blake2b(bytes.fromhex(chain) + content_digest(batch_id, shard, lengths), digest_size=16)
     h.update(np.asarray(digests, dtype=np.int64).tobytes())
     return h.hexdigest()
 
@@ -321,9 +485,10 @@ class RMix(flowrl.Node):
         add: int = 1
 
     async def process(self, batch, port):
+        check_ragged(self, batch)
         x = np.asarray(batch.tensors["x"], dtype=np.int64)
         total = all_reduce_sum(self.ctx, int(x.sum() % MOD)) % MOD
-        return batch.replace(tensors={"x": (x * self.config.mul + self.config.add + total) % MOD})
+        return with_x(batch, (x * self.config.mul + self.config.add + total) % MOD)
 
 
 class _RankFolding(_Folding):
@@ -334,8 +499,9 @@ class _RankFolding(_Folding):
 
     def next_chain(self, batch) -> str:
         x = np.asarray(batch.tensors["x"], dtype=np.int64)
-        digests = [d[0] for d in all_gather_ints(self.ctx, [shard_digest(x)])]
-        return rank_fold_state(self.chain, batch.batch_id, x, digests)
+        lengths = lengths_of(batch)
+        digests = [d[0] for d in all_gather_ints(self.ctx, [shard_digest(x, lengths)])]
+        return rank_fold_state(self.chain, batch.batch_id, x, digests, lengths)
 
     def state_dict(self):
         counts = [c[0] for c in all_gather_ints(self.ctx, [self.count])]
@@ -452,7 +618,8 @@ class Sub(_Subscribing, flowrl.Node):
     Config = _Subscribing.Config
 
     async def process(self, batch, port):
-        return batch.replace(tensors={"x": mix_values(np.asarray(batch.tensors["x"]), self.config.mul, self.config.add)})
+        check_ragged(self, batch)
+        return with_x(batch, mix_values(np.asarray(batch.tensors["x"]), self.config.mul, self.config.add))
 
 
 class RSub(_Subscribing, flowrl.Node):
@@ -463,9 +630,10 @@ class RSub(_Subscribing, flowrl.Node):
     Config = _Subscribing.Config
 
     async def process(self, batch, port):
+        check_ragged(self, batch)
         x = np.asarray(batch.tensors["x"], dtype=np.int64)
         total = all_reduce_sum(self.ctx, int(x.sum() % MOD)) % MOD
-        return batch.replace(tensors={"x": (x * self.config.mul + self.config.add + total) % MOD})
+        return with_x(batch, (x * self.config.mul + self.config.add + total) % MOD)
 
 
 KINDS = {cls.__name__: f"{__name__}:{cls.__name__}"

@@ -18,7 +18,12 @@ publishes weights, gathered on every rank) with a subscriber (`Sub`, or `RSub` w
 own) on a random edge or on the trainer's input, and half the time a `Drop` filter (1-2 replicas)
 right before the trainer, as in PPO / DAPO.
 `scale=True` makes sure the shape has a stateless node that `flowrl scale` can scale (a `Mix` on a
-random edge if it had none). Without them a seed gives the same shape as it always did.
+random edge if it had none). Without them a seed gives the same graph as it always did.
+
+Half of the shapes are ragged (`Shape.ragged`, the seed's last draw, so a seed's graph does not
+depend on it; `ragged=True` / `False` forces it): the source's batches carry a
+`flowrl.Ragged` `r` next to `x` (`nodes.ragged_of`), and every stateful node and sink is configured
+`ragged: true`, so it requires `r` and checks it against `x` for every batch.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from dataclasses import dataclass, field
 from flowrl.testing.chaos.features import Features
 from flowrl.testing.chaos.nodes import KINDS
 
+RAGGED_CONFIG = ("TicketSource", "Hold", "Fold", "FoldSink", "LogSink", "RFold", "RFoldSink", "RTrainer")
+"""Classes configured `ragged: true` in a ragged shape: the source makes `r`, the others require it."""
 STATELESS = ("Mix", "Drop", "Shrink", "LogSink", "TicketSource", "RMix", "Sub", "RSub")
 REPLICABLE = ("Mix", "Drop", "Shrink", "LogSink", "Sub")
 """Stateless nodes that may have replicas, and so be scaled (`flowrl scale`) while a run goes on."""
@@ -93,6 +100,8 @@ class Shape:
     pace_s: float = 0.0
     """Seconds per ticket the source takes on average, in bursts of `SCALE_BURST` (0: no pace;
     shapes for scale events)."""
+    ragged: bool = False
+    """Batches carry a ragged `r` next to `x` (see the module docstring)."""
 
     @property
     def sinks(self) -> list[str]:
@@ -157,6 +166,8 @@ class Shape:
             out.append("weight sync")
         if any(d.cls == "RSub" for d in ds):
             out.append("data-parallel subscriber")
+        if self.ragged:
+            out.append("ragged")
         return out or ["chain, one sink"]
 
     def edges(self) -> list[str]:
@@ -170,7 +181,8 @@ class Shape:
         """One line per node: `name Class(xR)* <- inputs` (* = stateful)."""
         lines = [(f"shape {self.seed}: {self.steps} steps x {self.batch_size}, checkpoint every "
                   f"{self.checkpoint_every}, max_staleness {self.max_staleness}"
-                  + (f", {SCALE_BURST} tickets per {self.pace_s * SCALE_BURST:g} s" if self.pace_s else ""))]
+                  + (f", {SCALE_BURST} tickets per {self.pace_s * SCALE_BURST:g} s" if self.pace_s else "")
+                  + (RAGGED_MARK if self.ragged else ""))]
         for d in self.nodes.values():
             rep = f" x{d.replicas}" if d.replicas > 1 else ""
             rep += f" ({d.ranks} ranks)" if d.ranks > 1 else ""
@@ -212,12 +224,14 @@ class Shape:
 
 def random_shape(seed: int, *, min_nodes: int = 3, max_nodes: int = 8, max_processes: int = 10,
                  steps: tuple[int, int] = (10, 30), drops: bool = True, holds: bool = False,
-                 ranks: bool = False, scale: bool = False) -> Shape:
+                 ranks: bool = False, scale: bool = False, ragged: bool | None = None) -> Shape:
     """A random shape (the same for the same seed and options). `drops=False` leaves out `Drop`
     filters; `holds=True` adds `Hold` nodes (tickets dropped with replace=True, like a DAPO
     filter's); `ranks=True` adds data-parallel nodes with collectives (and, in half the shapes, a
     weight-publishing data-parallel sink with a subscriber); `scale=True` makes sure a node can be
-    scaled. `max_processes` counts every rank of every replica."""
+    scaled. `max_processes` counts every rank of every replica. `ragged`: batches carry a ragged
+    `r` (None: drawn from the seed, for half of them, after everything else, so the graph is the same
+    either way)."""
     rng = random.Random(seed)
     while True:
         shape = _grow(rng, seed, min_nodes, max_nodes, drops, holds, ranks, scale)
@@ -226,7 +240,17 @@ def random_shape(seed: int, *, min_nodes: int = 3, max_nodes: int = 8, max_proce
             shape.checkpoint_every = rng.randint(2, 5)
             if scale:  # time for replicas to start, take work, die, come back and leave mid-run
                 shape.steps, shape.pace_s = max(shape.steps, SCALE_STEPS), SCALE_PACE_S
+            draw = rng.random() < 0.5  # drawn last: the graph, steps and checkpoints do not depend on it
+            shape.ragged = draw if ragged is None else bool(ragged)
+            if shape.ragged:
+                for d in shape.nodes.values():
+                    if d.cls in RAGGED_CONFIG:
+                        d.config["ragged"] = True
             return shape
+
+
+RAGGED_MARK = ", ragged"
+"""What `Shape.describe` adds to its first line for a ragged shape."""
 
 
 def _grow(rng: random.Random, seed: int, min_nodes: int, max_nodes: int, drops: bool, holds: bool = False,
