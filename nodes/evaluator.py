@@ -34,7 +34,7 @@ class Evaluator(flowrl.Node):
 
     class Config(DataConfig):
         every_versions: int = Field(10, ge=1)
-        """Evaluate when the weights version is a multiple of this."""
+        """Evaluate the first version at or past each multiple of this (and version 0)."""
         limit: int | None = Field(None, ge=1)
         """Use only the first `limit` rows of the held-out file."""
         samples: int = Field(4, ge=1)
@@ -66,7 +66,11 @@ class Evaluator(flowrl.Node):
     async def observe(self, version: int):
         import anyio
 
-        if version % self.config.every_versions or version == self.last:
+        every = self.config.every_versions
+        # the first version at or past each multiple: a sync may deliver a newer version than it was
+        # ordered for (the newest the trainer holds), so an exact multiple can be skipped
+        due = version % every == 0 if self.last is None else version // every > self.last // every
+        if not due:
             return None
         result = await anyio.to_thread.run_sync(self.evaluate, version)
         self.last = version

@@ -5,7 +5,7 @@ import sys
 
 import flowrl.transport as transport
 
-API = {"Batch", "ChannelConfig", "CurveConfig", "Sender", "Receiver", "ChannelStats", "TransportError",
+API = {"Batch", "Ragged", "ChannelConfig", "CurveConfig", "Sender", "Receiver", "ChannelStats", "TransportError",
        "DecodeError", "ChannelClosed", "BrokenChannel", "EndOfStream", "encode", "decode", "DecodeLimits",
        "DTYPES", "SCHEMA_VERSION"}
 
