@@ -56,6 +56,9 @@ class _Plan:
     """SDPA's ``is_causal`` (square attention without a cache)."""
     segments: list[tuple[int, int]] | None = None
     """Packed: token ranges ``[a, b)``, each attending only to itself, causally."""
+    groups: "tuple[list[tuple[int, int]], torch.Tensor, torch.Tensor] | None" = None
+    """Packed, by length: ``[(length, count)]``, the token order that puts the sequences of each
+    length side by side, and its inverse (one batched causal attention per distinct length)."""
     cache: KVCache | None = None
     start: int = 0
 
@@ -75,6 +78,37 @@ def padded_causal_mask(key_mask: torch.Tensor, start: int, s: int) -> torch.Tens
     query_slots = torch.arange(start, k, device=key_mask.device)[:, None]
     allowed = (slots[None] <= query_slots) & key_mask[:, None, None, :k]
     return allowed | (slots[None] == query_slots)
+
+
+def length_groups(segments: list[tuple[int, int]], device) -> "tuple[list, torch.Tensor, torch.Tensor]":
+    """What `_grouped_attention` needs for packed sequences `segments` (token ranges `[a, b)`)."""
+    by_len: dict[int, list[int]] = {}
+    for a, e in segments:
+        by_len.setdefault(e - a, []).append(a)
+    shape, parts = [], []
+    for length, starts in by_len.items():
+        shape.append((length, len(starts)))
+        parts.append((torch.tensor(starts)[:, None] + torch.arange(length)[None]).reshape(-1))
+    order = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(len(order))
+    return shape, order.to(device), inverse.to(device)
+
+
+def _grouped_attention(q, k, v, shape, order, inverse) -> torch.Tensor:
+    """Causal attention of packed sequences ``q, k, v [1, H, N, Dh]``: the sequences of one length
+    as one batch (``[count, H, length, Dh]``, SDPA ``is_causal``), none seeing another; the result in
+    the packed order. One kernel call per distinct length, never a pad."""
+    h, dh = q.shape[1], q.shape[3]
+    qs, ks, vs = (t.index_select(2, order)[0] for t in (q, k, v))  # [H, N, Dh], grouped by length
+    outs, at = [], 0
+    for length, count in shape:
+        n = length * count
+        part = [t[:, at:at + n].reshape(h, count, length, dh).transpose(0, 1) for t in (qs, ks, vs)]
+        o = F.scaled_dot_product_attention(*part, is_causal=True)  # [count, H, length, Dh]
+        outs.append(o.transpose(0, 1).reshape(h, n, dh))
+        at += n
+    return torch.cat(outs, dim=1)[None].index_select(2, inverse) if outs else q
 
 
 class _Attention(nn.Module):
@@ -97,7 +131,9 @@ class _Attention(nn.Module):
             cache.values[layer][:, :, start : start + s] = v
             k = cache.keys[layer][:, :, : start + s]
             v = cache.values[layer][:, :, : start + s]
-        if plan.segments is not None:  # packed: each sequence on its own, causal
+        if plan.groups is not None:  # packed: each sequence on its own, causal, batched by length
+            out = _grouped_attention(q, k, v, *plan.groups)
+        elif plan.segments is not None:  # packed, lengths mostly distinct: one call per sequence
             parts = [F.scaled_dot_product_attention(q[:, :, a:e], k[:, :, a:e], v[:, :, a:e], is_causal=True)
                      for a, e in plan.segments]
             out = torch.cat(parts, dim=2) if parts else q
@@ -226,7 +262,10 @@ class TinyLM(CausalLM):
         self._check_positions(int(lens.max()) if len(lens) else 0)
         positions = torch.arange(tokens.shape[0]) - torch.repeat_interleave(bounds[:-1], lens)
         segments = [(a, e) for a, e in zip(bounds[:-1].tolist(), bounds[1:].tolist()) if e > a]
-        h = self._trunk(tokens[None], positions[None].to(tokens.device), _Plan(segments=segments))
+        # many sequences of few lengths (short tasks): one batched call per length; else one per sequence
+        few = len({e - a for a, e in segments}) * 2 <= len(segments)
+        plan = _Plan(segments=segments, groups=length_groups(segments, tokens.device) if few else None)
+        h = self._trunk(tokens[None], positions[None].to(tokens.device), plan)
         return self._head(h[0])
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:

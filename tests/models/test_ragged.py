@@ -93,6 +93,21 @@ def test_forward_packed_logits_equal_each_sequence_alone_and_skip_empty_sequence
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+def test_tiny_packed_sequences_of_few_lengths_batched_by_length_equal_each_alone_with_gradients(positions):
+    model = build_model(SPEC.model_copy(update={"positions": positions}), seed=0)
+    seqs = _sequences((5, 3, 5, 5, 0, 3, 5, 3))  # 7 sequences of 2 lengths: one attention call per length
+    got = model.forward_packed(seqs.values, seqs.offsets)
+    got.logsumexp(-1).sum().backward()
+    packed = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    want = torch.cat([model(s[None])[0] for s in seqs if len(s)])
+    want.logsumexp(-1).sum().backward()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    for n, g in packed.items():
+        torch.testing.assert_close(g, model.get_parameter(n).grad, atol=1e-5, rtol=1e-5)
+
+
 def test_tiny_packed_forward_is_differentiable():
     model = build_model(SPEC, seed=0)
     seqs = _sequences()
