@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from flowrl.transport.dtypes import NUMPY_NAMES, dtype_name, is_torch, torch_module
-from flowrl.transport.ragged import Ragged
+from flowrl.transport.ragged import Ragged, offsets_problem
 
 MAX_NAME_CHARS = 256
 _DEFAULT: Any = object()  # "argument not given" (None is a value the checks must refuse)
@@ -332,9 +332,11 @@ def _group_bounds(groups: int, parts: int, weights: "np.ndarray | None") -> list
 
 
 def _check_ragged(name: str, t: Ragged) -> None:
-    from flowrl.transport.ragged import offsets_problem
-
-    dtype_name(t.values)
+    values = t.values
+    if type(values) is np.ndarray and values.dtype in NUMPY_NAMES and t._valid[0] is values \
+            and t._valid[1] is t.offsets:
+        return  # checked when built, not reassigned since: the common case, in well under a microsecond
+    dtype_name(values)
     if t.valid:
         return
     if is_torch(t.values) and t.values.layout != torch_module().strided:
