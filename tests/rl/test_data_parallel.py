@@ -18,6 +18,7 @@ import torch
 
 from flowrl.rl.parallel import local_rows
 from tests.rl import dp_cases
+from tests.rl.batches import comparable
 
 ROOT = Path(__file__).resolve().parents[2]
 WORLD = 2
@@ -96,21 +97,6 @@ def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp(min=1e-12))
 
 
-def _comparable(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The state without the key third of each ``qkv.bias``: its exact gradient is zero (softmax ignores a
-    constant added to every key), so in ANY two runs whose sums round differently Adam turns that rounding
-    noise (~1e-10) into steps of ~lr; it is compared on its own, as noise of both runs."""
-    out = {}
-    for k, v in state.items():
-        if k.endswith("attn.qkv.bias"):
-            q, key, val = v.chunk(3)
-            out[k] = torch.cat([q, val])
-            out[k + "[key]"] = key
-        else:
-            out[k] = v
-    return out
-
-
 def test_a_rank_keeps_its_own_rows_of_each_mini_batch_in_the_permutations_order():
     part = torch.tensor([5, 0, 3, 2, 7])
     assert local_rows(part, offset=2, n=3).tolist() == [1, 0]  # global rows 3, 2 of 2..4
@@ -124,11 +110,11 @@ def test_a_rank_keeps_its_own_rows_of_each_mini_batch_in_the_permutations_order(
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("case", list(dp_cases.CASES))
 def test_two_ranks_make_the_one_rank_update_after_k_steps(ranks, reference, case):
-    ref = _comparable(reference[case]["params"])
+    ref = comparable(reference[case]["params"])
     kind, config, _, form = dp_cases.CASES[case]
-    start = _comparable(dp_cases.trainer(kind, config, form).model.state_dict())
+    start = comparable(dp_cases.trainer(kind, config, form).model.state_dict())
     for r in ranks:
-        got = _comparable(r[case]["params"])
+        got = comparable(r[case]["params"])
         assert got.keys() == ref.keys()
         for k in ref:
             if k.endswith("[key]"):
