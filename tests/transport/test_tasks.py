@@ -142,6 +142,8 @@ def test_a_consumer_lost_under_plain_asyncio_run_gets_its_batches_resent(tmp_pat
                 await again.bind(address)
                 with anyio.fail_after(10):
                     assert (await again.recv()).batch_id == "p0"
-                assert len(tx._lingering) == 1  # the lost link's memory closes later
+                # the lost link's memory closes later (one arena per link lost: before the new consumer
+                # binds, the sender may start and lose a few links on the same address)
+                assert len(tx._lingering) >= 1
 
     asyncio.run(main())
