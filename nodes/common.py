@@ -62,16 +62,12 @@ class Sequences(NamedTuple):
         if tokens is None or "response_mask" not in t:
             raise ValueError(f"{where}: the batch has neither ragged `tokens` + `loss_mask` nor rectangular `tokens` "
                              f"+ `response_mask` (it has {sorted(t)[:8]}); put a rollout node before this one")
-        tokens, rmask = torch.as_tensor(tokens), torch.as_tensor(t["response_mask"]).bool()
-        b, width = rmask.shape
-        p = tokens.shape[1] - width
-        # each row ends at its last response token: padding after EOS never enters a model
-        ends = (rmask * torch.arange(1, width + 1)).amax(dim=1) if width else torch.zeros(b, dtype=torch.int64)
-        lens = p + ends
-        full = torch.cat([torch.zeros(b, p, dtype=torch.bool), rmask], dim=1)
-        ragged = flowrl.Ragged.from_padded(tokens, lens)
-        return cls(ragged, ragged.like(full[ragged.mask(tokens.shape[1])] if b else full.reshape(-1)),
-                   torch.full((b,), p, dtype=torch.int64), width)
+        from flowrl.rl.tokens import rect_to_ragged
+
+        tokens, rmask = torch.as_tensor(tokens), torch.as_tensor(t["response_mask"])
+        p = tokens.shape[1] - rmask.shape[1]
+        ragged, mask, _ = rect_to_ragged(tokens, p, rmask)  # padding after each response is cut
+        return cls(ragged, mask, torch.full((ragged.num_samples,), p, dtype=torch.int64), rmask.shape[1])
 
     def per_token(self, batch, name: str, where: str = "this node"):
         """Tensor `name` of the batch as aligned ragged float32 (a [R, T] response grid is placed
@@ -87,27 +83,26 @@ class Sequences(NamedTuple):
         x = torch.as_tensor(x)
         if x.dim() == 1:
             return x
-        p = int(self.prompt_lens[0]) if len(self.prompt_lens) else 0
-        grid = torch.cat([torch.zeros(x.shape[0], p, dtype=x.dtype), x], dim=1)
-        return self.tokens.like(grid[self.tokens.mask(grid.shape[1])])
+        from flowrl.rl.tokens import grid_to_aligned
+
+        return grid_to_aligned(x, self._prompt_width(), self.tokens)
 
     def emit(self, values):
         """An aligned ragged result in the batch's own layout (a [R, T] grid for a rectangular batch)."""
         if self.padded_width is None:
             return values
-        p = int(self.prompt_lens[0]) if len(self.prompt_lens) else 0
-        return values.to_padded(0, width=p + self.padded_width)[:, p:]
+        from flowrl.rl.tokens import to_rect
+
+        return to_rect(values, self._prompt_width(), self.padded_width)
 
     def responses(self, pad: int):
         """[R, T] the response tokens, right-padded with `pad`; and their lengths [R]."""
-        import torch
+        from flowrl.models.generation import response_grid
 
-        lens = self.tokens.lengths - self.prompt_lens
-        width = max(int(lens.max()) if len(lens) else 0, 1)
-        out = torch.full((self.tokens.num_samples, width), pad, dtype=torch.int64)
-        for i, (seq, p) in enumerate(zip(self.tokens, self.prompt_lens.tolist())):
-            out[i, : len(seq) - p] = seq[p:]
-        return out, lens
+        return response_grid(self.tokens, self.prompt_lens, pad), self.tokens.lengths - self.prompt_lens
+
+    def _prompt_width(self) -> int:
+        return int(self.prompt_lens[0]) if len(self.prompt_lens) else 0
 
 
 def check_fits(tokens, model, where: str, tokenizer: dict | None = None, spec=None) -> None:

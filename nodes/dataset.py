@@ -11,7 +11,7 @@
 
 Outputs what the built-in `prompts` node does, so the rollout takes it unchanged:
 
-    prompts  [B, P] int64   prompt ids, left-padded with the tokenizer's pad id
+    prompts  ragged int64   each prompt's own token ids (flowrl.Ragged; no padding)
     targets  [B, A] int64   the reference answers as UTF-8 bytes, -1 padded (flowrl.data.answers)
     rows     [B]    int64   dataset row of each prompt (dropped by the rollout; for audits)
     meta     max_new_tokens, targets_encoding: "utf8",

@@ -21,6 +21,6 @@ class Prompts(flowrl.Source):
 
     async def generate(self, ticket):
         prompts, targets = self.task.prompts(self.ctx.seed, ticket.index * ticket.size, ticket.size)
-        lengths = [prompts.shape[1]] * prompts.shape[0]  # the digit tasks' prompts happen to share one length
-        return flowrl.Batch(tensors={"prompts": flowrl.Ragged.from_padded(prompts, lengths), "targets": targets},
+        # the digit tasks' prompts happen to share one length: whole rows
+        return flowrl.Batch(tensors={"prompts": flowrl.Ragged.from_padded(prompts), "targets": targets},
                             meta={"max_new_tokens": self.task.max_new_tokens})

@@ -87,11 +87,8 @@ class Rollout(flowrl.Node):
         import torch
 
         index = max(batch.index, 0)
-        prompts = batch.tensors["prompts"]
-        if not isinstance(prompts, flowrl.Ragged):  # a rectangular [B, P] from a user source: rows are whole prompts
-            prompts = flowrl.Ragged.from_padded(prompts, [prompts.shape[1]] * prompts.shape[0])
-        t0 = time.perf_counter()
-        out = self.engine.generate(prompts.to_torch(), sampling, seed=self.ctx.seed * 1_000_003 + index)
+        t0 = time.perf_counter()  # prompts: ragged, or a rectangular [B, P] of whole rows (the engine takes both)
+        out = self.engine.generate(batch.tensors["prompts"], sampling, seed=self.ctx.seed * 1_000_003 + index)
         seconds = time.perf_counter() - t0
         rec = self.ctx.recorder
         rec.observe("rollout_latency_s", seconds)
@@ -114,16 +111,10 @@ def padded_layout(out, pad: int) -> dict:
     """The rectangular layout: prompts left-padded to one width, responses right-padded to another."""
     import torch
 
-    p = int(out.prompt_lens.max())
-    resp = out.tokens.lengths - out.prompt_lens
-    width = max(int(resp.max()), 1)
-    rows = out.tokens.num_samples
-    tokens = torch.full((rows, p + width), pad, dtype=torch.int64)
-    mask = torch.zeros(rows, width, dtype=torch.bool)
-    logprobs = torch.zeros(rows, width, dtype=torch.float32)
-    for i, (seq, lp, pl) in enumerate(zip(out.tokens, out.logprobs, out.prompt_lens.tolist())):
-        n = len(seq) - pl
-        tokens[i, p - pl: p + n] = seq
-        mask[i, :n] = True
-        logprobs[i, :n] = lp[pl:]
-    return {"tokens": tokens, "response_mask": mask, "logprobs": logprobs}
+    from flowrl.models.generation import prompt_grid, response_grid
+
+    tokens = response_grid(out.tokens, out.prompt_lens, pad)
+    width = tokens.shape[1]
+    return {"tokens": torch.cat([prompt_grid(out.tokens, out.prompt_lens, pad), tokens], dim=1),
+            "response_mask": torch.arange(width)[None] < (out.tokens.lengths - out.prompt_lens)[:, None],
+            "logprobs": response_grid(out.logprobs, out.prompt_lens, 0.0, width)}

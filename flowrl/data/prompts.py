@@ -6,11 +6,9 @@
     >>> left_pad([[1, 2], [3]], pad_id=14)
     array([[ 1,  2], [14,  3]])
 
-Prompts of one batch must have one length (the models take no attention mask), so shorter ones
-are padded on the LEFT with the tokenizer's pad id: the response starts right after every prompt.
-The built-in tiny model learns to ignore the padding; for a pretrained Hugging Face model a few
-pad tokens in front change its outputs slightly (set `max_prompt_tokens` to a fixed length to keep
-shapes stable, or keep prompts of one length).
+The dataset source sends each prompt with its own length (a `flowrl.Ragged`); the engines pad
+internally behind an attention mask, so no model attends a pad token. `left_pad` remains for code
+that wants one rectangular array of prompts.
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ def as_prompts(prompts: Any) -> Ragged:
         p = torch.as_tensor(prompts)
         if p.dim() != 2:
             raise ValueError(f"prompts must be a Ragged of token ids or a [B, P] tensor, got shape {tuple(p.shape)}")
-        r = Ragged.from_padded(p, torch.full((p.shape[0],), p.shape[1], dtype=torch.int64))
+        r = Ragged.from_padded(p)
     elif isinstance(prompts, Sequence) and not isinstance(prompts, (str, bytes)):
         r = Ragged.from_sequences(prompts, "int64")
     else:

@@ -42,7 +42,7 @@ class Generation(NamedTuple):
 
     def responses(self, pad: int) -> torch.Tensor:
         """``[R, T]`` int64: each response, then ``pad`` (T = the longest response, at least 1)."""
-        return _responses(self.tokens, self.prompt_lens, pad)
+        return response_grid(self.tokens, self.prompt_lens, pad)
 
     @classmethod
     def from_grids(cls, prompts: Ragged, responses: torch.Tensor, mask: torch.Tensor, logprobs: torch.Tensor,
@@ -80,13 +80,26 @@ class Generation(NamedTuple):
         return cls(tokens, tokens.like(is_resp), tokens.like(lp), p_lens)
 
 
-def _responses(tokens: Ragged, prompt_lens: torch.Tensor, pad: int) -> torch.Tensor:
-    tokens = tokens.to_torch()
-    lens = tokens.lengths - prompt_lens
-    width = max(int(lens.max()) if len(lens) else 0, 1)
-    sample = tokens.sample_ids()
-    pos = torch.arange(tokens.total) - tokens.offsets[:-1].repeat_interleave(tokens.lengths)
-    is_resp = pos >= prompt_lens[sample]
-    out = torch.full((tokens.num_samples, width), pad, dtype=tokens.values.dtype)
-    out[sample[is_resp], (pos - prompt_lens[sample])[is_resp]] = tokens.values[is_resp]
-    return out
+def _parts(values: Ragged, prompt_lens: torch.Tensor) -> tuple[Ragged, Ragged]:
+    """Each sequence's prompt part and response part, as two Raggeds."""
+    values = values.to_torch()
+    prompt_lens = prompt_lens.to(torch.int64).cpu()
+    pos = torch.arange(values.total) - values.offsets[:-1].repeat_interleave(values.lengths)
+    is_resp = pos >= prompt_lens[values.sample_ids()]
+    p_off, r_off = torch.zeros_like(values.offsets), torch.zeros_like(values.offsets)
+    torch.cumsum(prompt_lens, 0, out=p_off[1:])
+    torch.cumsum(values.lengths - prompt_lens, 0, out=r_off[1:])
+    return Ragged(values.values[~is_resp], p_off, check=False), Ragged(values.values[is_resp], r_off, check=False)
+
+
+def response_grid(values: Ragged, prompt_lens: torch.Tensor, pad, width: int | None = None) -> torch.Tensor:
+    """``[R, T]``: the response part of each sequence of ``values`` (tokens, or a tensor aligned with
+    them), right-padded with ``pad`` (T: ``width``, else the longest response, at least 1)."""
+    resp = _parts(values, prompt_lens)[1]
+    longest = int(resp.lengths.max()) if resp.num_samples else 0
+    return resp.to_padded(pad, width=max(longest, 1) if width is None else width)
+
+
+def prompt_grid(values: Ragged, prompt_lens: torch.Tensor, pad) -> torch.Tensor:
+    """``[R, P]``: the prompt part of each sequence, left-padded with ``pad`` (P: the longest prompt)."""
+    return _parts(values, prompt_lens)[0].to_padded(pad, side="left")

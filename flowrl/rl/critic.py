@@ -44,7 +44,7 @@ class CriticTrainer(Trainer):
             if prompt_len is None or not 0 < prompt_len < tokens.shape[1]:
                 raise ValueError(f"tokens of shape {tuple(tokens.shape)} need a prompt_len in 1..{tokens.shape[1] - 1}")
             rect = tokens
-            tokens = Ragged.from_padded(tokens.detach().cpu(), torch.full((tokens.shape[0],), tokens.shape[1]))
+            tokens = Ragged.from_padded(tokens.detach().cpu())
         self._check_budget(tokens.lengths.cpu().numpy(), "critic")
         self.model.eval()
         v = packed_values(self.model, tokens, max_tokens=self.config.max_tokens_per_microbatch, where="critic",

@@ -40,9 +40,7 @@ def rect_to_ragged(tokens: torch.Tensor, prompt_len: int, response_mask: torch.T
     ragged = Ragged.from_padded(tokens.detach().cpu(), lens)
 
     def aligned(grid: torch.Tensor) -> Ragged:
-        grid = grid.detach().cpu()
-        full = torch.cat([torch.zeros(b, int(prompt_len), dtype=grid.dtype), grid], dim=1)
-        return ragged.like(Ragged.from_padded(full, lens).values)
+        return grid_to_aligned(grid, prompt_len, ragged)
 
     out = {}
     for name, g in grids.items():
@@ -53,6 +51,14 @@ def rect_to_ragged(tokens: torch.Tensor, prompt_len: int, response_mask: torch.T
         else:
             out[name] = g
     return ragged, aligned(mask), out
+
+
+def grid_to_aligned(grid: torch.Tensor, prompt_len: int, tokens: Ragged) -> Ragged:
+    """A legacy ``[B, T]`` response grid as a Ragged aligned with ``tokens`` (as `rect_to_ragged` cut
+    them): response entry ``t`` at aligned entry ``prompt_len + t``, 0 on the prompt."""
+    grid = grid.detach().cpu()
+    full = torch.cat([torch.zeros(grid.shape[0], int(prompt_len), dtype=grid.dtype), grid], dim=1)
+    return tokens.like(Ragged.from_padded(full, tokens.lengths.cpu()).values)
 
 
 def to_rect(values: Ragged, prompt_len: int, width: int) -> torch.Tensor:

@@ -74,9 +74,12 @@ class Ragged:
         return cls(v, torch.from_numpy(offsets), check=False)
 
     @classmethod
-    def from_padded(cls, padded: Any, lengths: Any, *, side: str = "right") -> "Ragged":
-        """Rows of `padded [n, W, ...]` cut to `lengths [n]` (the real tokens on the `side` given)."""
+    def from_padded(cls, padded: Any, lengths: Any = None, *, side: str = "right") -> "Ragged":
+        """Rows of `padded [n, W, ...]` cut to `lengths [n]` (the real tokens on the `side` given);
+        no `lengths`: every row whole (a rectangular batch of sequences that share one length)."""
         n = int(padded.shape[0])
+        if lengths is None:
+            lengths = [int(padded.shape[1]) if len(padded.shape) > 1 else 0] * n
         if is_torch(padded):
             torch = torch_module()
             lengths = torch.as_tensor(lengths, dtype=torch.int64, device=padded.device).reshape(-1)
