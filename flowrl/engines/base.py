@@ -99,6 +99,35 @@ class RolloutEngine(ABC):
     version: int = 0
     """Version of the weights the engine generates with."""
 
+    continuous: bool = False
+    """True when ``submit`` batches continuously: several calls (tickets) may await it at once and
+    their sequences share iteration-level batches (Orca-style), and a new weights version may land
+    between two iterations (``before_weights`` / ``load_weights``, see ``on_new_weights``)."""
+
+    on_new_weights: str = "finish"
+    """What a version arriving mid-generation does to the sequences in flight (continuous engines):
+    ``keep``: they pause, the weights load, they go on (their KV cache and earlier tokens stay; every
+    token records the version that produced it: partial rollouts); ``restart``: they start again from
+    their prompts with the new weights; ``finish``: the version waits until the running sequences
+    finish on the old weights (new ones wait for the new weights)."""
+
+    async def submit(self, prompts: Prompts, sampling: Sampling, *, seed: int) -> Generation:
+        """``generate`` for a caller on the node's compute loop. A continuous engine overrides it:
+        the prompts join the running batch as slots free up, and the call returns when all of its
+        samples are done (``versions`` set per token). Default: one batch-at-a-time ``generate``."""
+        return self.generate(prompts, sampling, seed=seed)
+
+    async def before_weights(self, version: int) -> None:
+        """Called on the compute loop before a new version's tensors change (``load_weights`` follows
+        once it returns). A continuous engine stops between two iterations here (``finish``: once its
+        running sequences are done); the default has nothing in flight."""
+
+    def stats(self) -> dict[str, float]:
+        """Counters for metrics: ``running`` and ``waiting`` sequences now; ``busy_s`` (seconds spent
+        generating), ``tokens`` (generated), ``weight_pause_s`` (seconds stopped for weights) and
+        ``weight_loads`` since the engine started. Engines without them return {}."""
+        return {}
+
     def close(self) -> None:
         """Release the engine's memory and threads."""
 

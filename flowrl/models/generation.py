@@ -31,6 +31,10 @@ class Generation(NamedTuple):
     top-p); 0 elsewhere."""
     prompt_lens: torch.Tensor
     """``[R]`` int64: prompt tokens at the start of each sample."""
+    versions: Ragged | None = None
+    """int64, aligned with ``tokens``: the weights version that produced each generated token, -1 on
+    prompt tokens. Set by engines that let a version land mid-generation (continuous engines with
+    partial rollouts); None: every token of the batch came from the engine's one version."""
 
     @property
     def num_samples(self) -> int:
