@@ -64,6 +64,11 @@ class NodeSpec(StrictModel):
     (e.g. the model folder is on the cluster, not here): `72B`, `7.6B`, `500M` or a number. Read as
     a parameter count; nothing at run time uses it."""
     on_failure: FailurePolicy = Field(default_factory=FailurePolicy)
+    concurrency: int = Field(1, ge=1, le=4096)
+    """Batches the node works on at once (a rollout whose engine batches continuously: several
+    tickets share its iterations). The runtime runs up to this many calls of the node together on its
+    compute thread's asyncio loop, each under the usual input policies (fence, version gate, once);
+    stateless, single-rank nodes only. Its input edges get at least `2 x concurrency` credits."""
     config: dict[str, Any] = Field(default_factory=dict)
     """The node's own config, validated against the node class's `Config` model."""
 
@@ -166,9 +171,15 @@ class ScheduleSpec(StrictModel):
     """How much work the scheduler issues and how far rollout may run ahead of training."""
 
     steps: int = Field(100, ge=1)
-    """Training updates (= tickets consumed by the sink) before the run ends."""
+    """Training updates before the run ends."""
     batch_size: int = Field(8, ge=1)
-    """Work items (prompts) per ticket; one ticket feeds one training update."""
+    """Prompts per training update."""
+    ticket: Literal["batch", "group"] = "batch"
+    """The unit of work the scheduler issues and the exactly-once ledger counts. `batch`: one ticket
+    is `batch_size` prompts and feeds one update. `group`: one ticket is one prompt (its group of
+    samples), so a group leaves the rollout as soon as its samples are done and flows on by itself;
+    a trainer's update takes the `batch_size` groups of its tickets, in ticket order
+    (docs/recovery.md#groups)."""
     max_staleness: int = Field(0, ge=0)
     """k: a sample used by update n was generated with weights of version >= n - k.
     0 is synchronous on-policy; k >= 1 overlaps generation with training (k + 1 tickets in flight)."""
@@ -186,6 +197,26 @@ class ScheduleSpec(StrictModel):
     """Most tickets added in place of tickets dropped with `replace=True` (a DAPO filter holding
     groups for a fuller batch); None: 10 x `steps`. Past it a replace drop is a plain drop (a warning
     and a `replace_refused` ledger row: the run makes one update fewer)."""
+
+    @property
+    def tickets_per_update(self) -> int:
+        """Tickets one training update takes: `batch_size` groups, or one batch."""
+        return self.batch_size if self.ticket == "group" else 1
+
+    @property
+    def ticket_size(self) -> int:
+        """Prompts per ticket."""
+        return 1 if self.ticket == "group" else self.batch_size
+
+    @property
+    def total_tickets(self) -> int:
+        """Tickets the run issues (before replacements): `steps` updates' worth."""
+        return self.steps * self.tickets_per_update
+
+    @property
+    def checkpoint_every_tickets(self) -> int:
+        """`checkpoint_every` updates in tickets (a checkpoint always falls between two updates)."""
+        return self.checkpoint_every * self.tickets_per_update
 
 
 class SupervisionSpec(StrictModel):
@@ -309,3 +340,9 @@ class GraphSpec(StrictModel):
 
     def node(self, name: str) -> NodeSpec:
         return self.nodes[name]
+
+    def edge_capacity(self, edge: EdgeSpec) -> int:
+        """Credits of `edge`: its own, at least twice its consumer's `concurrency` (each producer
+        link may hold half of an input's credit, so one producer can keep every slot busy)."""
+        node = self.nodes.get(edge.dst)
+        return max(edge.capacity, 2 * node.concurrency) if node is not None else edge.capacity

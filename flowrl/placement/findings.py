@@ -41,6 +41,7 @@ CODES: dict[str, tuple[Severity, str, str]] = {
     "no-weight-subscriber": ("warning", "weights", "a node that publishes weights (a trainer) in a graph where no node takes weights"),
     "unfed-subscriber": ("error", "weights", "a node that takes weights has no `weights:` edge into it while a trainer publishes"),
     "stateful-replicas": ("error", "replicas", "replicas > 1 of a stateful node that does not declare how its replicas merge"),
+    "concurrency-unsupported": ("error", "replicas", "concurrency > 1 on a stateful node or on a node with several ranks per replica"),
     "memory-exceeded": ("error", "memory", "the memory model puts more on a GPU than it has (weights, gradients, Adam, activations)"),
     "memory-headroom": ("warning", "memory", "the memory model puts more than 90% of a GPU's memory on it"),
     "token-budget": ("warning", "tokens", "a node packs micro-batches of fewer tokens than the longest sequence the graph allows"),

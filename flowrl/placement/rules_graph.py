@@ -16,6 +16,9 @@ takes, replicas of stateful nodes.
   a share of the tickets: unrelated models. Data parallelism is `devices: N` (one model, each batch
   split over the ranks). A class that declares how its replicas merge (`merge_replicas`, any value
   but None) may have them.
+- `concurrency-unsupported`: `concurrency > 1` on a stateful node (its state takes tickets one at a
+  time, in order) or on a node whose replicas span several ranks (every rank must make the same
+  collectives in the same order): either would break the exactly-once or the collective order.
 """
 
 from __future__ import annotations
@@ -82,5 +85,26 @@ def _replicas(spec: GraphSpec, classes: dict[str, type]) -> list[Finding]:
     return out
 
 
+def _concurrency(spec: GraphSpec, classes: dict[str, type]) -> list[Finding]:
+    out = []
+    for name, node in spec.nodes.items():
+        if node.concurrency == 1:
+            continue
+        cls = classes.get(name)
+        per = node.devices if isinstance(node.devices, int) else \
+            len(node.devices) // node.replicas if isinstance(node.devices, list) else 1
+        if getattr(cls, "stateful", False):
+            why, fix = "it is stateful: its state takes tickets one at a time, in ticket order", \
+                "remove `concurrency` (it is for stateless nodes whose calls overlap, like a rollout)"
+        elif per > 1:
+            why = f"each replica spans {per} ranks, which must make the same collectives in the same order"
+            fix = f"remove `concurrency`, or use `devices: 1` and `replicas: {per}`"
+        else:
+            continue
+        out.append(Finding("concurrency-unsupported", name,
+                           f"node `{name}` has concurrency: {node.concurrency}, but {why}. Fix: {fix}"))
+    return out
+
+
 def check(spec: GraphSpec, classes: dict[str, type]) -> list[Finding]:
-    return _dtypes(spec, classes) + _subscribers(spec, classes) + _replicas(spec, classes)
+    return _dtypes(spec, classes) + _subscribers(spec, classes) + _replicas(spec, classes) + _concurrency(spec, classes)

@@ -364,3 +364,70 @@ class GroupTrainer(Collect):
         local = self.model.w.to_local() if is_dtensor(self.model.w) else self.model.w
         with torch.no_grad():
             local.copy_(state["w"])
+
+
+class Overlap(flowrl.Node):
+    """A stateless weight subscriber for `concurrency` tests, shaped like a continuous rollout: each
+    call counts the calls in flight with it, then waits (at most `wait_s`) until it holds the version
+    its update trains at (`index // per_update`: with `max_staleness: 1` a ticket may start one
+    version early, and that version then lands while the call is in flight, as in a partial
+    rollout). Every sample gets `seen = [version at start, version at end, most calls in flight]`;
+    the batch's `policy_version` is the version it started with (its oldest token's)."""
+
+    subscribes_weights = True
+
+    class Config(flowrl.NodeConfig):
+        size: int = 1024
+        per_update: int = 1
+        wait_s: float = 10.0
+
+    async def setup(self):
+        import asyncio
+
+        import torch
+
+        self.w = torch.zeros(self.config.size)
+        self.version = 0
+        self.in_flight = self.most = 0
+        self.landed = asyncio.Event()  # set (and replaced) by every version that lands
+
+    def weights(self):
+        return {"w": self.w}
+
+    async def before_weights(self, version):
+        self.ctx.recorder.count("before_weights", 1)
+
+    def load_weights(self, tensors, version):
+        import asyncio
+
+        self.version = version
+        self.landed.set()
+        self.landed = asyncio.Event()
+
+    async def process(self, batch, port):
+        import asyncio
+
+        start, need = self.version, batch.index // self.config.per_update
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            deadline = asyncio.get_running_loop().time() + self.config.wait_s
+            while self.version < need and (left := deadline - asyncio.get_running_loop().time()) > 0:
+                try:
+                    await asyncio.wait_for(self.landed.wait(), left)
+                except asyncio.TimeoutError:
+                    break
+        finally:
+            self.in_flight -= 1
+        seen = np.tile(np.array([[start, self.version, self.most]], dtype=np.int64), (batch.num_samples, 1))
+        return batch.replace(tensors={**batch.tensors, "seen": seen}, policy_version=start)
+
+
+class UpdateLog(Trainer):
+    """A `Trainer` that records, per update, the `x` it trained on, each sample's `seen` (from
+    `Overlap`), the batch's oldest version and the version it trained at."""
+
+    async def process(self, batch, port):
+        await super().process(batch, port)
+        self.seen[-1] += [np.asarray(batch.tensors["x"]).tolist(), np.asarray(batch.tensors["seen"]).tolist(),
+                          batch.policy_version, self.ctx.policy_version]

@@ -115,8 +115,10 @@ class WeightSubscriber:
             announce(self._store, 0, rank, f"refused: {problem}")  # the publisher fails at once, naming it
             raise LayoutMismatchError(f"weight layout differs from the publisher's: {problem}")
 
-    def receive(self) -> int:
-        """Receive the publisher's next broadcast of this epoch; returns the version now held."""
+    def receive(self, commit: bool = True) -> int:
+        """Receive the publisher's next broadcast of this epoch; returns the version now held.
+        `commit=False`: the version waits in the staging buffers until `commit(version)` makes it the
+        live one (on the thread that generates with it, between two of its steps)."""
         if self._epoch is None or self._failed:
             raise WeightSyncError("receive() needs a joined epoch that has not failed: call join() with a new epoch")
         r = self._round
@@ -143,8 +145,13 @@ class WeightSubscriber:
             if isinstance(e, WeightSyncError):
                 raise
             raise WeightSyncError(f"weight sync epoch {self._epoch} round {r} failed: {e}") from e
-        self._commit(version)
+        if commit:
+            self._commit(version)
         return version
+
+    def commit(self, version: int) -> None:
+        """Make the version `receive(commit=False)` staged the live one."""
+        self._commit(version)
 
     def _commit(self, version: int) -> None:
         # every bucket and the version tensor arrived: only now do the live weights change

@@ -94,7 +94,8 @@ class Controller:
         self.book = book = RecoveryBook(run_dir, members, keep=sched.keep_checkpoints, ledger=ledger,
                                         publishers=roles.publishers)  # every rank saves its own state
         self.scheduler = scheduler = Scheduler(
-            steps=sched.steps, batch_size=sched.batch_size, max_staleness=sched.max_staleness, sinks=list(roles.sinks),
+            steps=sched.total_tickets, batch_size=sched.ticket_size, tickets_per_update=sched.tickets_per_update,
+            max_staleness=sched.max_staleness, sinks=list(roles.sinks),
             stateful_sinks=roles.stateful_sinks, ticket_timeout_s=sched.ticket_timeout_s,
             max_attempts=sched.max_attempts, max_replaced=sched.max_replaced, ledger=ledger,
             epoch=lambda: book.epoch)  # the book holds the epoch; the scheduler asks
@@ -184,13 +185,14 @@ class Controller:
             self.restarts.restart(proc)
 
     async def on_step(self, staleness) -> None:
-        sched = self.scheduler
+        """A ticket completed; with `ticket: group` an update's row waits for its last group."""
+        sched, per = self.scheduler, self.spec.schedule.tickets_per_update
         if not self.roles.publishers:
-            sched.set_version(sched.completed)
-        self.report.step(sched.completed, sched.version, staleness, sched.done)
+            sched.set_version(sched.completed // per)
+        self.report.ticket(sched.completed, per, sched.version, staleness, sched.done)
         self.commit_if_ready()
         if self.desk.end_moved():  # a replaced ticket: nodes learn the new end first
-            self.report.total_steps(sched.steps)
+            self.report.total_steps(-(-sched.steps // per))
             await self.desk.progress()
         await self.flush()
 
@@ -219,7 +221,7 @@ class Controller:
         if proc.retired:
             return
         sched = self.scheduler
-        if sched.steps != self.spec.schedule.steps:  # the end moved since its spec was written
+        if sched.steps != self.spec.schedule.total_tickets:  # the end moved since its spec was written
             await self.control.send(proc, m.Progress(complete_below=sched.complete_below, steps=sched.steps))
         if self.recovery.active:
             if msg.epoch == self.book.epoch:

@@ -22,6 +22,7 @@ class RunReport:
         self.summary = summary
         self.on_tick = on_tick  # the live view's refresh, once per control-loop tick
         self.last_row: dict | None = None  # the last step's row, written once the nodes have stopped
+        self.update_staleness = None  # the largest staleness among the tickets of the update under way
 
     def node_up(self, proc: Proc, up: bool) -> None:
         if self.hub:
@@ -38,6 +39,15 @@ class RunReport:
                 self.hub.ingest(metrics)
             except Exception as e:  # noqa: BLE001 - a bad snapshot is dropped, the run goes on
                 log.warning("dropped a metrics snapshot from %s: %s", proc.id, e)
+
+    def ticket(self, completed: int, per_update: int, version: int, staleness, done: bool) -> None:
+        """A ticket completed (`completed` so far): an update's row once its last ticket did
+        (`per_update` tickets each, `schedule.ticket: group`), with the largest staleness among them."""
+        held = self.update_staleness
+        self.update_staleness = staleness if held is None else max(held, staleness)
+        if completed % per_update == 0 or done:
+            self.step(-(-completed // per_update), version, self.update_staleness, done)
+            self.update_staleness = None
 
     def step(self, completed: int, version: int, staleness, done: bool) -> None:
         """A training step completed: its row (the last one waits for the nodes' final metrics)."""

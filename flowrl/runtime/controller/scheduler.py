@@ -1,9 +1,11 @@
 """The scheduler: issues work tickets under a staleness bound and tracks them until every sink has them.
 
-Ticket `i` feeds training update `i`. With `max_staleness = k` it is issued only once the trainer
-holds version `>= i - k`, and rollouts must generate it with weights of at least that version.
-Stateful nodes take tickets in index order, so update `i` runs at version `i` and every sample it
-uses is at most `k` versions old. At most `k + 1` tickets are in flight.
+Ticket `i` feeds training update `u(i) = i // G`, where `G = tickets_per_update` (1 with
+`schedule.ticket: batch`; `batch_size` with `ticket: group`, one prompt group per ticket). With
+`max_staleness = k` it is issued only once the trainer holds version `>= u(i) - k`, and rollouts
+must generate it with weights of at least that version. Stateful nodes take tickets in index order
+(a trainer the `G` tickets of one update together), so update `u` runs at version `u` and every
+sample it uses is at most `k` versions old. At most `(k + 1) x G` tickets are in flight.
 
 A ticket is complete when every sink node consumed it (or received its drop marker). Until then it
 is open: `reissue_open` sends it out again with `attempt + 1` when a node that held it died,
@@ -53,6 +55,7 @@ class TicketLimits:
     steps: int
     batch_size: int
     max_staleness: int
+    tickets_per_update: int
     ticket_timeout_s: float
     max_attempts: int
 
@@ -69,8 +72,10 @@ class Scheduler:
 
     def __init__(self, *, steps: int, batch_size: int, max_staleness: int, sinks: list[str],
                  ticket_timeout_s: float, ledger: Ledger, run_id: str = "t", stateful_sinks=(),
-                 max_attempts: int = 10, epoch: Callable[[], int] = lambda: 0, max_replaced: int | None = None):
+                 max_attempts: int = 10, epoch: Callable[[], int] = lambda: 0, max_replaced: int | None = None,
+                 tickets_per_update: int = 1):
         self.limits = TicketLimits(steps=steps, batch_size=batch_size, max_staleness=max_staleness,
+                                   tickets_per_update=tickets_per_update,
                                    ticket_timeout_s=ticket_timeout_s, max_attempts=max_attempts)
         self.sinks = list(sinks)
         self.stateful_sinks = set(stateful_sinks)
@@ -150,17 +155,21 @@ class Scheduler:
     def in_flight(self) -> list[str]:
         return [self.batch_id(i) for i in sorted(self.open)]
 
+    def min_version(self, index: int) -> int:
+        """The oldest weights ticket `index` may be generated with: its update's version minus `k`."""
+        return max(0, index // self.limits.tickets_per_update - self.limits.max_staleness)
+
     def _ticket(self, index: int) -> Ticket:
         return Ticket(batch_id=self.batch_id(index), index=index, attempt=self.open[index].attempt,
-                      min_policy_version=max(0, index - self.limits.max_staleness), size=self.limits.batch_size,
+                      min_policy_version=self.min_version(index), size=self.limits.batch_size,
                       epoch=self.epoch)
 
     # issuing --------------------------------------------------------------------------------
     def issuable(self) -> list[Ticket]:
         """Tickets that may go out now (and are recorded as issued)."""
         out = []
-        k = self.limits.max_staleness
-        while self.next_index < self.steps and self.version >= self.next_index - k:
+        k, per = self.limits.max_staleness, self.limits.tickets_per_update
+        while self.next_index < self.steps and self.version >= self.next_index // per - k:
             i = self.next_index
             self.next_index += 1
             self.issued_end = max(self.issued_end, self.next_index)
@@ -170,7 +179,7 @@ class Scheduler:
             state = TicketState(attempt=0 if previous is None else previous + 1, issued_at=time.monotonic())
             self.open[i] = state
             if previous is None:
-                self.ledger.record(TicketIssued(batch_id=self.batch_id(i), index=i, min_version=max(0, i - k)))
+                self.ledger.record(TicketIssued(batch_id=self.batch_id(i), index=i, min_version=self.min_version(i)))
             else:
                 state.reason = "rollback"
                 self.ledger.record(TicketReissued(batch_id=self.batch_id(i), attempt=state.attempt, reason="rollback"))

@@ -134,7 +134,7 @@ class Wiring:
         clients = {p: c for p in cls.inputs for c in [self.net.input_clients(entry.node, entry.replica, p)] if c is not None}
         outputs = [OutputRoute(edge=str(e), port=e.src_port,
                                addresses=[self.address(e.dst, r, e.dst_port) for r in range(spec.nodes[e.dst].replicas)],
-                               capacity=e.capacity, capacity_bytes=e.capacity_bytes)
+                               capacity=self.spec.edge_capacity(e), capacity_bytes=e.capacity_bytes)
                    for e in spec.edges if e.src == entry.node]
         env = dict(self.plan.env_for(entry, master_port=master_port))
         rank_addresses = ([shard_address(str(self.net.sockdir), entry.node, entry.replica, r)

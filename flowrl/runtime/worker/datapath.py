@@ -25,6 +25,7 @@ from typing import Any
 
 from flowrl.node import Drop
 from flowrl.runtime.protocol import messages as m
+from flowrl.runtime.worker.concurrent import Concurrent
 from flowrl.runtime.worker.contract import outputs_of
 from flowrl.runtime.worker.inputs import Item, Policies
 from flowrl.runtime.worker.nodestate import NodeState
@@ -44,7 +45,8 @@ class DataPath:
 
     def __init__(self, shape: Shape, policies: Policies, *, node: str, runner: NodeRunner, outputs: Outputs,
                  steps: GroupSteps, state: NodeState, ranks: RankGroup | None, version: WeightVersion, recorder,
-                 report: Callable[[Any], Awaitable[None]], labels: dict[str, str], started: float):
+                 report: Callable[[Any], Awaitable[None]], labels: dict[str, str], started: float,
+                 concurrency: int = 1, max_staleness: int | None = None):
         self._shape = shape
         self._p = policies
         self._node = node
@@ -58,6 +60,9 @@ class DataPath:
         self._report = report
         self._labels = labels  # {input port: metric label}
         self._started = started  # the process's start (monotonic), for the first batch's log line
+        # a trainer refuses a group older than the bound (on its oldest token) at its input
+        self._max_staleness = max_staleness if shape.publishes and shape.sink and shape.stateful else None
+        self.calls = Concurrent(concurrency) if concurrency > 1 else None  # several calls at once
 
     @property
     def watermark(self) -> int | None:
@@ -123,6 +128,12 @@ class DataPath:
                 await self.replay(item) if verdict == "replay" else await self.discard_item(item, "duplicate")
                 return
             await self.ack(item)  # buffered work gives its credit back now: order never blocks a channel
+            if ordered.per_update > 1:  # a trainer with `ticket: group`: the groups of one update together
+                while (update := ordered.next_update(self._state.steps)) is not None:
+                    step = await self.run_update(update)
+                    ordered.done(update[-1].index)
+                    await self._steps.follow(step)
+                return
             while (nxt := ordered.next_ready()) is not None:
                 step = await self.run(nxt)
                 ordered.done(nxt.index)
@@ -131,9 +142,44 @@ class DataPath:
         if seen is not None and not seen.first_time(item.index):
             await self.discard_item(item, "already consumed by this sink")
             return
+        if self.calls is not None:  # `concurrency`: the call runs beside the others, the loop goes on
+            await self.calls.start(self.run_stateless, item)
+            return
+        await self.run_stateless(item)
+
+    async def run_stateless(self, item: Item) -> None:
         step = await self.run(item)
         await self.ack(item)
         await self._steps.follow(step)
+
+    async def run_update(self, items: list[Item]) -> GroupStep:
+        """One training update from the tickets of `items` (in order): a call with their batches
+        concatenated (drop markers and groups past the staleness bound left out), then each ticket
+        consumed on its own."""
+        for it in items:
+            self.refuse_stale(it)
+        live = [it for it in items if it.drop is None]
+        last = items[-1]
+        if not live:
+            return await self.run(last, consumed=items)
+        from flowrl.transport import Batch
+
+        batch = Batch.concat([it.batch for it in live], batch_id=last.batch_id, attempt=last.attempt,
+                             index=last.index, epoch=last.epoch) if len(live) > 1 else live[0].batch
+        merged = Item(last.index, last.batch_id, last.attempt, last.epoch, live[-1].port, batch)
+        return await self.run(merged, consumed=items)
+
+    def refuse_stale(self, item: Item) -> None:
+        """A trainer's input: a group whose oldest token is more than `max_staleness` versions behind
+        the weights it would train is dropped (never reached with the scheduler's gates; a guard)."""
+        if self._max_staleness is None or item.drop is not None or item.batch is None:
+            return
+        pv, now = item.batch.policy_version, self._version.value
+        if pv >= 0 and now - pv > self._max_staleness:
+            self._recorder.count("stale_dropped", 1)
+            log.warning("dropped %s: its oldest token is from version %d, %d behind %d (max_staleness %d)",
+                        item.batch_id, pv, now - pv, now, self._max_staleness)
+            item.drop = f"{self._node}: stale (version {pv}, {now - pv} behind, max_staleness {self._max_staleness})"
 
     async def replay(self, item: Item) -> None:
         """A ticket this stateful node already applied: send its output again, state untouched."""
@@ -153,9 +199,10 @@ class DataPath:
                          checkpoint=after if self._p.ordered is not None and self._state.is_checkpoint_step(after)
                          else None)
 
-    async def run(self, item: Item) -> GroupStep:
+    async def run(self, item: Item, consumed: list[Item] | None = None) -> GroupStep:
         """Call the node once for `item` and send what it returned (or the drop marker). Returns
-        what follows the ticket on every rank (`GroupSteps.follow`)."""
+        what follows the ticket on every rank (`GroupSteps.follow`). A sink reports each ticket of
+        `consumed` (the tickets of one update) instead of `item`."""
         shape, node = self._shape, self._runner.node
         if self._runner.calls == 0 and item.drop is None:
             log.info("first batch %.2f s after start (at %.6f)", time.monotonic() - self._started, time.time())
@@ -184,7 +231,9 @@ class DataPath:
             await self._report(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why=FENCED))
             return SKIPPED
         if shape.sink:
-            await self._outputs.consume(item, result if isinstance(result, Drop) else None)
+            for it in consumed or [item]:
+                dropped = Drop(it.drop) if consumed and it.drop is not None else result if isinstance(result, Drop) else None
+                await self._outputs.consume(it, dropped)
             return step
         outputs = {p: self._outputs.stamp(b, item) for p, b in result.items()}
         await self._outputs.emit(outputs, item)
@@ -205,6 +254,9 @@ class DataPath:
             stale += self._p.joins.clear()
         for r, b, why in stale:
             await self.discard(r, b, why)
+        if self.calls is not None:
+            for item in self.calls.drop_waiting():
+                await self.discard_item(item, "recovery")
         if self._p.ordered is not None:
             for item in self._p.ordered.reset(order.watermark):  # already acked when buffered
                 await self._report(m.Duplicate(batch_id=item.batch_id, attempt=item.attempt, why="recovery"))
@@ -241,6 +293,8 @@ class DataPath:
             lines.append(f"in order: watermark {p.ordered.watermark}, buffered {sorted(p.ordered.buffer)[:8]}")
         lines.append(f"held for weights: {[a[1].batch_id for a in p.gate.waiting][:8]}; "
                      f"future epochs: {len(p.fence.future)}")
+        if self.calls is not None:
+            lines.append(self.calls.dump())
         if p.joins is not None:
             lines.append(f"join parts: { {b: (a, i, sorted(ps)) for b, (a, i, ps) in list(p.joins.parts.items())[:8]} }")
         return lines

@@ -7,7 +7,8 @@ Each policy is a plain object that takes arrivals and returns decisions; the wor
     VersionGate    weight subscribers: a batch waits until the weights it needs are loaded
     JoinBuffer     joins: parts gathered per (batch id, attempt); duplicates dropped (and acked)
     Ordered        stateful nodes: tickets in index order, each once; a ticket below the
-                   watermark is a replay (its cached output is sent again, the state is untouched)
+                   watermark is a replay (its cached output is sent again, the state is untouched);
+                   a trainer with `schedule.ticket: group` takes the tickets of one update together
     SinkSeen       stateless sinks: each ticket consumed once, across re-issues
     OutputCache    stateful transforms: outputs kept until every sink has the ticket
     Policies       the ones a node's shape uses
@@ -143,11 +144,18 @@ class JoinBuffer:
 
 class Ordered:
     """Tickets in index order from `watermark`, each once. `offer` buffers an item; `next_ready`
-    hands out the item at the watermark; `done` moves the watermark past it."""
+    hands out the item at the watermark; `done` moves the watermark past it.
 
-    def __init__(self, watermark: int = 0):
+    With `per_update > 1` (a trainer, `schedule.ticket: group`) `next_update` hands out the tickets
+    of the update at the watermark together, once every one of them is here: tickets
+    `[u * per_update, (u + 1) * per_update)` (or up to the run's end). The watermark stays at the
+    update's first ticket until `done(last)`, so a checkpoint (always between two updates) never
+    holds part of an update, and a rollback drops the tickets held for it (they are issued again)."""
+
+    def __init__(self, watermark: int = 0, per_update: int = 1):
         self.watermark = watermark
         self.buffer: dict[int, Item] = {}
+        self.per_update = per_update
 
     def offer(self, item: Item) -> str:
         """'replay' (below the watermark), 'duplicate' (already buffered) or 'buffered'."""
@@ -161,9 +169,17 @@ class Ordered:
     def next_ready(self) -> Item | None:
         return self.buffer.pop(self.watermark, None)
 
+    def next_update(self, end: int) -> list[Item] | None:
+        """Every ticket of the update at the watermark (the last one may end at the run's `end`),
+        once all are buffered; None until then."""
+        stop = min((self.watermark // self.per_update + 1) * self.per_update, max(end, self.watermark + 1))
+        if any(i not in self.buffer for i in range(self.watermark, stop)):
+            return None
+        return [self.buffer.pop(i) for i in range(self.watermark, stop)]
+
     def done(self, index: int) -> None:
-        assert index == self.watermark, (index, self.watermark)
-        self.watermark += 1
+        assert index >= self.watermark, (index, self.watermark)
+        self.watermark = index + 1
 
     def follow_leader(self, watermark: int) -> None:
         """A follower rank takes its leader's watermark (it gets the leader's tickets, in order)."""
@@ -221,10 +237,12 @@ class Policies:
     seen: SinkSeen | None = None
 
     @classmethod
-    def of(cls, shape, epoch: int = 0, watermark: int = 0, consumed=()) -> "Policies":
-        """`shape`: the node's `Shape` (shape.py); the rest from the process spec (where to resume)."""
+    def of(cls, shape, epoch: int = 0, watermark: int = 0, consumed=(), per_update: int = 1) -> "Policies":
+        """`shape`: the node's `Shape` (shape.py); the rest from the process spec (where to resume).
+        `per_update`: tickets per training update (`schedule.tickets_per_update`), which a stateful
+        sink (a trainer) takes together."""
         return cls(fence=Fence(epoch), gate=VersionGate(),
-                   ordered=Ordered(watermark) if shape.stateful else None,
+                   ordered=Ordered(watermark, per_update if shape.sink else 1) if shape.stateful else None,
                    cache=OutputCache() if shape.stateful and not shape.sink else None,
                    joins=JoinBuffer(shape.inputs) if shape.join else None,
                    seen=SinkSeen(watermark, consumed) if shape.sink and not shape.stateful else None)

@@ -1,5 +1,6 @@
-"""The node of a node process and every call into it: on the compute thread, one at a time, with
-what the heartbeat reports (`busy`: which call runs since when).
+"""The node of a node process and every call into it: on the compute thread (one at a time, or up
+to the node's `concurrency` together on its asyncio loop), with what the heartbeat reports (`busy`:
+the oldest call in progress and since when).
 
     runner = NodeRunner(compute, faults, recorder, make=lambda: cls(config, nctx))
     await runner.build()                                    # the node as right after setup
@@ -30,7 +31,8 @@ class NodeRunner:
         self._recorder = recorder
         self._make = make  # builds a fresh node (the class with its config and context)
         self._node = None
-        self._busy: tuple[str, float] | None = None
+        self._busy: dict[int, tuple[str, float]] = {}  # what keeps the node busy, by mark (several calls at once)
+        self._marks = 0
         self._calls = 0  # calls into the node so far: the step that faults count
         self._failed_on: str | None = None
 
@@ -40,8 +42,15 @@ class NodeRunner:
 
     @property
     def busy(self) -> tuple[str, float] | None:
-        """(what, since when) while the node is in a call or a long wait; read by the heartbeat thread."""
-        return self._busy
+        """(what, since when) of the oldest call or long wait in progress (a node with `concurrency`
+        has several); None when idle. Read by the heartbeat thread."""
+        marks = list(self._busy.values())  # a copy: the loop's thread may change the dict meanwhile
+        return min(marks, key=lambda m: m[1]) if marks else None
+
+    @property
+    def in_flight(self) -> int:
+        """Calls and long waits in progress."""
+        return len(self._busy)
 
     @property
     def calls(self) -> int:
@@ -63,12 +72,15 @@ class NodeRunner:
 
     @contextlib.contextmanager
     def occupied(self, what: str) -> Iterator[None]:
-        """Mark the node busy with `what` (kept when a surrounding call already marked it)."""
-        outer, self._busy = self._busy, self._busy or (what, time.monotonic())
+        """Mark the node busy with `what` until the block ends (`busy` reports the oldest mark, so an
+        outer call's mark wins over the ones inside it)."""
+        self._marks += 1
+        mark = self._marks
+        self._busy[mark] = (what, time.monotonic())
         try:
             yield
         finally:
-            self._busy = outer
+            del self._busy[mark]
 
     async def call(self, batch_id: str, hook: Callable[..., Any], *args: Any) -> Any:
         """One call into the node, on its compute thread, with its faults and its `compute` span."""

@@ -86,8 +86,8 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
     )
     shape = Shape.of(cls)  # the node's shape decides its input policies
     version = WeightVersion(nctx)
-    policies = Policies.of(shape, spec.epoch, spec.watermark, spec.consumed)
     sched = graph.schedule
+    policies = Policies.of(shape, spec.epoch, spec.watermark, spec.consumed, per_update=sched.tickets_per_update)
     if spec.world_size > 1:
         import torch.distributed as dist
 
@@ -99,7 +99,7 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
     await runner.build()
     state = NodeState(runner, version, policies.fence, faults=faults, recorder=recorder, report=report,
                       publishes=shape.publishes, run_dir=spec.run_dir, log_name=spec.log_name,
-                      steps=spec.steps or sched.steps, checkpoint_every=sched.checkpoint_every)
+                      steps=spec.steps or sched.total_tickets, checkpoint_every=sched.checkpoint_every_tickets)
     if spec.resume_from:
         await state.load(spec.resume_from)
     weights = None
@@ -131,7 +131,7 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
     steps = GroupSteps(state, syncs, ranks, policies.fence)
     path = DataPath(shape, policies, node=spec.node, runner=runner, outputs=outputs, steps=steps, state=state,
                     ranks=ranks, version=version, recorder=recorder, report=report, labels=input_labels,
-                    started=started)
+                    started=started, concurrency=node_spec.concurrency, max_staleness=sched.max_staleness)
     orders = OrderTaker(path, state, steps, version, policies.fence, shape=shape, rank=spec.rank, report=report)
     return Parts(graph=graph, shape=shape, recorder=recorder, version=version, runner=runner, state=state,
                  weights=weights, outputs=outputs, ranks=ranks, syncs=syncs, steps=steps, path=path, orders=orders,

@@ -3,7 +3,9 @@
 The controller forms a weight-sync epoch (a fresh torch.distributed group of the publisher and
 every live subscriber) at start, after a member restarts and after a rollback, and orders a
 broadcast after every `published`. The worker calls `sync(order)` between two calls into the
-node, never during one; a subscriber's weights change only when a whole version arrived.
+node (or, with `concurrency`, while calls run: the buffers fill on a thread of their own and the
+weights change on the compute thread between two generation steps, `land`); a subscriber's weights
+change only when a whole version arrived.
 
     client = WeightsClient(node, publisher=True, device="cpu", secret=s, serving_dtype="bfloat16", ...)
     client.snapshot(version)                      # publisher, after each update
@@ -16,6 +18,7 @@ no copy), a dict of live tensors (copied in once complete), or a callable
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import anyio
@@ -107,8 +110,8 @@ class WeightsClient:
                     ready_timeout_s=self.ready_timeout_s))
                 if self.faults.fail_sync(order.version):
                     sub.fault_hook = _fail_after_first_bucket
-                try:
-                    received = await anyio.to_thread.run_sync(sub.receive)
+                try:  # into the staging buffers; the live weights change below, on the compute thread
+                    received = await anyio.to_thread.run_sync(lambda: sub.receive(commit=False))
                 finally:
                     sub.fault_hook = None
                 seconds = sub.seconds
@@ -118,9 +121,22 @@ class WeightsClient:
             self.recorder.count("weight_sync_bytes", nbytes, per_node=True)
             self.recorder.observe("weight_sync_s", seconds, per_node=True)
         if not self.publisher:
-            target = self.sub.live if self.sub.live is not None else {}
-            await runner.run(self.node.load_weights, target, received)
+            await runner.run(self.land, received)
         return received
+
+    async def land(self, version: int) -> None:
+        """On the node's compute thread: the staged version becomes the live one. A node generating
+        while weights arrive (`concurrency`, a continuous engine) stops between two of its steps first
+        (its `before_weights` hook, which may wait for its running sequences: `on_new_weights`); no
+        generation step runs from here until `load_weights` returned."""
+        hook = getattr(self.node, "before_weights", None)
+        if hook is not None:
+            with self.recorder.span("weight_pause", version=version):
+                await hook(version)
+        self.sub.commit(version)
+        loaded = self.node.load_weights(self.sub.live if self.sub.live is not None else {}, version)
+        if inspect.isawaitable(loaded):
+            await loaded
 
 
 def _fail_after_first_bucket(i: int) -> None:

@@ -129,7 +129,7 @@ class Worker:
         if spec.rank == 0:
             for port, address in spec.inputs.items():
                 route_caps = [o for o in graph.edges if o.dst == spec.node and o.dst_port in (None, port)]
-                cap = min((e.capacity for e in route_caps), default=4)
+                cap = min((graph.edge_capacity(e) for e in route_caps), default=4)
                 cap_bytes = min((e.capacity_bytes for e in route_caps), default=1 << 30)
                 # no one link (a buggy or hostile producer) may hold all of the input's credit, nor
                 # sit on what it holds for long: the others keep going
@@ -187,7 +187,6 @@ class Worker:
 
     async def stop(self, msg: m.Stop) -> None:
         self.stopping = True
-
     # loops ----------------------------------------------------------------------------------
     async def control_loop(self) -> None:
         while True:
@@ -240,13 +239,17 @@ class Worker:
 
     async def main_loop(self) -> None:
         handlers, path = handler_table(self.parts, wire=self.wire, stop=self.stop), self.parts.path
+        if path.calls is not None:  # `concurrency`: calls run as tasks; an error comes back here
+            path.calls.bind(self.tg.start_soon, lambda e: self.events_tx.send(("error", e)))
         while True:
             with self.parts.recorder.span("wait_input"):  # idle: nothing to do until an event arrives
                 try:
                     event = await self.events_rx.receive()
                 except anyio.EndOfStream:
                     return
-            if event[0] == "ctl":
+            if event[0] == "error":  # a call that ran beside others failed: the process fails
+                raise event[1]
+            elif event[0] == "ctl":
                 handler = handlers.get(type(event[1]))
                 if handler is not None:
                     await handler(event[1])
@@ -316,7 +319,6 @@ class Worker:
         its log: every task's stack, every channel's counters, the input policies' queues."""
         import asyncio
         import signal
-
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, lambda: log.warning("%s", self.dump_state()))
 
