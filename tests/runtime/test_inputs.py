@@ -125,3 +125,18 @@ def test_a_join_gives_a_held_parts_credit_back_at_once_so_reordered_parts_cannot
         kit.close()
 
     anyio.run(main)
+
+
+def test_a_trainer_takes_the_tickets_of_one_update_together_once_all_are_here():
+    o = Ordered(watermark=4, per_update=4)
+    for i in (6, 4, 5):
+        assert o.offer(Item(i, f"b{i}", 0, 0)) == "buffered"
+    assert o.next_update(end=16) is None  # ticket 7 is still missing
+    assert o.offer(Item(5, "b5", 1, 0)) == "duplicate" and o.watermark == 4
+    o.offer(Item(7, "b7", 0, 0))
+    assert [it.index for it in o.next_update(end=16)] == [4, 5, 6, 7]
+    o.done(7)
+    assert o.watermark == 8 and o.offer(Item(6, "b6", 1, 0)) == "replay"
+    o.offer(Item(8, "b8", 0, 0))
+    assert [it.index for it in o.next_update(end=9)] == [8]  # the run's end cuts the last update short
+    assert [it.index for it in o.reset(4)] == [] and o.watermark == 4

@@ -245,3 +245,20 @@ def test_a_sink_may_still_report_a_ticket_above_an_end_a_rollback_moved_back(led
     s.issuable()
     s.consumed("actor", 1, 1, dropped_by=REPLACE)
     assert s.steps == 3 and s.consumed_above("logger", 0) == [0, 1, 2]
+
+
+def test_group_tickets_take_their_updates_version_and_stay_within_k_plus_one_updates(ledger_path):
+    # ticket: group with 3 groups per update: tickets 0-2 feed update 0, 3-5 update 1, ...
+    s = Scheduler(steps=12, batch_size=1, max_staleness=1, tickets_per_update=3, sinks=["actor"],
+                  stateful_sinks=["actor"], ticket_timeout_s=10, ledger=Ledger(ledger_path))
+    first = s.issuable()
+    assert [t.index for t in first] == [0, 1, 2, 3, 4, 5]  # (k + 1) updates' groups
+    assert [t.min_policy_version for t in first] == [0, 0, 0, 0, 0, 0] and {t.size for t in first} == {1}
+    for i in range(3):
+        s.consumed("actor", i, 0)
+    assert s.issuable() == []  # update 0 done, but version 1 is not published yet
+    s.set_version(1)
+    later = s.issuable()
+    assert [(t.index, t.min_policy_version) for t in later] == [(6, 1), (7, 1), (8, 1)]
+    issued = [(r["index"], r["min_version"]) for r in rows(s) if r["event"] == "issued"]
+    assert issued == [(i, i // 3 - 1 if i >= 6 else 0) for i in range(9)]
