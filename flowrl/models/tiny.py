@@ -12,6 +12,8 @@ Padding is never attended to: ``forward`` takes an ``attention_mask`` (True on r
 KV cache remembers which of its slots are pads, so a row's outputs do not depend on its pad ids or
 on the other rows of its batch. ``forward_packed`` computes sequences of their own length without
 any pad: the linear layers run on all tokens at once and attention runs per sequence.
+``forward_slots`` serves continuous batching: a :class:`SlotCache` holds one sequence per slot, each
+at its own length, and one call extends any subset of the slots (prefill or one decode step).
 """
 
 from __future__ import annotations
@@ -47,6 +49,37 @@ class KVCache:
 
 
 @dataclass
+class SlotCache:
+    """Per-layer key and value buffers ``[N, H, max_len, Dh]``: slot ``i`` holds one sequence.
+
+    Slots are independent: a row written at position ``p`` of its slot attends to that slot's keys
+    ``0..p`` only, so what the other slots hold (a finished sequence's leftovers, a longer
+    neighbour, nothing) never matters. Which slots are in use, and how long each sequence is, is the
+    caller's bookkeeping (the continuous engine's); the cache is just the memory.
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @property
+    def num_slots(self) -> int:
+        return self.keys[0].shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.keys[0].shape[2]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, cols: torch.Tensor,
+               kmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``k, v [B, H, S, Dh]`` of row ``b`` at positions ``cols[b] [S]`` of slot ``slots[b]``;
+        return the keys and values of those slots up to ``kmax`` (``[B, H, kmax, Dh]``)."""
+        # advanced indices around a slice put their dims first: the target is [B, S, H, Dh]
+        self.keys[layer][slots[:, None], :, cols] = k.transpose(1, 2)
+        self.values[layer][slots[:, None], :, cols] = v.transpose(1, 2)
+        return self.keys[layer][slots, :, :kmax], self.values[layer][slots, :, :kmax]
+
+
+@dataclass
 class _Plan:
     """How the queries of one pass attend (the same for every layer)."""
 
@@ -61,6 +94,10 @@ class _Plan:
     length side by side, and its inverse (one batched causal attention per distinct length)."""
     cache: KVCache | None = None
     start: int = 0
+    slot_cache: SlotCache | None = None
+    """Slots: rows live in ``slot_cache`` (``slots [B]``), the new tokens at positions ``cols [B, S]``."""
+    slots: torch.Tensor | None = None
+    cols: torch.Tensor | None = None
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -131,6 +168,8 @@ class _Attention(nn.Module):
             cache.values[layer][:, :, start : start + s] = v
             k = cache.keys[layer][:, :, : start + s]
             v = cache.values[layer][:, :, : start + s]
+        elif plan.slot_cache is not None:
+            k, v = plan.slot_cache.update(layer, k, v, plan.slots, plan.cols, plan.mask.shape[-1])
         if plan.groups is not None:  # packed: each sequence on its own, causal, batched by length
             out = _grouped_attention(q, k, v, *plan.groups)
         elif plan.segments is not None:  # packed, lengths mostly distinct: one call per sequence
@@ -321,4 +360,43 @@ class TinyLM(CausalLM):
         plan = _Plan(mask=mask, cache=cache, start=start)
         h = self._trunk(tokens, positions, plan)
         cache.length = start + s
+        return self.lm_head(h)
+
+    def new_slot_cache(self, num_slots: int, max_len: int | None = None) -> SlotCache:
+        """Empty key/value memory for ``num_slots`` sequences of up to ``max_len`` tokens each
+        (default ``max_seq_len``)."""
+        max_len = self.spec.max_seq_len if max_len is None else max_len
+        self._check_positions(max_len)
+        p = self.tok_emb.weight
+        shape = (num_slots, self.spec.n_heads, max_len, self.spec.d_model // self.spec.n_heads)
+        n = self.spec.n_layers
+        return SlotCache(keys=[torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(n)],
+                         values=[torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(n)])
+
+    def forward_slots(self, tokens: torch.Tensor, cache: SlotCache, slots: torch.Tensor, starts: torch.Tensor,
+                      last: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of ``tokens [B, S]``, row ``b`` at positions ``starts[b] ..`` of slot ``slots[b]``.
+
+        Each row attends to its own slot's keys up to each query's position, so rows of different
+        lengths share the call with no mask of pads: a decode step is ``S = 1`` with each row at
+        its own length; a prefill is ``starts = 0`` with prompts right-padded (a pad comes after
+        every real token of its row, so no real query sees it; its keys land past the row's length,
+        where the next real token overwrites them). Returns ``[B, S, V]``, or ``[B, V]`` at
+        column ``last[b]`` of each row when ``last`` is given (a prefill's last real token)."""
+        if self.has_value_head:
+            raise TypeError("forward_slots samples tokens; a value-head model (critic) has no logits")
+        b, s = tokens.shape
+        device = tokens.device
+        starts = starts.to(device=device, dtype=torch.int64)
+        cols = starts[:, None] + torch.arange(s, device=device)  # [B, S] each token's position
+        kmax = int(cols.max()) + 1 if b else 1
+        if kmax > cache.max_len:
+            raise ValueError(f"a sequence reaches position {kmax - 1}, beyond the slot length {cache.max_len}; "
+                             "raise the cache's max_len or shorten prompts / max_new_tokens")
+        self._check_positions(kmax)
+        mask = torch.arange(kmax, device=device)[None, None] <= cols[:, :, None]  # [B, S, kmax]: causal per row
+        plan = _Plan(mask=mask[:, None], slot_cache=cache, slots=slots.to(device), cols=cols)
+        h = self._trunk(tokens, cols, plan)
+        if last is not None:
+            h = h[torch.arange(b, device=device), last.to(device)]
         return self.lm_head(h)
