@@ -7,8 +7,9 @@ generated with (`policy_version`), which the actor's staleness bound is checked 
 The engine (`engine: {type: builtin | hf | vllm}`, see `flowrl.engines`) generates; with a
 continuous engine several `process` calls share its batch, and a version may land mid-generation
 (`on_new_weights`): every token then carries the version that produced it (`versions`), and the
-batch's `policy_version` is its oldest token's. This node sets what to sample -- once, for the whole graph: the temperature and top_p travel with the batch
-(`meta.temperature`, `meta.top_p`) and the reference and actor read them from there.
+batch's `policy_version` is its oldest token's. This node sets what to sample -- once, for the
+whole graph: the temperature and top_p travel with the batch (`meta.temperature`, `meta.top_p`)
+and the reference and actor read them from there.
 """
 
 import time

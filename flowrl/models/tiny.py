@@ -69,14 +69,25 @@ class SlotCache:
     def max_len(self) -> int:
         return self.keys[0].shape[2]
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, cols: torch.Tensor,
-               kmax: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``k, v [B, H, S, Dh]`` of row ``b`` at positions ``cols[b] [S]`` of slot ``slots[b]``;
-        return the keys and values of those slots up to ``kmax`` (``[B, H, kmax, Dh]``)."""
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: "_Plan") -> torch.Tensor:
+        """Write ``k, v [B, H, S, Dh]`` (row ``b`` at positions ``plan.cols[b]`` of slot
+        ``plan.slots[b]``) and return the attention of ``q [B, H, S, Dh]`` over each row's slot."""
         # advanced indices around a slice put their dims first: the target is [B, S, H, Dh]
-        self.keys[layer][slots[:, None], :, cols] = k.transpose(1, 2)
-        self.values[layer][slots[:, None], :, cols] = v.transpose(1, 2)
-        return self.keys[layer][slots, :, :kmax], self.values[layer][slots, :, :kmax]
+        self.keys[layer][plan.slots[:, None], :, plan.cols] = k.transpose(1, 2)
+        self.values[layer][plan.slots[:, None], :, plan.cols] = v.transpose(1, 2)
+        if plan.prefill:  # every row starts at 0: its keys are just these, right-padded, causal
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # attend over the slot window [lo, hi) as a view (gathering the rows' slots would copy
+        # the whole cache each step); queries of slots outside the batch are zeros, outputs dropped
+        lo, hi = plan.window
+        kmax = plan.mask.shape[-1]
+        keys, values = self.keys[layer][lo:hi, :, :kmax], self.values[layer][lo:hi, :, :kmax]
+        rows = plan.slots - lo
+        if plan.dense:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask)
+        full = q.new_zeros((hi - lo, *q.shape[1:]))
+        full[rows] = q
+        return F.scaled_dot_product_attention(full, keys, values, attn_mask=plan.mask)[rows]
 
 
 @dataclass
@@ -95,9 +106,14 @@ class _Plan:
     cache: KVCache | None = None
     start: int = 0
     slot_cache: SlotCache | None = None
-    """Slots: rows live in ``slot_cache`` (``slots [B]``), the new tokens at positions ``cols [B, S]``."""
+    """Slots: rows live in ``slot_cache`` (``slots [B]``), the new tokens at positions ``cols [B, S]``;
+    ``prefill``: every row starts at 0; else attention runs over the slots ``window = (lo, hi)``
+    (``mask [hi - lo, 1, S, K]``), ``dense`` when the rows are exactly those slots in order."""
     slots: torch.Tensor | None = None
     cols: torch.Tensor | None = None
+    prefill: bool = False
+    window: tuple[int, int] = (0, 0)
+    dense: bool = False
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -168,9 +184,9 @@ class _Attention(nn.Module):
             cache.values[layer][:, :, start : start + s] = v
             k = cache.keys[layer][:, :, : start + s]
             v = cache.values[layer][:, :, : start + s]
-        elif plan.slot_cache is not None:
-            k, v = plan.slot_cache.update(layer, k, v, plan.slots, plan.cols, plan.mask.shape[-1])
-        if plan.groups is not None:  # packed: each sequence on its own, causal, batched by length
+        if plan.slot_cache is not None:
+            out = plan.slot_cache.attend(layer, q, k, v, plan)
+        elif plan.groups is not None:  # packed: each sequence on its own, causal, batched by length
             out = _grouped_attention(q, k, v, *plan.groups)
         elif plan.segments is not None:  # packed, lengths mostly distinct: one call per sequence
             parts = [F.scaled_dot_product_attention(q[:, :, a:e], k[:, :, a:e], v[:, :, a:e], is_causal=True)
@@ -394,9 +410,28 @@ class TinyLM(CausalLM):
             raise ValueError(f"a sequence reaches position {kmax - 1}, beyond the slot length {cache.max_len}; "
                              "raise the cache's max_len or shorten prompts / max_new_tokens")
         self._check_positions(kmax)
-        mask = torch.arange(kmax, device=device)[None, None] <= cols[:, :, None]  # [B, S, kmax]: causal per row
-        plan = _Plan(mask=mask[:, None], slot_cache=cache, slots=slots.to(device), cols=cols)
-        h = self._trunk(tokens, cols, plan)
+        slots = slots.to(device=device, dtype=torch.int64)
+        h = self._trunk(tokens, cols, self._slot_plan(cache, slots, starts, cols, kmax))
         if last is not None:
             h = h[torch.arange(b, device=device), last.to(device)]
         return self.lm_head(h)
+
+    @staticmethod
+    def _slot_plan(cache: SlotCache, slots: torch.Tensor, starts: torch.Tensor, cols: torch.Tensor,
+                   kmax: int) -> _Plan:
+        """How ``forward_slots`` attends (the same for every layer)."""
+        plan = _Plan(slot_cache=cache, slots=slots, cols=cols)
+        b, s = cols.shape
+        if not bool(starts.any()):
+            plan.prefill = True
+            return plan
+        lo, hi = int(slots.min()), int(slots.max()) + 1
+        plan.window = (lo, hi)
+        plan.dense = hi - lo == b and bool((slots == torch.arange(lo, hi, device=slots.device)).all())
+        causal = torch.arange(kmax, device=cols.device)[None, None] <= cols[:, :, None]  # [B, S, kmax]
+        # a slot outside the batch sees its key 0 only (a row with no key at all would give NaN)
+        mask = torch.zeros(hi - lo, s, kmax, dtype=torch.bool, device=cols.device)
+        mask[:, :, 0] = True
+        mask[slots - lo] = causal
+        plan.mask = mask[:, None]
+        return plan

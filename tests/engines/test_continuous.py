@@ -97,7 +97,8 @@ def test_sampled_logprobs_are_what_the_trainer_recomputes_at_the_sampling_temper
     s = sampling(n=3, temperature=0.7, top_p=0.9, max_new_tokens=9)
 
     async def main():
-        return await asyncio.gather(engine.submit(RAGGED, s, seed=0), engine.submit(RAGGED.select(slice(1, 3)), s, seed=1))
+        return await asyncio.gather(engine.submit(RAGGED, s, seed=0),
+                                    engine.submit(RAGGED.select(slice(1, 3)), s, seed=1))
 
     for prompts, out in zip([RAGGED, RAGGED.select(slice(1, 3))], run(main())):
         assert_layout(out, prompts, 3, 9)
@@ -143,7 +144,8 @@ def test_a_cancelled_request_leaves_the_batch_and_frees_its_slots():
     async def main():
         started = after_iterations(engine, 2)
         doomed = asyncio.create_task(engine.submit(RAGGED, sampling(max_new_tokens=40, eos_id=NEVER), seed=0))
-        other = asyncio.create_task(engine.submit(RAGGED.select(slice(0, 1)), sampling(max_new_tokens=30, eos_id=NEVER), seed=0))
+        other = asyncio.create_task(engine.submit(RAGGED.select(slice(0, 1)),
+                                                  sampling(max_new_tokens=30, eos_id=NEVER), seed=0))
         await started.wait()
         assert engine.stats()["running"] == 4 and engine.stats()["waiting"] > 0
         doomed.cancel()
