@@ -4,9 +4,12 @@ Subscribes to the actor's weights; the runtime swaps them in between batches and
 batch whose required version it does not hold yet. Each output batch records the version it was
 generated with (`policy_version`), which the actor's staleness bound is checked against.
 
-The engine (`engine: {type: builtin | hf | vllm}`, see `flowrl.engines`) generates; this node sets
-what to sample -- once, for the whole graph: the temperature and top_p travel with the batch
-(`meta.temperature`, `meta.top_p`) and the reference and actor read them from there.
+The engine (`engine: {type: builtin | hf | vllm}`, see `flowrl.engines`) generates; with a
+continuous engine several `process` calls share its batch, and a version may land mid-generation
+(`on_new_weights`): every token then carries the version that produced it (`versions`), and the
+batch's `policy_version` is its oldest token's. This node sets what to sample -- once, for the
+whole graph: the temperature and top_p travel with the batch (`meta.temperature`, `meta.top_p`)
+and the reference and actor read them from there.
 """
 
 import time
@@ -39,6 +42,10 @@ class Rollout(flowrl.Node):
         """Generation budget; default: what the task needs."""
         stop_token_ids: list[int] = Field(default_factory=list)
         """Token ids that end a response like EOS does (hf and vllm engines)."""
+        on_new_weights: Literal["keep", "restart", "finish"] = "finish"
+        """What a weights version arriving mid-generation does to the sequences in flight (continuous
+        engines): `keep` goes on with the new weights (tokens record their versions), `restart`
+        starts them again from their prompts, `finish` lets them end on the old weights first."""
         layout: Literal["ragged", "padded"] = "ragged"
         """`ragged`: every sample its own length (see nodes/common.py). `padded`: the rectangular layout
         of earlier versions (tokens [R, P+T] with prompts left-padded, response_mask / logprobs [R, T]),
@@ -50,13 +57,19 @@ class Rollout(flowrl.Node):
         ctx = self.ctx
         self.ends: dict[str, tuple[int, int]] = {}
         self.engine = build_engine(self.config.engine, model=self.config.model, device=ctx.device,
-                                   dtype=ctx.dtype, seed=ctx.seed, devices=ctx.devices)
+                                   dtype=ctx.dtype, seed=ctx.seed, devices=ctx.devices,
+                                   on_new_weights=self.config.on_new_weights)
+        self.last_record = (time.perf_counter(), self.engine.stats())
 
     async def teardown(self):
         self.engine.close()
 
     def weights(self):
         return self.engine.weights()  # the runtime receives each new version into these tensors
+
+    async def before_weights(self, version):
+        """Called on the compute loop before a new version's tensors are written (see on_new_weights)."""
+        await self.engine.before_weights(version)
 
     def load_weights(self, tensors, version):
         self.engine.load_weights(tensors.items(), version)
@@ -88,15 +101,16 @@ class Rollout(flowrl.Node):
 
         index = max(batch.index, 0)
         t0 = time.perf_counter()  # prompts: ragged, or a rectangular [B, P] of whole rows (the engine takes both)
-        out = self.engine.generate(batch.tensors["prompts"], sampling, seed=self.ctx.seed * 1_000_003 + index)
-        seconds = time.perf_counter() - t0
-        rec = self.ctx.recorder
-        rec.observe("rollout_latency_s", seconds)
-        rec.count("rollout_tokens_generated", int(out.loss_mask.values.sum()))
-        version = self.ctx.policy_version
+        out = await self.engine.submit(batch.tensors["prompts"], sampling, seed=self.ctx.seed * 1_000_003 + index)
+        self.record(out, time.perf_counter() - t0)
+        versions = out.versions
+        if versions is None:  # one version made every token: the one the runtime says we hold
+            versions = out.tokens.like(torch.where(out.loss_mask.values, self.ctx.policy_version, -1))
+        generated = versions.values[out.loss_mask.values]
+        # a group is as stale as its oldest token
+        version = int(generated.min()) if generated.numel() else self.ctx.policy_version
         tensors = {"tokens": out.tokens, "loss_mask": out.loss_mask, "logprobs": out.logprobs,
-                   "prompt_lens": out.prompt_lens,
-                   "versions": out.tokens.like(torch.where(out.loss_mask.values, version, -1))}
+                   "prompt_lens": out.prompt_lens, "versions": versions}
         if cfg.layout == "padded":
             tensors = padded_layout(out, pad)
         return flowrl.Batch(
@@ -105,6 +119,22 @@ class Rollout(flowrl.Node):
                   "top_p": sampling.top_p, "rollout_engine": cfg.engine.type},
             policy_version=version,
         )
+
+
+    def record(self, out, seconds: float) -> None:
+        """Latency and tokens of this call; the engine's occupancy since the previous record."""
+        rec = self.ctx.recorder
+        rec.observe("rollout_latency_s", seconds)
+        rec.count("rollout_tokens_generated", int(out.loss_mask.values.sum()))
+        now, stats = time.perf_counter(), self.engine.stats()
+        (then, before), self.last_record = self.last_record, (now, stats)
+        if not stats:
+            return
+        rec.gauge("engine_running", stats["running"], across="sum")
+        rec.gauge("engine_waiting", stats["waiting"], across="sum")
+        if now > then:
+            rec.gauge("rollout_busy", (stats["busy_s"] - before.get("busy_s", 0.0)) / (now - then))
+        rec.count("weight_pause_s", stats["weight_pause_s"] - before.get("weight_pause_s", 0.0))
 
 
 def padded_layout(out, pad: int) -> dict:

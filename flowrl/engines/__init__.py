@@ -38,13 +38,22 @@ _BACKENDS = {
 }
 
 
+ON_NEW_WEIGHTS = ("keep", "restart", "finish")
+
+
 def build_engine(spec: Any, *, model: Any, device: str = "cpu", dtype: str = "float32", seed: int = 0,
-                 devices: Any = ()) -> "RolloutEngine":
-    """The engine of ``spec`` (a spec or a mapping keyed on ``type``) running ``model``."""
+                 devices: Any = (), on_new_weights: str = "finish") -> "RolloutEngine":
+    """The engine of ``spec`` (a spec or a mapping keyed on ``type``) running ``model``;
+    ``on_new_weights`` (keep | restart | finish, see ``RolloutEngine.on_new_weights``) is set on the
+    engine once it is built, so a backend need not take it as an argument."""
+    if on_new_weights not in ON_NEW_WEIGHTS:
+        raise ValueError(f"on_new_weights={on_new_weights!r}; choose one of {', '.join(ON_NEW_WEIGHTS)}")
     spec = parse_engine_spec(spec)
     module, _, cls = _BACKENDS[spec.type].partition(":")
     engine_cls = getattr(importlib.import_module(module), cls)
-    return engine_cls(spec, model=model, device=device, dtype=dtype, seed=seed, devices=devices)
+    engine = engine_cls(spec, model=model, device=device, dtype=dtype, seed=seed, devices=devices)
+    engine.on_new_weights = on_new_weights
+    return engine
 
 
 def __getattr__(name: str) -> Any:

@@ -25,10 +25,22 @@ class _Spec(BaseModel):
 class BuiltinEngineSpec(_Spec):
     """flowrl's own KV-cache sampler (``flowrl.models.generate``) over any flowrl model (tiny or hf).
 
-    Bitwise reproducible: the tokens of a batch are a pure function of (seed, ticket index,
-    weights), and its log-probs are exactly what the trainer recomputes (no engine mismatch)."""
+    Batch at a time (the default) it is bitwise reproducible: the tokens of a batch are a pure
+    function of (seed, ticket index, weights), and its log-probs are exactly what the trainer
+    recomputes (no engine mismatch). ``continuous: true`` batches at the iteration level instead
+    (``flowrl/engines/continuous.py``, built-in tiny model only); docs/engines.md compares them."""
 
     type: Literal["builtin"] = "builtin"
+    continuous: bool = False
+    """Continuous batching: every ticket in flight shares one decode batch, a finished sequence
+    frees its slot for a waiting one at once, and a weights version may land mid-generation
+    (the rollout's ``on_new_weights``). A sample then depends on what else ran beside it (one
+    engine-level random generator), as in vLLM. Needs the built-in ``{type: tiny}`` model."""
+    max_num_seqs: int = Field(64, ge=1)
+    """Continuous: KV-cache slots, the most sequences decoded together (waiting ones queue)."""
+    max_len: int | None = Field(None, ge=2)
+    """Continuous: tokens per slot (prompt + response); None = the model's ``max_seq_len``. The
+    cache takes ``max_num_seqs * max_len`` positions per layer up front."""
 
 
 class HFEngineSpec(_Spec):

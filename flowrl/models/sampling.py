@@ -44,6 +44,19 @@ def _sample(logp: torch.Tensor, top_p: float, generator: torch.Generator | None)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next tokens ``[B]`` from ``logits [B, V]`` and their log-probs ``[B]`` (temperature-scaled,
+    before top-p; ``temperature <= 0``: greedy, log-probs of the unscaled distribution)."""
+    if temperature > 0:
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        tok = _sample(logp, top_p, generator)
+    else:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        tok = logp.argmax(dim=-1)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
 def _as_ragged(prompts: "Ragged | torch.Tensor") -> Ragged:
     """Prompts as a torch Ragged: a Ragged as it is, a ``[B, P]`` tensor as ``B`` full rows."""
     if isinstance(prompts, Ragged):
@@ -101,17 +114,12 @@ def generate(
     logits = model.forward_cached(padded, cache, 0, None if all_full else prompt_mask)[:, -1]
     steps = max_new_tokens
     for t in range(max_new_tokens):
-        if temperature > 0:
-            logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-            tok = _sample(logp, top_p, generator)
-        else:
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            tok = logp.argmax(dim=-1)
+        tok, lp = sample_next(logits, temperature, top_p, generator)
         live = ~done
         tok = torch.where(live, tok, pad)
         responses[:, t] = tok
         mask[:, t] = live
-        logprobs[:, t] = torch.where(live, logp.gather(-1, tok[:, None]).squeeze(-1), 0.0)
+        logprobs[:, t] = torch.where(live, lp, 0.0)
         done = done | (tok == eos_id)
         if t + 1 == max_new_tokens or bool(done.all()):
             steps = t + 1

@@ -12,6 +12,8 @@ Padding is never attended to: ``forward`` takes an ``attention_mask`` (True on r
 KV cache remembers which of its slots are pads, so a row's outputs do not depend on its pad ids or
 on the other rows of its batch. ``forward_packed`` computes sequences of their own length without
 any pad: the linear layers run on all tokens at once and attention runs per sequence.
+``forward_slots`` serves continuous batching: a :class:`SlotCache` holds one sequence per slot, each
+at its own length, and one call extends any subset of the slots (prefill or one decode step).
 """
 
 from __future__ import annotations
@@ -47,6 +49,48 @@ class KVCache:
 
 
 @dataclass
+class SlotCache:
+    """Per-layer key and value buffers ``[N, H, max_len, Dh]``: slot ``i`` holds one sequence.
+
+    Slots are independent: a row written at position ``p`` of its slot attends to that slot's keys
+    ``0..p`` only, so what the other slots hold (a finished sequence's leftovers, a longer
+    neighbour, nothing) never matters. Which slots are in use, and how long each sequence is, is the
+    caller's bookkeeping (the continuous engine's); the cache is just the memory.
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @property
+    def num_slots(self) -> int:
+        return self.keys[0].shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.keys[0].shape[2]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: "_Plan") -> torch.Tensor:
+        """Write ``k, v [B, H, S, Dh]`` (row ``b`` at positions ``plan.cols[b]`` of slot
+        ``plan.slots[b]``) and return the attention of ``q [B, H, S, Dh]`` over each row's slot."""
+        # advanced indices around a slice put their dims first: the target is [B, S, H, Dh]
+        self.keys[layer][plan.slots[:, None], :, plan.cols] = k.transpose(1, 2)
+        self.values[layer][plan.slots[:, None], :, plan.cols] = v.transpose(1, 2)
+        if plan.prefill:  # every row starts at 0: its keys are just these, right-padded, causal
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # attend over the slot window [lo, hi) as a view (gathering the rows' slots would copy
+        # the whole cache each step); queries of slots outside the batch are zeros, outputs dropped
+        lo, hi = plan.window
+        kmax = plan.mask.shape[-1]
+        keys, values = self.keys[layer][lo:hi, :, :kmax], self.values[layer][lo:hi, :, :kmax]
+        rows = plan.slots - lo
+        if plan.dense:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask)
+        full = q.new_zeros((hi - lo, *q.shape[1:]))
+        full[rows] = q
+        return F.scaled_dot_product_attention(full, keys, values, attn_mask=plan.mask)[rows]
+
+
+@dataclass
 class _Plan:
     """How the queries of one pass attend (the same for every layer)."""
 
@@ -61,6 +105,15 @@ class _Plan:
     length side by side, and its inverse (one batched causal attention per distinct length)."""
     cache: KVCache | None = None
     start: int = 0
+    slot_cache: SlotCache | None = None
+    """Slots: rows live in ``slot_cache`` (``slots [B]``), the new tokens at positions ``cols [B, S]``;
+    ``prefill``: every row starts at 0; else attention runs over the slots ``window = (lo, hi)``
+    (``mask [hi - lo, 1, S, K]``), ``dense`` when the rows are exactly those slots in order."""
+    slots: torch.Tensor | None = None
+    cols: torch.Tensor | None = None
+    prefill: bool = False
+    window: tuple[int, int] = (0, 0)
+    dense: bool = False
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -131,7 +184,9 @@ class _Attention(nn.Module):
             cache.values[layer][:, :, start : start + s] = v
             k = cache.keys[layer][:, :, : start + s]
             v = cache.values[layer][:, :, : start + s]
-        if plan.groups is not None:  # packed: each sequence on its own, causal, batched by length
+        if plan.slot_cache is not None:
+            out = plan.slot_cache.attend(layer, q, k, v, plan)
+        elif plan.groups is not None:  # packed: each sequence on its own, causal, batched by length
             out = _grouped_attention(q, k, v, *plan.groups)
         elif plan.segments is not None:  # packed, lengths mostly distinct: one call per sequence
             parts = [F.scaled_dot_product_attention(q[:, :, a:e], k[:, :, a:e], v[:, :, a:e], is_causal=True)
@@ -322,3 +377,61 @@ class TinyLM(CausalLM):
         h = self._trunk(tokens, positions, plan)
         cache.length = start + s
         return self.lm_head(h)
+
+    def new_slot_cache(self, num_slots: int, max_len: int | None = None) -> SlotCache:
+        """Empty key/value memory for ``num_slots`` sequences of up to ``max_len`` tokens each
+        (default ``max_seq_len``)."""
+        max_len = self.spec.max_seq_len if max_len is None else max_len
+        self._check_positions(max_len)
+        p = self.tok_emb.weight
+        shape = (num_slots, self.spec.n_heads, max_len, self.spec.d_model // self.spec.n_heads)
+        n = self.spec.n_layers
+        return SlotCache(keys=[torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(n)],
+                         values=[torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(n)])
+
+    def forward_slots(self, tokens: torch.Tensor, cache: SlotCache, slots: torch.Tensor, starts: torch.Tensor,
+                      last: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of ``tokens [B, S]``, row ``b`` at positions ``starts[b] ..`` of slot ``slots[b]``.
+
+        Each row attends to its own slot's keys up to each query's position, so rows of different
+        lengths share the call with no mask of pads: a decode step is ``S = 1`` with each row at
+        its own length; a prefill is ``starts = 0`` with prompts right-padded (a pad comes after
+        every real token of its row, so no real query sees it; its keys land past the row's length,
+        where the next real token overwrites them). Returns ``[B, S, V]``, or ``[B, V]`` at
+        column ``last[b]`` of each row when ``last`` is given (a prefill's last real token)."""
+        if self.has_value_head:
+            raise TypeError("forward_slots samples tokens; a value-head model (critic) has no logits")
+        b, s = tokens.shape
+        device = tokens.device
+        starts = starts.to(device=device, dtype=torch.int64)
+        cols = starts[:, None] + torch.arange(s, device=device)  # [B, S] each token's position
+        kmax = int(cols.max()) + 1 if b else 1
+        if kmax > cache.max_len:
+            raise ValueError(f"a sequence reaches position {kmax - 1}, beyond the slot length {cache.max_len}; "
+                             "raise the cache's max_len or shorten prompts / max_new_tokens")
+        self._check_positions(kmax)
+        slots = slots.to(device=device, dtype=torch.int64)
+        h = self._trunk(tokens, cols, self._slot_plan(cache, slots, starts, cols, kmax))
+        if last is not None:
+            h = h[torch.arange(b, device=device), last.to(device)]
+        return self.lm_head(h)
+
+    @staticmethod
+    def _slot_plan(cache: SlotCache, slots: torch.Tensor, starts: torch.Tensor, cols: torch.Tensor,
+                   kmax: int) -> _Plan:
+        """How ``forward_slots`` attends (the same for every layer)."""
+        plan = _Plan(slot_cache=cache, slots=slots, cols=cols)
+        b, s = cols.shape
+        if not bool(starts.any()):
+            plan.prefill = True
+            return plan
+        lo, hi = int(slots.min()), int(slots.max()) + 1
+        plan.window = (lo, hi)
+        plan.dense = hi - lo == b and bool((slots == torch.arange(lo, hi, device=slots.device)).all())
+        causal = torch.arange(kmax, device=cols.device)[None, None] <= cols[:, :, None]  # [B, S, kmax]
+        # a slot outside the batch sees its key 0 only (a row with no key at all would give NaN)
+        mask = torch.zeros(hi - lo, s, kmax, dtype=torch.bool, device=cols.device)
+        mask[:, :, 0] = True
+        mask[slots - lo] = causal
+        plan.mask = mask[:, None]
+        return plan

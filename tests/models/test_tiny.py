@@ -73,6 +73,36 @@ def test_a_multi_token_chunk_after_the_prompt_sees_the_cache_causally(positions)
     torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+def test_slots_hold_sequences_of_their_own_lengths_that_never_see_each_other(positions):
+    model = build_model(SPEC.model_copy(update={"positions": positions}), seed=1).eval()
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, VOCAB_SIZE, (n,), generator=g) for n in (5, 9, 3)]
+    slots, prompt = torch.tensor([2, 0, 3]), [4, 6, 3]
+    cache = model.new_slot_cache(4, 12)
+    with torch.no_grad():
+        full = [model(seq[None])[0] for seq in seqs]
+        for k in range(4):  # garbage in every slot first: a slot's old contents must not matter
+            cache.keys[k % 2][k].normal_(generator=g)
+        pads = torch.full((3, 6), PAD)
+        for i, n in enumerate(prompt):
+            pads[i, :n] = seqs[i][:n]
+        last = model.forward_slots(pads, cache, slots, torch.zeros(3, dtype=torch.int64),
+                                   last=torch.tensor(prompt) - 1)  # right-padded prefill
+        torch.testing.assert_close(last, torch.stack([full[i][n - 1] for i, n in enumerate(prompt)]),
+                                   atol=1e-5, rtol=0)
+        lens = list(prompt)
+        while any(n < len(s) for n, s in zip(lens, seqs)):  # decode: each row one token at its own position
+            rows = [i for i, s in enumerate(seqs) if lens[i] < len(s)]
+            tokens = torch.tensor([[seqs[i][lens[i]]] for i in rows])
+            out = model.forward_slots(tokens, cache, slots[rows], torch.tensor([lens[i] for i in rows]))
+            torch.testing.assert_close(out[:, 0], torch.stack([full[i][lens[i]] for i in rows]), atol=1e-5, rtol=0)
+            for i in rows:
+                lens[i] += 1
+    with pytest.raises(ValueError, match="slot length 12"):
+        model.forward_slots(torch.zeros(1, 1, dtype=torch.int64), cache, torch.tensor([0]), torch.tensor([12]))
+
+
 def test_generation_is_deterministic_under_a_seeded_generator():
     model = build_model(SPEC, seed=0)
     runs = [generate(model, _prompts(), max_new_tokens=6, eos_id=EOS, generator=torch.Generator().manual_seed(s))
