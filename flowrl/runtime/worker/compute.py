@@ -13,11 +13,14 @@ all-gather (issue: data-parallel PPO deadlocked so).
 
 What must hold:
 - Every hook of the node (setup, process/generate/join, state_dict/load_state_dict, weight
-  snapshots and loads, observe, teardown) runs on this one thread, one call at a time, in an asyncio
-  loop of its own: torch's thread-local settings (grad mode, the current CUDA device) that one hook
-  sets hold for the next, and a node's `await anyio.to_thread...` works as before.
+  snapshots and loads, observe, teardown) runs on this one thread, in an asyncio loop of its own:
+  torch's thread-local settings (grad mode, the current CUDA device) that one hook sets hold for
+  the next, and a node's `await anyio.to_thread...` works as before.
 - The worker awaits each call before it takes its next event, so the order of events is the one
-  the input policies decided: weight swaps, checkpoints and rollbacks fall between two calls.
+  the input policies decided: weight swaps, checkpoints and rollbacks fall between two calls. A
+  node with `concurrency: N` (stateless, one rank) has up to N calls in flight as tasks of this
+  loop (`concurrent.py`); a weight load is then one more task, which runs whole between two of
+  their awaits (`WeightsClient.land`).
 - torch's intra-op threads are the plan's (`torch.set_num_threads` is per process): this thread
   is the node's one compute thread, the event loop's thread only waits in epoll meanwhile.
 """

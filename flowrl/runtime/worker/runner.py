@@ -33,6 +33,8 @@ class NodeRunner:
         self._node = None
         self._busy: dict[int, tuple[str, float]] = {}  # what keeps the node busy, by mark (several calls at once)
         self._marks = 0
+        self._in_calls = 0  # calls in the node now; the `compute` span runs while there is one
+        self._since = (0.0, 0.0)  # (wall, perf counter) when the first of them began
         self._calls = 0  # calls into the node so far: the step that faults count
         self._failed_on: str | None = None
 
@@ -82,6 +84,21 @@ class NodeRunner:
         finally:
             del self._busy[mark]
 
+    @contextlib.contextmanager
+    def _computing(self, batch_id: str) -> Iterator[None]:
+        """The `compute` span: while at least one call is in the node (calls that overlap, with
+        `concurrency`, make one span, so the busy ratio says how much of the time the node works)."""
+        if self._in_calls == 0:
+            self._since = (time.time(), time.perf_counter())
+        self._in_calls += 1
+        try:
+            yield
+        finally:
+            self._in_calls -= 1
+            if self._in_calls == 0:
+                self._recorder.add_span("compute", self._since[0], time.perf_counter() - self._since[1],
+                                        batch_id=batch_id)
+
     async def call(self, batch_id: str, hook: Callable[..., Any], *args: Any) -> Any:
         """One call into the node, on its compute thread, with its faults and its `compute` span."""
         with self.occupied(batch_id):
@@ -91,7 +108,7 @@ class NodeRunner:
                 stall = self._faults.stall(self._calls - 1)
                 if stall:  # a wedged call: the compute thread is stuck, the loop and heartbeats go on
                     await self._compute.call(time.sleep, stall)
-                with self._recorder.span("compute", batch_id=batch_id):
+                with self._computing(batch_id):
                     return await self._compute.call(hook, *args)
             except BaseException:
                 self._failed_on = batch_id

@@ -7,8 +7,8 @@ can touch CUDA, the node's `setup` runs and its input channels are bound before 
 so the controller only relies on a process that can already receive.
 
 One event loop, one consumer: batches from every input, tickets and control orders are put on one
-queue and handled in order, so weight swaps, checkpoints and rollbacks always fall between two
-calls into the node. The node's own code (every hook) runs on the process's compute thread
+queue and handled in order, so weight swaps, checkpoints and rollbacks fall between two calls
+into the node (with `concurrency`, calls run as tasks and a weight swap between their steps). The node's own code (every hook) runs on the process's compute thread
 (`compute.py`), never on the event loop's: while a hook computes, the loop goes on serving
 channels (frames, credit, acks), control orders, metrics and dump requests. What to do with each
 arrival is decided by the input policies of the node's shape (`inputs.py`): fence (recovery
