@@ -52,12 +52,35 @@ class Actor(flowrl.Sink):
         rec.mean("reward", float(scores.mean()), weight=len(scores))
         rec.count("samples", len(scores))
         rec.count("tokens", seqs.tokens.total)
+        if "versions" in t:
+            self.record_versions(seqs, batch, rec)
         for k, v in metrics.items():
             base, _, reduction = k.rpartition("_")
             if k.startswith(("mismatch_", "rollout_is_")) and reduction in ("mean", "max"):
                 getattr(rec, reduction)(base, float(v))  # named with its reduction: mismatch_logprob_abs_max
             else:
                 rec.mean(k, float(v))
+
+    def record_versions(self, seqs, batch, rec) -> None:
+        """Per-token versions (a rollout whose weights changed mid-generation): how many versions the
+        oldest generated token of this update is behind (`token_staleness`), and how many samples
+        hold tokens of more than one version (`partial_samples`)."""
+        import torch
+
+        versions = batch.tensors["versions"]
+        if not isinstance(versions, flowrl.Ragged) or versions.total != seqs.tokens.total:
+            return  # not aligned with the tokens (a user's layout): nothing to say
+        values = versions.to_torch().values.to(torch.int64)
+        gen = seqs.loss_mask.values.bool() & (values >= 0)
+        if not bool(gen.any()):
+            return
+        ids, v = seqs.tokens.sample_ids()[gen], values[gen]
+        n = seqs.tokens.num_samples
+        big = torch.iinfo(torch.int64).max
+        low = torch.full((n,), big, dtype=torch.int64).scatter_reduce(0, ids, v, "amin")
+        high = torch.full((n,), -1, dtype=torch.int64).scatter_reduce(0, ids, v, "amax")
+        rec.max("token_staleness", self.ctx.policy_version - int(low[low < big].min()))
+        rec.count("partial_samples", int(((high > low) & (low < big)).sum()))
 
     def state_dict(self):
         return self.trainer.state_dict()
