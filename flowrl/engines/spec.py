@@ -69,7 +69,14 @@ class VLLMEngineSpec(_Spec):
     max_model_len: int | None = Field(None, ge=2)
     """Longest prompt + response; None = the model's ``max_position_embeddings``."""
     max_num_seqs: int = Field(256, ge=1)
-    """Sequences decoded together (continuous batching); a ticket's completions are one batch."""
+    """Sequences vLLM's scheduler decodes together in one iteration; more wait in its queue."""
+    continuous: bool = True
+    """Batch continuously across tickets: each ``submit`` adds its prompts as requests to the one
+    running vLLM engine and returns when they are done, so the sequences of several concurrent
+    tickets share vLLM's iteration-level scheduler, and a new weights version may land between two
+    iterations (the rollout's ``on_new_weights``: keep, restart or finish the sequences in flight;
+    every token records its version). False: a ticket is one ``LLM.generate`` call on its own
+    batch (batch-at-a-time; a version lands between tickets)."""
     enforce_eager: bool = True
     """Skip graph capture / torch.compile: faster start-up, slower decode. Turn off on GPUs for speed."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

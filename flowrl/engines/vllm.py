@@ -31,14 +31,62 @@ draws (greedy: one completion per prompt, repeated ``n`` times). A prompt that l
 ``max_new_tokens`` within ``max_model_len`` is refused before anything is generated. Log-probs are
 vLLM's ``processed_logprobs``: after temperature, and (unlike flowrl's convention) after top-p, so
 with ``top_p < 1`` they are those of the renormalised nucleus; the actor's mismatch metric shows
-the difference, and its importance-sampling options correct for it.
+the difference, and its importance-sampling options correct for it. A stop token outside the
+model's vocabulary can never be generated and is not passed to vLLM (which refuses it); vLLM also
+stops at the model's own EOS token (its generation config), as it always has.
+
+Continuous batching (``continuous: true``, the default; ``false``: ``submit`` is one
+``LLM.generate`` call per ticket, batch-at-a-time). Several ``submit`` calls -- the rollout's
+concurrent tickets, asyncio tasks on the node's compute loop -- each add their prompts as requests
+to the one in-process vLLM engine (``llm.llm_engine.add_request``: the same params and per-prompt
+seeds as ``generate``, with delta outputs) and await a future. One engine-loop task on that loop
+calls ``llm_engine.step()`` while requests are in flight, appends each step's new tokens to their
+request (labelled with the engine's ``version`` at that step: ``Generation.versions``) and yields
+(``await asyncio.sleep(0)``) between steps, so new submits, cancellations and weight loads run
+there; requests of every ticket share vLLM's own iteration-level scheduler (``max_num_seqs``
+decoded per step, the rest in its queue). A ticket returns once all of its requests are done,
+laid out as ``generate`` lays them out (the same tokens for the same seed; greedy is bitwise the
+batch output). No extra thread: vLLM's ``AsyncLLM`` would run its own output loop beside the
+compute thread; stepping the synchronous engine on the compute loop keeps everything on one
+thread. Cancelling a waiting ``submit`` aborts its requests in vLLM; an error in a step fails every
+waiting ticket (nothing hangs) and the engine takes new ones afterwards. A plain ``generate`` with
+requests in flight steps the engine itself (routing the others' outputs) instead of ``LLM.generate``.
+
+Weights with requests in flight (``on_new_weights``, set by ``build_engine``): the runtime awaits
+``before_weights(version)``, fills ``weights()``, then calls ``load_weights``, which -- being
+synchronous on the loop -- always runs between two steps. vLLM's in-place reload works with
+requests in flight in this version (checked: reloading the same weights mid-flight leaves every
+token and log-prob bitwise as they were, so the KV cache and the persistent batch survive it).
+
+- ``keep``: ``before_weights`` returns at once and the engine goes on stepping while the staging
+  tensors fill (it computes with its own copy of the weights); after the load the requests go on:
+  their KV cache and tokens so far stay (partial rollouts), later tokens carry the new version.
+  With ``enable_prefix_caching`` the cache is reset by preempting the running requests (vLLM frees
+  no block in use otherwise): their tokens stay and their KV is recomputed with the new weights.
+- ``restart``: the requests in flight at the load are aborted and added again from their prompts
+  with their own seeds (every completion of such a prompt, finished or not: a prompt group is then
+  all of one version); their earlier tokens are dropped. Requests that had finished stay.
+- ``finish``: ``before_weights`` holds new requests back (queued, not in vLLM) and returns once
+  the running ones are done; ``load_weights`` then adds the held ones, which generate entirely with
+  the new version. If the sync is given up after ``before_weights``, :meth:`VLLMEngine.resume`
+  releases them (a failed ``load_weights`` releases them itself).
+
+A load that fails and is restored leaves the requests in flight untouched (the engine holds the
+previous version bitwise again); one that leaves the engine unusable fails them. ``stats()``:
+``running`` and ``waiting`` requests of vLLM's scheduler (waiting includes those held for a
+version), ``busy_s`` (time inside ``step()``), ``tokens`` (generated, restarted ones included),
+``weight_pause_s`` (time in ``load_weights``, plus, for ``finish``, the time new requests were held),
+``weight_loads``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -120,6 +168,16 @@ class VLLMEngine(RolloutEngine):
         """Why the engine holds mixed weights (a reload and its restore failed), else None."""
         self.reload_faults: list[int] = []
         """Tests: the next reloads raise after this many tensors went in (one entry per reload)."""
+        self.continuous = spec.continuous
+        self.prefix_caching = spec.enable_prefix_caching
+        self._live: dict[str, _Seq] = {}     # request id -> its sequence group, added to vLLM
+        self._held: list[_Seq] = []          # not added yet: a `finish` version is on its way
+        self._holds = 0                      # before_weights calls (finish) not yet followed by a load
+        self._drain_waiters: list[asyncio.Event] = []  # before_weights (finish) waiting for the running ones
+        self._hold_since: float | None = None
+        self._loop_task: asyncio.Task | None = None
+        self._next_id = 0
+        self._counters = {"busy_s": 0.0, "tokens": 0, "weight_pause_s": 0.0, "weight_loads": 0}
         self._warm_up()
 
     # generation -----------------------------------------------------------------------------
@@ -127,16 +185,16 @@ class VLLMEngine(RolloutEngine):
         from vllm import SamplingParams
 
         greedy = sampling.temperature <= 0
+        vocab = int(self.llm.llm_engine.model_config.get_vocab_size())
+        stops = [t for t in sampling.stops if 0 <= t < vocab]  # one the model cannot generate never stops it
         return SamplingParams(
             n=1 if greedy else sampling.n, temperature=0.0 if greedy else sampling.temperature,
             top_p=1.0 if greedy else sampling.top_p,
-            max_tokens=sampling.max_new_tokens, stop_token_ids=list(sampling.stops), logprobs=0,
+            max_tokens=sampling.max_new_tokens, stop_token_ids=stops, logprobs=0,
             detokenize=False, seed=seed % (2**63),
         )
 
-    def generate(self, prompts: Prompts, sampling: Sampling, *, seed: int) -> Generation:
-        from vllm.inputs import TokensPrompt
-
+    def _checked(self, prompts: Prompts, sampling: Sampling) -> Ragged:
         if self.unusable is not None:
             raise EngineUnusableError(f"the vLLM engine holds mixed weights and cannot generate: {self.unusable}; "
                                       "it generates again once a whole version has loaded (or the node restarts)")
@@ -144,13 +202,39 @@ class VLLMEngine(RolloutEngine):
         config = self.llm.llm_engine.model_config
         check_prompts(prompts, sampling, context=int(config.max_model_len), setting="the engine's max_model_len",
                       vocab_size=int(config.get_vocab_size()))
+        return prompts
+
+    def generate(self, prompts: Prompts, sampling: Sampling, *, seed: int) -> Generation:
+        from vllm.inputs import TokensPrompt
+
+        prompts = self._checked(prompts, sampling)
         if not prompts.num_samples:
             return empty_generation(prompts, sampling.n)
+        if self._live or self._held:
+            # requests of concurrent submits are in the engine: step it here (routing theirs too)
+            # rather than let LLM.generate's loop take their outputs
+            ticket = self._ticket(prompts, sampling, seed, future=None)
+            try:
+                while ticket.result is None:
+                    if not self._live:
+                        raise RuntimeError("the vLLM engine holds requests for a new weights version "
+                                           "(on_new_weights=finish): generate() cannot wait for it; use submit()")
+                    self._step()
+            except BaseException:
+                self._drop(ticket)
+                raise
+            if isinstance(ticket.result, BaseException):
+                raise ticket.result
+            return ticket.result
         requests = [TokensPrompt(prompt_token_ids=p.tolist()) for p in prompts]  # each prompt's own ids
         # Request i draws from seed * 1_000_003 + i: distinct across the prompts of a batch and across
         # batches (seed + i would hand batch k's prompt i the draws of batch k + 1's prompt i - 1).
         params = [self.sampling_params(sampling, seed * 1_000_003 + i) for i in range(len(requests))]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        started = time.perf_counter()
+        try:
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
+        finally:
+            self._counters["busy_s"] += time.perf_counter() - started
         draws = 1 if sampling.temperature <= 0 else sampling.n  # vLLM decodes greedily with n = 1
         completions = []
         for out in outputs:
@@ -161,6 +245,7 @@ class VLLMEngine(RolloutEngine):
                 ids = list(c.token_ids)
                 lps = [step[tok].logprob for tok, step in zip(ids, c.logprobs or [])]
                 completions.append((ids, lps))
+            self._counters["tokens"] += sum(len(c.token_ids) for c in done)
         return pack_completions(prompts, completions, sampling)
 
     def _warm_up(self) -> None:
@@ -169,23 +254,228 @@ class VLLMEngine(RolloutEngine):
         sampling = Sampling(n=2, temperature=1.0, max_new_tokens=2, eos_id=0, pad_id=0)
         self.generate(Ragged.from_sequences([[0, 0, 0, 0], [0, 0]]), sampling, seed=0)
 
+    # continuous batching --------------------------------------------------------------------
+    async def submit(self, prompts: Prompts, sampling: Sampling, *, seed: int) -> Generation:
+        """``generate`` for one of several concurrent callers on the compute loop (see the module
+        docstring): the prompts join vLLM's running batch; returns once all of them are done."""
+        if not self.continuous:
+            return self.generate(prompts, sampling, seed=seed)
+        prompts = self._checked(prompts, sampling)
+        if not prompts.num_samples:
+            return empty_generation(prompts, sampling.n)
+        loop = asyncio.get_running_loop()
+        ticket = self._ticket(prompts, sampling, seed, future=loop.create_future())
+        self._ensure_loop()
+        try:
+            return await ticket.future
+        except BaseException:
+            self._drop(ticket)  # cancelled (or failed): its requests leave the engine
+            raise
+
+    def _ticket(self, prompts: Ragged, sampling: Sampling, seed: int, future: Any) -> "_Ticket":
+        """A ticket's requests, added to vLLM (or held while a `finish` version is on its way)."""
+        from vllm.sampling_params import RequestOutputKind
+
+        draws = 1 if sampling.temperature <= 0 else sampling.n
+        ticket = _Ticket(prompts, sampling, draws, future)
+        self._next_id += 1
+        for i, p in enumerate(prompts):
+            params = self.sampling_params(sampling, seed * 1_000_003 + i)  # the seeds generate() uses
+            params.output_kind = RequestOutputKind.DELTA  # each step's new tokens, to label their version
+            ticket.seqs.append(_Seq(f"flowrl-{self._next_id}-{i}", ticket, p.tolist(), params, draws))
+        try:
+            for seq in ticket.seqs:
+                if self._holds:
+                    self._held.append(seq)
+                else:
+                    self._add(seq)
+        except BaseException:
+            self._drop(ticket)  # all of the ticket or none of it
+            raise
+        return ticket
+
+    def _add(self, seq: "_Seq") -> None:
+        from vllm.inputs import TokensPrompt
+
+        prompt: Any = TokensPrompt(prompt_token_ids=seq.prompt)
+        render = getattr(self.llm, "_preprocess_cmpl_one", None)  # what LLM.generate hands the engine
+        if render is not None:
+            prompt = render(prompt)
+        self.llm.llm_engine.add_request(seq.rid, prompt, seq.params)
+        self._live[seq.rid] = seq
+
+    def _abort(self, seqs: Iterable["_Seq"]) -> None:
+        rids = [q.rid for q in seqs if self._live.pop(q.rid, None) is not None]
+        if rids and self.llm is not None:
+            self.llm.llm_engine.abort_request(rids, internal=False)  # external ids: every child too
+
+    def _drop(self, ticket: "_Ticket") -> None:
+        self._abort(ticket.seqs)
+        self._held = [q for q in self._held if q.ticket is not ticket]
+        self._check_drained()
+
+    def _ensure_loop(self) -> None:
+        """One task on the running loop steps the engine while requests are in flight."""
+        if not self._live or (self._loop_task is not None and not self._loop_task.done()):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # not on a loop (a plain load_weights call): the next submit starts it
+        self._loop_task = loop.create_task(self._run(), name="vllm-engine-loop")
+
+    async def _run(self) -> None:
+        try:
+            while self._live:
+                self._step()
+                await asyncio.sleep(0)  # new submits, cancellations and weight loads run here
+        except asyncio.CancelledError:
+            self._fail_all(RuntimeError("the vLLM engine loop was cancelled (its event loop is closing)"))
+            raise
+        except BaseException as e:  # noqa: BLE001 - every waiter fails with it (no hang)
+            self._fail_all(e)
+
+    def _step(self) -> None:
+        """One engine iteration; each sequence group gets its new tokens, labelled with the version."""
+        started = time.perf_counter()
+        try:
+            outputs = self.llm.llm_engine.step()
+        except BaseException as e:
+            self._fail_all(e)
+            raise
+        finally:
+            self._counters["busy_s"] += time.perf_counter() - started
+        for out in outputs:
+            seq = self._live.get(out.request_id)
+            if seq is None:
+                continue  # a request aborted (a restart, a cancelled ticket) whose output was on its way
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                seq.ids[c.index] += ids
+                seq.lps[c.index] += [step[tok].logprob for tok, step in zip(ids, c.logprobs or [])]
+                seq.versions[c.index] += [self.version] * len(ids)
+                self._counters["tokens"] += len(ids)
+            if out.finished:
+                del self._live[seq.rid]
+                seq.ticket.finished(seq)
+        self._check_drained()
+
+    def _fail_all(self, error: BaseException) -> None:
+        seqs = list(self._live.values()) + self._held
+        try:
+            self._abort(list(self._live.values()))
+        except Exception:  # noqa: BLE001 - the engine is failing already; the waiters hear the first error
+            self._live.clear()
+        self._held = []
+        for ticket in {id(q.ticket): q.ticket for q in seqs}.values():
+            ticket.fail(error)
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        if not self._live and self._drain_waiters:
+            waiters, self._drain_waiters = self._drain_waiters, []
+            for event in waiters:
+                event.set()
+
+    async def before_weights(self, version: int) -> None:
+        """``finish``: hold new requests back and return once the running ones are done (the engine
+        loop goes on stepping them); ``keep`` and ``restart`` return at once -- the engine computes
+        with its own copy of the weights, so it may go on stepping while the staging tensors fill,
+        and ``load_weights`` (synchronous, so between two steps) keeps or restarts what is in flight.
+        Until ``load_weights`` (or :meth:`resume`) new requests wait."""
+        if not self.continuous or self.on_new_weights != "finish":
+            return
+        self._holds += 1
+        if self._hold_since is None:
+            self._hold_since = time.perf_counter()
+        if not self._live:
+            return
+        drained = asyncio.Event()
+        self._drain_waiters.append(drained)
+        try:
+            self._ensure_loop()
+            await drained.wait()
+        except BaseException:
+            if drained in self._drain_waiters:
+                self._drain_waiters.remove(drained)
+            self.resume()  # the sync was given up while waiting: nothing stays held
+            raise
+
+    def resume(self) -> None:
+        """Release requests held by ``before_weights`` when no version will load after all
+        (``load_weights`` does this itself)."""
+        if self._hold_since is not None:
+            self._counters["weight_pause_s"] += time.perf_counter() - self._hold_since
+            self._hold_since = None
+        self._holds = 0
+        held, self._held = self._held, []
+        for seq in held:
+            if seq.ticket.result is None:
+                self._add(seq)
+        self._ensure_loop()
+
+    def stats(self) -> dict[str, float]:
+        """``running``/``waiting``: sequences vLLM is decoding / that wait for a slot (vLLM's queue and
+        those held for a version); the counters since start-up (see the base class)."""
+        if self.llm is None:
+            return {}
+        scheduler = getattr(getattr(self.llm.llm_engine.engine_core, "engine_core", None), "scheduler", None)
+        held = sum(q.draws for q in self._held)
+        if scheduler is not None and hasattr(scheduler, "get_request_counts"):
+            running, waiting = scheduler.get_request_counts()
+        else:  # the engine core in other processes: what flowrl has in flight
+            running, waiting = sum(q.draws for q in self._live.values()), 0
+        return {"running": float(running), "waiting": float(waiting + held),
+                **{k: float(v) for k, v in self._counters.items()}}
+
     # weights --------------------------------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:
         return self.staging
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        staged = self._stage(named_tensors)  # every tensor in hand and checked before the engine changes
+        """Load a whole version (or none of it, see the module docstring). With requests in flight it
+        runs between two engine steps; ``on_new_weights`` says what they do (keep / restart; finish
+        has drained them in ``before_weights``); requests held for the version are added after it."""
+        started = time.perf_counter()
         try:
-            self._reload(staged)
-        except Exception as e:  # noqa: BLE001 - restored (or marked unusable), then raised again
-            self._recover(e, version)
-        if self.committed is not None:
-            for name, tensor in staged:
-                self.committed[name].copy_(tensor)
-        if self.unusable is not None and {n for n, _ in staged} >= {_engine_name(k) for k in self.staging}:
-            self.unusable = None  # every weight replaced: nothing mixed is left (a partial update is not enough)
-        self.llm.reset_prefix_cache()
-        self.version = version
+            staged = self._stage(named_tensors)  # every tensor in hand and checked before the engine changes
+            try:
+                self._reload(staged)
+            except Exception as e:  # noqa: BLE001 - restored (or marked unusable), then raised again
+                try:
+                    self._recover(e, version)
+                finally:
+                    if self.unusable is not None and (self._live or self._held):
+                        self._fail_all(EngineUnusableError(f"the sequences in flight were stopped: {self.unusable}"))
+            if self.committed is not None:
+                for name, tensor in staged:
+                    self.committed[name].copy_(tensor)
+            if self.unusable is not None and {n for n, _ in staged} >= {_engine_name(k) for k in self.staging}:
+                self.unusable = None  # every weight replaced: nothing mixed is left (a partial update is not enough)
+            restart = [q for q in self._live.values()] if self.on_new_weights == "restart" else []
+            self._abort(restart)  # their KV and tokens are the old version's: start them again
+            self._reset_cache()
+            self.version = version
+            self._counters["weight_loads"] += 1
+            for seq in restart:
+                self._next_id += 1
+                seq.restart(f"{seq.rid.rsplit('~', 1)[0]}~{self._next_id}")
+                self._add(seq)
+        finally:
+            if self._hold_since is None:  # (finish: resume() counts the hold, this load included)
+                self._counters["weight_pause_s"] += time.perf_counter() - started
+            if self._holds or self._held:
+                self.resume()  # requests held for this version go in (on the previous one if it failed)
+            self._ensure_loop()
+
+    def _reset_cache(self) -> None:
+        """Drop prefix-cache blocks computed with the previous weights. With requests in flight vLLM
+        frees none of their blocks: with prefix caching on they are preempted (their tokens stay;
+        their KV is recomputed with the new weights when they resume), without it nothing is cached."""
+        if not self._live:
+            self.llm.reset_prefix_cache()
+        elif self.prefix_caching:
+            self.llm.reset_prefix_cache(reset_running_requests=True)
 
     def _stage(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
         """``(engine name, tensor)`` of the whole version; unknown names and wrong shapes are errors."""
@@ -223,7 +513,7 @@ class VLLMEngine(RolloutEngine):
             self.unusable = f"{what}, and restoring version {self.version} failed too ({again})"
             raise WeightLoadError(f"{self.unusable}; the engine refuses to generate until a whole version "
                                   "loads") from error
-        self.llm.reset_prefix_cache()
+        self._reset_cache()
         raise WeightLoadError(f"{what}; the engine was restored to version {self.version}, bitwise") from error
 
     def engine_weights(self) -> dict[str, torch.Tensor]:
@@ -243,6 +533,8 @@ class VLLMEngine(RolloutEngine):
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
+        if getattr(self, "_live", None) or getattr(self, "_held", None):
+            self._fail_all(RuntimeError("the vLLM engine was closed with requests in flight"))
         if llm is not None:
             core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
             if core is not None and hasattr(core, "shutdown"):
@@ -257,6 +549,79 @@ class WeightLoadError(RuntimeError):
 
 class EngineUnusableError(RuntimeError):
     """The engine holds mixed weights (a reload and its restore failed): it refuses to generate."""
+
+
+@dataclass(eq=False)
+class _Seq:
+    """One prompt of a ticket: one vLLM request with ``draws`` completions, growing step by step."""
+
+    rid: str
+    ticket: "_Ticket"
+    prompt: list[int]
+    params: Any
+    draws: int
+    ids: list[list[int]] = field(default_factory=list)
+    lps: list[list[float]] = field(default_factory=list)
+    versions: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.restart(self.rid)
+
+    def restart(self, rid: str) -> None:
+        self.rid = rid
+        self.ids = [[] for _ in range(self.draws)]
+        self.lps = [[] for _ in range(self.draws)]
+        self.versions = [[] for _ in range(self.draws)]
+
+
+@dataclass(eq=False)
+class _Ticket:
+    """One ``submit``: its sequence groups, and the future its caller awaits (None: ``generate``)."""
+
+    prompts: Ragged
+    sampling: Sampling
+    draws: int
+    future: Any
+    seqs: list[_Seq] = field(default_factory=list)
+    done: int = 0
+    result: Any = None
+    """The Generation once every group is done, or the error that stopped it."""
+
+    def finished(self, seq: _Seq) -> None:
+        self.done += 1
+        if self.done < len(self.seqs) or self.result is not None:
+            return
+        try:
+            self.result = self.generation()
+        except Exception as e:  # noqa: BLE001 - the waiter gets it
+            return self.fail(e)
+        if self.future is not None and not self.future.done():
+            self.future.set_result(self.result)
+
+    def fail(self, error: BaseException) -> None:
+        if self.result is None:
+            self.result = error
+        if self.future is not None and not self.future.done():
+            try:
+                self.future.set_exception(error)
+            except RuntimeError:  # its event loop is closed: nobody waits any more
+                pass
+
+    def generation(self) -> Generation:
+        """The groups as ``generate`` lays them out, plus each token's version."""
+        n = self.sampling.n
+        rows = [(q, k % self.draws) for q in self.seqs for k in range(n)]  # greedy: one draw, n times
+        for q in self.seqs:
+            if any(len(lp) < len(ids) for ids, lp in zip(q.ids, q.lps)):
+                raise RuntimeError(f"vLLM returned fewer log-probs than tokens for request {q.rid}")
+        out = pack_completions(self.prompts, [(q.ids[k], q.lps[k]) for q, k in rows], self.sampling)
+        resp = out.response_lens.tolist()
+        parts = []
+        for (q, k), p_len, r_len in zip(rows, out.prompt_lens.tolist(), resp):
+            parts.append(torch.full((p_len,), -1, dtype=torch.int64))
+            parts.append(torch.tensor(q.versions[k][:r_len], dtype=torch.int64))
+        versions = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+        return out._replace(versions=Ragged(versions, out.tokens.offsets.clone(), check=False))
 
 
 def _engine_name(name: str) -> str:
