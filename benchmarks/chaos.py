@@ -17,6 +17,9 @@ the shapes) and kills of one rank; `--scale` gives every schedule a `flowrl scal
 stateless node mid-run (and, in half of them, a kill of a replica just added). Half of the shapes
 (drawn from the seed; `--ragged all` / `none` forces it) are ragged: their batches carry a
 `flowrl.Ragged` next to `x`, which every node keeps aligned and every stateful node and sink checks.
+Half of the shapes (`--concurrency all` / `none` forces it) give some stateless nodes `concurrency:
+2..6`, their calls overlapping; `--groups` makes half of the shapes `schedule.ticket: group` (one
+prompt per ticket, a stateful sink takes an update's tickets in one call).
 Prints schedules, completed, failed with a clear error, failed without one, hung (must be 0), state
 mismatches (must be 0), ledger violations (must be 0), runs past their time bound and how many
 shapes were ragged; exit 0 only when all of those hold and every recoverable schedule completed.
@@ -108,8 +111,10 @@ def shapes_main(args) -> int:
     with tempfile.TemporaryDirectory(prefix="flowrl-shapes-") as d:
         workdir = keep or Path(d)
         ragged = {"seed": None, "all": True, "none": False}[args.ragged]
+        concurrency = {"seed": None, "all": True, "none": False}[args.concurrency]
         results = campaign(seeds, per, workdir, jobs=args.jobs, features=features, on_result=show, total=args.shapes,
-                           holds=args.holds, ranks=args.ranks, scale=args.scale, ragged=ragged)
+                           holds=args.holds, ranks=args.ranks, scale=args.scale, ragged=ragged,
+                           concurrency=concurrency, groups=args.groups)
     refs = [r for r in results if r.schedule == "ref"]
     runs = [r for r in results if r.schedule != "ref"]
     count = lambda pred: sum(1 for r in runs if pred(r))
@@ -127,6 +132,9 @@ def shapes_main(args) -> int:
         "recoverable but failed": count(lambda r: r.recoverable and r.outcome == "failed_clear"),
         "references ok": f"{sum(r.ok for r in refs)}/{len(refs)}",
         "ragged shapes": f"{sum('ragged' in r.traits for r in refs)}/{len(refs)}",
+        "concurrent shapes (calls overlapped)": f"{sum('concurrent' in r.traits for r in refs)} "
+                                                f"({sum(max(r.overlap.values(), default=1) > 1 for r in refs)})",
+        "group-ticket shapes": f"{sum('groups' in r.traits for r in refs)}/{len(refs)}",
         "contract holds": f"{count(lambda r: r.ok)}/{len(runs)}",
     }
     if args.scale:
@@ -175,6 +183,12 @@ def main() -> int:
                          "half of them killing a replica just added")
     ap.add_argument("--ragged", choices=("seed", "all", "none"), default="seed",
                     help="--shapes: ragged batches in the shapes the seed picks (half), in all, or in none")
+    ap.add_argument("--concurrency", choices=("seed", "all", "none"), default="seed",
+                    help="--shapes: `concurrency: 2..6` on some stateless nodes in the shapes the seed picks (half), "
+                         "in every shape that has one, or in none")
+    ap.add_argument("--groups", action="store_true",
+                    help="--shapes: half of the shapes without Hold use `schedule.ticket: group` (a stateful sink "
+                         "takes an update's tickets in one call)")
     ap.add_argument("--keep", metavar="DIR", help="--shapes: keep every run directory under DIR")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="FILE")

@@ -1,7 +1,9 @@
 """Shape x fault, like Jepsen for this runtime: random DAGs of synthetic nodes (chains, fan-out,
 joins, 1-3 sinks, stateful transforms, drops, replicas; ragged batches in half of them) under
 random fault schedules (kill, two kills in one checkpoint interval, kill during a commit, SIGSTOP,
-stuck in process, a lost message, a corrupt frame, a node that hangs in every incarnation).
+stuck in process, a lost message, a corrupt frame, a node that hangs in every incarnation); half of
+them with concurrent stateless nodes, and a set with `schedule.ticket: group` (a stateful sink takes
+an update's tickets in one call) whose concurrent node and stateful sink are killed.
 
 Every run must end within its time bound, and then either have completed — every ticket consumed
 or dropped once by every sink, every stateful node's final state bitwise equal to the model's (and
@@ -32,6 +34,7 @@ from flowrl.graph import dump_graph
 from flowrl.graph.loader import load_graph_text
 from flowrl.testing.chaos import (
     Features,
+    Schedule,
     check_ledger,
     compare_state,
     plan,
@@ -65,6 +68,20 @@ the event loop, the trainer's leader was left alone in its publish's all-gather 
 s2.0); and `rmix` (2 ranks) -> `sub` -> `trainer` (3 ranks), a rank of the trainer killed."""
 RANK_PLAN = plan(RANK_SEEDS, RANK_PER_SHAPE, FEATURES, **RANK_KW)
 RANK_SCHEDULES = [s for _, scheds in RANK_PLAN for s in scheds]
+GROUP_KW = {"groups": True, **SMALL}
+GROUP_SEEDS, GROUP_PER_SHAPE = [33, 99], 1
+GROUP_EXTRA = {
+    33: [Schedule(33, 100, faults=["kill:merge@step=3", "kill:sink@step=2"], kinds=["kill", "kill"])],
+    99: [Schedule(99, 100, faults=["kill:mix/0@step=2", "kill:sink@step=1"], kinds=["kill", "kill"])],
+}
+"""`schedule.ticket: group` shapes with concurrent nodes: `src -> {fold*, drop} -> merge (~3) ->
+sink*` (3 tickets per update, ragged) and `src -> mix (x2, ~6) -> {sink*, log (~4)}` (3 per update).
+Besides a drawn schedule each, by hand: a kill of the concurrent node while its earlier calls are
+still in flight (each call waits for a partner, `nodes.Overlapping`), and a kill of the stateful
+sink when it starts an update, with tickets of the next updates held or on the way
+(`max_staleness` 2-3)."""
+GROUP_PLAN = plan(GROUP_SEEDS, GROUP_PER_SHAPE, FEATURES, extra=GROUP_EXTRA, **GROUP_KW)
+GROUP_SCHEDULES = [s for _, scheds in GROUP_PLAN for s in scheds]
 SHAPES = {shape.seed: shape for shape, _ in PLAN}
 SCHEDULES = [s for _, scheds in PLAN for s in scheds]
 
@@ -139,16 +156,29 @@ def run_in_process(shape, batch_id=lambda i: f"t-{i:06d}"):
     objs, ranked = {}, {}
     for d in shape.nodes.values():
         cls = getattr(N, d.cls)
+        config = {k: v for k, v in d.config.items() if k != "linger_s"}  # one call at a time here: no wait
         if d.ranks > 1:
             group = _Group(d.ranks)
-            ranked[d.name] = [cls(cls.Config.model_validate(d.config), _RankCtx(r, group)) for r in range(d.ranks)]
+            ranked[d.name] = [cls(cls.Config.model_validate(config), _RankCtx(r, group)) for r in range(d.ranks)]
             on_ranks(ranked[d.name], lambda r, o: asyncio.run(o.setup()))
             continue
-        objs[d.name] = cls(cls.Config.model_validate(d.config), _Ctx())
+        objs[d.name] = cls(cls.Config.model_validate(config), _Ctx())
         asyncio.run(objs[d.name].setup())
     outcomes = {s: {} for s in shape.sinks}
+    per = shape.tickets_per_update
+    updates = {d.name: [] for d in shape.nodes.values() if per > 1 and d.sink and d.stateful}
+    """`ticket: group`: a stateful sink's live batches of the update so far (one call per update, as
+    `DataPath.run_update` makes it: the batches concatenated, the last ticket's id and index)."""
+
+    def call(d, batch):
+        if d.ranks > 1:
+            shards = split_groups(batch, d.ranks)
+            res = on_ranks(ranked[d.name], lambda r, o: asyncio.run(o.process(shards[r], "in")))
+            return None if d.sink else merge_outputs(res)
+        return asyncio.run(objs[d.name].process(batch, "in"))
+
     replaced, i = 0, 0
-    while i < shape.steps + replaced:
+    while i < shape.tickets + replaced:
         out, asks = {}, False
         for d in shape.nodes.values():
             node = objs.get(d.name)
@@ -160,24 +190,29 @@ def run_in_process(shape, batch_id=lambda i: f"t-{i:06d}"):
                     outcomes[d.name][i] = "dropped"
                     asks |= out[d.name].replace
                 continue
-            if d.ranks > 1:
-                shards = split_groups(ins["in"], d.ranks)
-                res = on_ranks(ranked[d.name], lambda r, o: asyncio.run(o.process(shards[r], "in")))
-                res = None if d.sink else merge_outputs(res)
+            if d.name in updates:
+                updates[d.name].append(ins["in"])
+                res = None
             elif d.cls == "TicketSource":
                 ticket = flowrl.Ticket(batch_id=batch_id(i), index=i, attempt=0, min_policy_version=0,
-                                       size=shape.batch_size)
-                res = asyncio.run(node.generate(ticket)).replace(batch_id=batch_id(i))
+                                       size=shape.ticket_size)
+                res = asyncio.run(node.generate(ticket)).replace(batch_id=batch_id(i), index=i)
             elif d.cls == "Merge":
                 res = asyncio.run(node.join(ins))
             else:
-                res = asyncio.run(node.process(ins["in"], "in"))
+                res = call(d, ins["in"])
             if res is None:
                 res = flowrl.Drop("returned None")
             if d.sink:
                 outcomes[d.name][i] = "consumed"
             out[d.name] = res
         replaced += asks and replaced < shape.steps
+        if updates and (i % per == per - 1 or i + 1 == shape.tickets + replaced):
+            for name, live in updates.items():
+                if live:
+                    batch = live[0] if len(live) == 1 else flowrl.Batch.concat(live, batch_id=batch_id(i), index=i)
+                    call(shape.nodes[name], batch)
+                updates[name] = []
         i += 1
     states = {n: objs[n].state_dict() for n in shape.stateful if n in objs}
     for n, ranks in ranked.items():
@@ -190,7 +225,8 @@ def run_in_process(shape, batch_id=lambda i: f"t-{i:06d}"):
 @pytest.mark.parametrize("seed", range(40))
 def test_synthetic_nodes_run_in_process_give_exactly_the_models_states_and_outcomes(seed, fake_collectives):
     for shape in (random_shape(seed), random_shape(seed, holds=True), random_shape(seed, ranks=True),
-                  random_shape(seed, ranks=True, holds=True, scale=True)):
+                  random_shape(seed, ranks=True, holds=True, scale=True), random_shape(seed, groups=True),
+                  random_shape(seed, ranks=True, groups=True)):
         states, outcomes = run_in_process(shape)
         expected = simulate(shape)
         assert states == expected.states
@@ -232,7 +268,12 @@ def test_the_ci_set_has_every_shape_trait_and_every_fault_kind():
         for k in range(PER_SHAPE):
             kinds |= set(random_schedule(shape, simulate(shape), k, Features.all()).kinds)
     assert traits >= {"join", "fan-out", "several sinks", "stateless sink", "replicated sink", "stateful transform",
-                      "drops", "shrinks", "replicas", "ragged"}
+                      "drops", "shrinks", "replicas", "ragged", "concurrent"}
+    for shape, scheds in GROUP_PLAN:
+        assert {"groups", "concurrent"} <= set(shape.traits()) and shape.max_staleness >= 1
+        assert any(shape.nodes[n].concurrency > 1 for s in scheds for n in _killed(s)), "a concurrent node killed"
+        assert any(shape.nodes[n].stateful and shape.nodes[n].sink for s in scheds for n in _killed(s)), \
+            "a stateful sink of a group shape killed"
     assert kinds == {"kill", "double_kill", "kill_commit", "sigstop", "stall", "drop_message", "corrupt", "poison"}
     assert len(SCHEDULES) >= 30
     for name, plan_ in (("shapes", PLAN), ("holds", HOLD_PLAN), ("ranks", RANK_PLAN)):  # ragged and not, in each
@@ -243,6 +284,31 @@ def test_the_ci_set_has_every_shape_trait_and_every_fault_kind():
                       "weight sync"}, "ragged batches through joins, selects, held tickets and shards"
     assert any(shape.ragged and shape.nodes[s].ranks == 3 for shape, _ in RANK_PLAN for s in shape.stateful), \
         "a ragged batch in token-balanced shards of a data-parallel stateful node"
+
+
+def _killed(schedule) -> list[str]:
+    return [f.split(":", 1)[1].split("@")[0].split("/")[0] for f in schedule.faults if f.startswith("kill:")]
+
+
+def test_group_shapes_fold_an_update_in_one_call_and_checkpoint_between_updates():
+    for seed in range(60):
+        shape = random_shape(seed, groups=True)
+        if not shape.groups:
+            assert "groups" not in shape.traits()
+            continue
+        spec = load_graph_text(dump_graph(shape.graph(FEATURES)), f"shape{seed}.yaml")
+        assert spec.schedule.ticket == "group" and spec.schedule.total_tickets == shape.tickets
+        assert spec.schedule.checkpoint_every_tickets == shape.checkpoint_tickets
+        expected = simulate(shape)
+        for name in shape.sinks:
+            d = shape.nodes[name]
+            if d.stateful:
+                assert d.config["per_update"] == shape.batch_size
+                updates = sorted({i // shape.batch_size for i in expected.reached[name]})
+                assert expected.states[N.rank_state_key(name, 0)]["indices"] == updates, "one fold per update"
+                assert expected.calls[name] == [u * shape.batch_size for u in updates]
+    assert not random_shape(5, holds=True, groups=True).groups or \
+        not any(d.cls == "Hold" for d in random_shape(5, holds=True, groups=True).nodes.values())
 
 
 def test_the_ledger_check_counts_per_ticket_and_sink_and_honours_rollbacks_and_drops():
@@ -277,21 +343,26 @@ def test_a_fold_is_order_dependent_so_a_reordering_is_a_mismatch():
 
 
 def test_without_the_new_options_every_seed_gives_the_shapes_and_schedules_it_always_gave():
-    """`ranks`, `scale` (and `holds`) are opt-in: older campaigns' seeds stay comparable. Half the
-    shapes are now ragged (the seed's last draw): their graphs and schedules are the ones they were."""
+    """`ranks`, `scale`, `groups` (and `holds`) are opt-in: older campaigns' seeds stay comparable.
+    Half the shapes are now ragged, and half have concurrent nodes (draws of their own): their graphs
+    and schedules are the ones they were."""
+    import re
+
     from flowrl.testing.chaos.shapes import RAGGED_MARK
 
-    h, ragged = hashlib.sha256(), 0
+    h, ragged, concurrent = hashlib.sha256(), 0, 0
     for seed in range(40):
         for kw in ({}, {"holds": True}):
             shape = random_shape(seed, **kw)
             ragged += shape.ragged
-            h.update(shape.describe().replace(RAGGED_MARK, "").encode())
+            concurrent += "concurrent" in shape.traits()
+            h.update(re.sub(r" ~\d+", "", shape.describe().replace(RAGGED_MARK, "")).encode())
             expected = simulate(shape)
             for k in range(3):
                 h.update(random_schedule(shape, expected, k, Features.all()).describe().encode())
     assert h.hexdigest() == "447ea8490f4728ddf89ca60eb92728f8971dc543926aee44d94458a1422abfcd"
     assert 25 <= ragged <= 55, f"{ragged} of 80 shapes ragged"
+    assert 25 <= concurrent <= 55, f"{concurrent} of 80 shapes with concurrent nodes"
 
 
 def test_rank_shapes_have_data_parallel_nodes_where_the_runtime_allows_them_and_a_subscriber_per_trainer():
@@ -626,6 +697,28 @@ def test_the_time_bound_comes_from_the_graphs_own_timeouts():
     assert one_fault == pytest.approx(detect + t.backoff_s * 2 ** t.max_restarts + 5)
     t.ticket_timeout_s *= 2
     assert bound_s(shape, 0, 5.0) > 2 * 5.0 + 10 + stuck, "a longer ticket timeout widens the bound"
+
+
+@pytest.fixture(scope="module")
+def group_runs(tmp_path_factory):
+    return run_campaign(tmp_path_factory, "groups", GROUP_SEEDS, GROUP_PER_SHAPE, extra=GROUP_EXTRA, **GROUP_KW)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("schedule", ["ref", *GROUP_SCHEDULES], ids=["ref"] + [s.id for s in GROUP_SCHEDULES])
+def test_group_tickets_and_concurrent_calls_keep_exactly_once_and_state_under_faults(group_runs, schedule):
+    """A stateful sink takes the tickets of an update in one call (their batches concatenated) and a
+    concurrent node's calls overlap; a kill of either must still leave every ticket consumed once and
+    every state equal to the fault-free run's (itself equal to the model's)."""
+    shapes = {sh.seed: sh for sh, _ in GROUP_PLAN}
+    for seed in GROUP_SEEDS if schedule == "ref" else [schedule.shape_seed]:
+        shape = shapes[seed]
+        res = group_runs[(seed, "ref" if schedule == "ref" else schedule.id)]
+        assert res.ok, res.explain(shape)
+        if schedule == "ref":
+            assert max(res.overlap.values()) >= 2, f"calls of {res.overlap} never overlapped\n{res.explain(shape)}"
+        elif schedule.seed == 100:  # the kills by hand hit live nodes
+            assert res.restarts >= 2, res.explain(shape)
 
 
 @pytest.fixture(scope="module")

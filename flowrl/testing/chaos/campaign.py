@@ -25,9 +25,10 @@ from flowrl.testing.chaos.trial import TrialResult, run_shape
 
 
 def plan(shape_seeds, schedules_per_shape: int, features: Features | None = None, total: int | None = None,
-         **shape_kw) -> list[tuple[Shape, list[Schedule]]]:
+         extra: dict[int, list[Schedule]] | None = None, **shape_kw) -> list[tuple[Shape, list[Schedule]]]:
     """The shapes and their schedules (no runs): deterministic for the same seeds and features.
-    `total`: stop after that many schedules (the last shape gets fewer)."""
+    `total`: stop after that many schedules (the last shape gets fewer). `extra`: schedules written
+    by hand, by shape seed, run after the drawn ones."""
     features = features or Features.detect()
     out, left = [], total if total is not None else float("inf")
     for s in shape_seeds:
@@ -38,16 +39,18 @@ def plan(shape_seeds, schedules_per_shape: int, features: Features | None = None
         n = int(min(schedules_per_shape, left))
         left -= n
         out.append((shape, [random_schedule(shape, expected, k, features, scale=shape_kw.get("scale", False))
-                            for k in range(n)]))
+                            for k in range(n)] + list((extra or {}).get(s, []))))
     return out
 
 
 def campaign(shape_seeds, schedules_per_shape: int, workdir: Path, *, jobs: int = 1,
              features: Features | None = None, on_result: Callable[[Shape, TrialResult], None] | None = None,
-             references: bool = True, total: int | None = None, **shape_kw) -> list[TrialResult]:
-    """Run every schedule of every shape; returns the results (references first per shape)."""
+             references: bool = True, total: int | None = None, extra: dict[int, list[Schedule]] | None = None,
+             **shape_kw) -> list[TrialResult]:
+    """Run every schedule of every shape (and the `extra` ones, by shape seed); returns the results
+    (references first per shape)."""
     features = features or Features.detect()
-    work = plan(shape_seeds, schedules_per_shape, features, total, **shape_kw)
+    work = plan(shape_seeds, schedules_per_shape, features, total, extra, **shape_kw)
     lock = threading.Lock()
     results: list[TrialResult] = []
 

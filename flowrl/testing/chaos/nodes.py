@@ -16,6 +16,11 @@ publish, like a DTensor trainer's `full_tensor()`. `Sub` (stateless, replicable)
 them and checks that every version it receives is whole: the label and every rank's part agree;
 `RSub` is a data-parallel `Sub` whose `process` is `RMix`'s.
 
+Stateless nodes with `concurrency` > 1 (configured `linger_s`) let their calls overlap
+(`Overlapping`: a call waits a moment for a partner, then yields; the output does not change). A
+stateful sink configured `per_update: G` (a `schedule.ticket: group` shape) takes an update's tickets
+in one call, concatenated, and folds it as `update_id(u)`.
+
 Every batch is `x`: int64[size] plus `meta["ix"]`, the ticket index; in a ragged shape (the source's
 `ragged: true`) also `r`, a `flowrl.Ragged` aligned with `x`: sample i of `r` is x_i repeated L_i
 times, L_i = 1 + (the source's x_i mod 7). Nodes that map `x` elementwise rewrite `r` from the new
@@ -183,7 +188,52 @@ def index_of(batch) -> int:
     return int(batch.meta["ix"])
 
 
-class TicketSource(flowrl.Source):
+def update_id(update: int) -> str:
+    """What a stateful sink of a `schedule.ticket: group` shape folds as the id of update `update`
+    (one call with the batches of its tickets concatenated)."""
+    return f"u-{update:06d}"
+
+
+OVERLAP = "CHAOS-OVERLAP"
+"""What a node with `linger_s` logs each time more of its calls than ever before are in flight
+together (`CHAOS-OVERLAP 3 calls in flight`; the trial reads the logs for it)."""
+
+
+class Overlapping:
+    """Calls that overlap when they get the chance, like a continuous engine's (a node with
+    `concurrency` > 1, configured `linger_s` > 0): a call that finds no other call of this process
+    in flight waits for one, at most `linger_s`, then every call yields to the loop a few times
+    (an engine's iterations, in which the others advance too). Nothing is ordered by the wait and
+    the output does not depend on it: it only lets several calls be in flight at once, so that a
+    fault or a recovery finds calls mid-way. With `linger_s` 0 (the default) it does nothing."""
+
+    async def overlap(self) -> None:
+        linger = getattr(self.config, "linger_s", 0.0)
+        if not linger:
+            return
+        import asyncio
+        import contextlib
+
+        if getattr(self, "_flight", None) is None:
+            self._flight, self._most, self._joined = 0, 1, asyncio.Event()
+        self._flight += 1
+        if self._flight > self._most:
+            self._most = self._flight
+            self.ctx.log.info("%s %d calls in flight", OVERLAP, self._most)
+        try:
+            if self._flight > 1:
+                self._joined.set()  # the one waiting for a partner goes on
+            else:
+                self._joined = asyncio.Event()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._joined.wait(), linger)
+            for _ in range(4):
+                await asyncio.sleep(0)  # a yield, not a delay: the other calls run in between
+        finally:
+            self._flight -= 1
+
+
+class TicketSource(Overlapping, flowrl.Source):
     """Ticket i -> x = source_values(seed, i, ticket.size)."""
 
     class Config(flowrl.NodeConfig):
@@ -197,52 +247,68 @@ class TicketSource(flowrl.Source):
         burst), so that several are still in flight at once, as in an unpaced run."""
         ragged: bool = False
         """Batches carry `r` too: sample i is x_i repeated 1 + (x_i mod 7) times (`ragged_of`)."""
+        linger_s: float = 0.0
+        """With `concurrency` > 1: a call waits at most this long for another call to be in flight
+        with it (`Overlapping`); 0: no wait."""
 
     async def generate(self, ticket):
         if self.config.pace_s and ticket.index % max(1, self.config.burst) == 0:
             import anyio
 
             await anyio.sleep(self.config.pace_s * max(1, self.config.burst))
+        await self.overlap()
         x = source_values(self.config.seed, ticket.index, ticket.size)
         tensors = {"x": x, "r": ragged_of(x, ragged_lengths(x))} if self.config.ragged else {"x": x}
         return flowrl.Batch(tensors=tensors, meta={"ix": ticket.index})
 
 
-class Mix(flowrl.Node):
+class Mix(Overlapping, flowrl.Node):
     """Stateless transform: x -> (x * mul + add) mod MOD."""
 
     class Config(flowrl.NodeConfig):
         mul: int = 3
         add: int = 1
+        linger_s: float = 0.0
+        """With `concurrency` > 1: a call waits at most this long for another call to be in flight
+        with it (`Overlapping`); 0: no wait."""
 
     async def process(self, batch, port):
         check_ragged(self, batch)
+        await self.overlap()
         return with_x(batch, mix_values(np.asarray(batch.tensors["x"]), self.config.mul, self.config.add))
 
 
-class Drop(flowrl.Node):
+class Drop(Overlapping, flowrl.Node):
     """Filter: drops a ticket (returns None) when a hash of its batch id and `seed` says so."""
 
     class Config(flowrl.NodeConfig):
         seed: int = 0
         rate: float = 0.25
         """Fraction of tickets dropped (by hash, so the same ones in every run)."""
+        linger_s: float = 0.0
+        """With `concurrency` > 1: a call waits at most this long for another call to be in flight
+        with it (`Overlapping`); 0: no wait."""
 
     async def process(self, batch, port):
         check_ragged(self, batch)
+        await self.overlap()
         if drops(self.config.seed, batch.batch_id, self.config.rate):
             return None
         return batch
 
 
-class Shrink(flowrl.Node):
+class Shrink(Overlapping, flowrl.Node):
     """Filter: keeps about half of a batch's samples (by a hash of their values), never none."""
 
     class Config(flowrl.NodeConfig):
         seed: int = 0
+        linger_s: float = 0.0
+        """With `concurrency` > 1: a call waits at most this long for another call to be in flight
+        with it (`Overlapping`); 0: no wait."""
 
     async def process(self, batch, port):
         check_ragged(self, batch)
+        await self.overlap()
         return batch.select(shrink_mask(np.asarray(batch.tensors["x"]), self.config.seed))
 
 
@@ -296,15 +362,21 @@ class Hold(flowrl.Node):
         self.lengths = [list(n) for n in state.get("lengths", [])]
 
 
-class Merge(flowrl.Join):
+class Merge(Overlapping, flowrl.Join):
     """Join of two branches: x = concat(a.x, b.x)."""
 
     inputs = ("a", "b")
+
+    class Config(flowrl.NodeConfig):
+        linger_s: float = 0.0
+        """With `concurrency` > 1: a call waits at most this long for another call to be in flight
+        with it (`Overlapping`); 0: no wait."""
 
     async def join(self, batches):
         a, b = batches["a"], batches["b"]
         check_ragged(self, a)
         check_ragged(self, b)
+        await self.overlap()
         tensors = {"x": np.concatenate([np.asarray(a.tensors["x"]), np.asarray(b.tensors["x"])])}
         if ("r" in a.tensors) != ("r" in b.tensors):
             raise RaggedMismatch(f"node {node_name(self)!r}: batch {a.batch_id}: 'r' on input "
@@ -323,15 +395,21 @@ class _Folding:
         ragged: bool = False
         """Every batch must carry `r`, consistent with `x` (else it raises, naming the node and
         the batch); the chain folds `r`'s lengths too."""
+        per_update: int = 1
+        """Tickets per training update (a stateful sink of a `schedule.ticket: group` shape): each
+        call is one update, the batches of its tickets concatenated (dropped ones left out); the
+        chain folds it as `update_id(batch.index // per_update)` and `indices` holds update numbers."""
 
     async def setup(self):
         self.chain, self.count, self.indices = EMPTY_CHAIN, 0, []
 
     def fold(self, batch) -> None:
         check_ragged(self, batch, self.config.ragged)
-        self.chain = self.next_chain(batch)
+        per = self.config.per_update
+        bid, ix = (update_id(batch.index // per), batch.index // per) if per > 1 else (batch.batch_id, index_of(batch))
+        self.chain = self.next_chain(batch, bid)
         self.count += 1
-        self.indices.append(index_of(batch))
+        self.indices.append(ix)
         if len(self.indices) > self.config.history:
             del self.indices[: len(self.indices) - self.config.history]
 
@@ -341,8 +419,8 @@ class _Folding:
     def load_state_dict(self, state):
         self.chain, self.count, self.indices = state["chain"], int(state["count"]), list(state["indices"])
 
-    def next_chain(self, batch) -> str:
-        return fold_state(self.chain, batch.batch_id, np.asarray(batch.tensors["x"]), lengths_of(batch))
+    def next_chain(self, batch, bid: str) -> str:
+        return fold_state(self.chain, bid, np.asarray(batch.tensors["x"]), lengths_of(batch))
 
 
 class Fold(_Folding, flowrl.Node):
@@ -367,15 +445,19 @@ class FoldSink(_Folding, flowrl.Sink):
         self.ctx.recorder.count("chaos_samples", batch.num_samples, per_node=True)
 
 
-class LogSink(flowrl.Sink):
+class LogSink(Overlapping, flowrl.Sink):
     """Stateless sink (a logger, an evaluator): counts samples, keeps nothing between batches (and,
     `ragged`, checks `r` as `FoldSink` does)."""
 
     class Config(flowrl.NodeConfig):
         ragged: bool = False
+        linger_s: float = 0.0
+        """With `concurrency` > 1: a call waits at most this long for another call to be in flight
+        with it (`Overlapping`); 0: no wait."""
 
     async def process(self, batch, port):
         check_ragged(self, batch, self.config.ragged)
+        await self.overlap()
         self.ctx.recorder.count("chaos_samples", batch.num_samples, per_node=True)
 
 
@@ -497,11 +579,11 @@ class _RankFolding(_Folding):
     is a collective too (like a sharded trainer's checkpoint): it gathers every rank's count, so
     every rank must save at the same ticket."""
 
-    def next_chain(self, batch) -> str:
+    def next_chain(self, batch, bid: str) -> str:
         x = np.asarray(batch.tensors["x"], dtype=np.int64)
         lengths = lengths_of(batch)
         digests = [d[0] for d in all_gather_ints(self.ctx, [shard_digest(x, lengths)])]
-        return rank_fold_state(self.chain, batch.batch_id, x, digests, lengths)
+        return rank_fold_state(self.chain, bid, x, digests, lengths)
 
     def state_dict(self):
         counts = [c[0] for c in all_gather_ints(self.ctx, [self.count])]
@@ -593,6 +675,9 @@ class _Subscribing:
         add: int = 2
         ranks: int = 2
         """The publisher's ranks (its weights are int64[PART * ranks])."""
+        linger_s: float = 0.0
+        """With `concurrency` > 1: a call waits at most this long for another call to be in flight
+        with it (`Overlapping`); 0: no wait."""
 
     async def setup(self):
         import torch
@@ -609,7 +694,7 @@ class _Subscribing:
             self.ctx.recorder.count("chaos_weight_mismatch", 1, per_node=True)
 
 
-class Sub(_Subscribing, flowrl.Node):
+class Sub(Overlapping, _Subscribing, flowrl.Node):
     """Stateless transform that subscribes to `RTrainer`'s weights: x -> (x * mul + add) mod MOD
     whatever it holds (so the model does not depend on versions), and every version it takes must be
     whole (its label and every rank's part agree); if not, it logs `WEIGHT_MISMATCH`."""
@@ -619,6 +704,7 @@ class Sub(_Subscribing, flowrl.Node):
 
     async def process(self, batch, port):
         check_ragged(self, batch)
+        await self.overlap()
         return with_x(batch, mix_values(np.asarray(batch.tensors["x"]), self.config.mul, self.config.add))
 
 

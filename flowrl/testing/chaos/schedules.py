@@ -102,11 +102,11 @@ def _target(shape: Shape, expected: Expected, rng: random.Random, names: list[st
             used: set[str] = frozenset(), rank: bool = True) -> tuple[str, int]:
     """A node (or one replica of it) among `names`, not in `used` if it can be helped, and a step
     that its batches reach. On a data-parallel node: one of its ranks (`rank=False`: rank 0)."""
-    names = [n for n in names if expected.reached[n]] or [next(iter(shape.nodes))]
+    names = [n for n in names if expected.calls[n]] or [next(iter(shape.nodes))]
     names = [n for n in names if n not in used] or names
     name = rng.choice(names)
     d = shape.nodes[name]
-    per_replica = max(1, len(expected.reached[name]) // d.replicas)
+    per_replica = max(1, len(expected.calls[name]) // d.replicas)
     return _who(d, rng, rank), rng.randrange(per_replica)
 
 
@@ -119,9 +119,10 @@ def _who(d, rng: random.Random, rank: bool = True) -> str:
 
 
 def _step_at(shape: Shape, expected: Expected, name: str, index: int) -> int:
-    """The step of node `name` at which ticket `index` (or the next one reaching it) arrives."""
+    """The step of node `name` at which ticket `index` (or the next one reaching it) arrives (in a
+    `ticket: group` shape, a stateful sink's call of the update that holds it, or the next one)."""
     d = shape.nodes[name]
-    return sum(1 for i in expected.reached[name] if i < index) // d.replicas
+    return sum(1 for i in expected.calls[name] if i < index) // d.replicas
 
 
 def _faults(kind: str, shape: Shape, expected: Expected, rng: random.Random, features: Features,
@@ -153,9 +154,9 @@ def _faults(kind: str, shape: Shape, expected: Expected, rng: random.Random, fea
         who, step = _target(shape, expected, rng, [n for n, d in shape.nodes.items() if d.ranks > 1], used)
         return [f"kill:{who}@step={step}"]
     if kind == "double_kill":
-        k = shape.checkpoint_every
-        interval = rng.randrange(max(1, shape.steps // k))
-        lo, hi = interval * k, min(shape.steps, (interval + 1) * k)
+        k = shape.checkpoint_tickets
+        interval = rng.randrange(max(1, shape.tickets // k))
+        lo, hi = interval * k, min(shape.tickets, (interval + 1) * k)
         pool = [n for n in (stateful if len(stateful) >= 2 else everyone) if n not in used]
         a, b = rng.sample(pool if len(pool) >= 2 else everyone, 2)
         out = []
@@ -170,8 +171,8 @@ def _faults(kind: str, shape: Shape, expected: Expected, rng: random.Random, fea
             sched.substituted.append("kill during a commit -> kill (no stateful node)")
             return [f"kill:{who}@step={step}"]
         name = rng.choice([n for n in stateful if n not in used] or stateful)
-        k = shape.checkpoint_every
-        points = [c for c in range(k, shape.steps, k)] + [shape.steps]
+        k = shape.checkpoint_tickets  # a checkpoint's step counts tickets
+        points = [c for c in range(k, shape.tickets, k)] + [shape.tickets]
         at = rng.choice(points)
         who = _who(shape.nodes[name], rng) if shape.nodes[name].ranks > 1 else name
         if not features.kill_at_checkpoint:

@@ -20,6 +20,13 @@ right before the trainer, as in PPO / DAPO.
 `scale=True` makes sure the shape has a stateless node that `flowrl scale` can scale (a `Mix` on a
 random edge if it had none). Without them a seed gives the same graph as it always did.
 
+Half of the shapes (a stream of the seed's own, `concurrency=True/False` forces it) give some
+stateless single-rank nodes `concurrency: 2..6` (`NodeDef.concurrency`; their calls overlap,
+`nodes.Overlapping`); with `groups=True`, half of the shapes without `Hold` use
+`schedule.ticket: group` (`Shape.groups`: one-sample tickets, a stateful sink takes an update's
+tickets in one call). Neither changes the graph, steps or checkpoints a seed gave before, and
+concurrency changes no schedule.
+
 Half of the shapes are ragged (`Shape.ragged`, the seed's last draw, so a seed's graph does not
 depend on it; `ragged=True` / `False` forces it): the source's batches carry a
 `flowrl.Ragged` `r` next to `x` (`nodes.ragged_of`), and every stateful node and sink is configured
@@ -39,6 +46,10 @@ RAGGED_CONFIG = ("TicketSource", "Hold", "Fold", "FoldSink", "LogSink", "RFold",
 STATELESS = ("Mix", "Drop", "Shrink", "LogSink", "TicketSource", "RMix", "Sub", "RSub")
 REPLICABLE = ("Mix", "Drop", "Shrink", "LogSink", "Sub")
 """Stateless nodes that may have replicas, and so be scaled (`flowrl scale`) while a run goes on."""
+CONCURRENT = ("TicketSource", "Mix", "Drop", "Shrink", "Merge", "LogSink", "Sub")
+"""Stateless single-rank classes that may get `concurrency: 2..6` (their calls overlap: `nodes.Overlapping`)."""
+LINGER_S = 0.05
+"""How long a call of a concurrent node waits for another to be in flight with it (`linger_s`)."""
 RANKED = ("RMix", "RFold", "RFoldSink", "RTrainer", "RSub")
 """Data-parallel classes: `devices: ranks` (2-3), a collective inside `process`."""
 SCALE_STEPS, SCALE_PACE_S, SCALE_BURST = 20, 0.5, 4
@@ -57,6 +68,8 @@ class NodeDef:
     replicas: int = 1
     ranks: int = 1
     """Data-parallel ranks per replica (`devices: ranks`): one process each, one gloo group."""
+    concurrency: int = 1
+    """Calls of one process in flight at once (`concurrency`; stateless, single-rank nodes only)."""
 
     @property
     def stateful(self) -> bool:
@@ -102,6 +115,29 @@ class Shape:
     shapes for scale events)."""
     ragged: bool = False
     """Batches carry a ragged `r` next to `x` (see the module docstring)."""
+    groups: bool = False
+    """`schedule.ticket: group`: a ticket is one prompt, `steps` updates of `batch_size` tickets
+    each; a stateful sink takes the tickets of one update in one call, their batches concatenated
+    (`checkpoint_every` counts updates)."""
+
+    @property
+    def tickets_per_update(self) -> int:
+        return self.batch_size if self.groups else 1
+
+    @property
+    def ticket_size(self) -> int:
+        """Samples per ticket from the source."""
+        return 1 if self.groups else self.batch_size
+
+    @property
+    def tickets(self) -> int:
+        """Tickets the run issues before replacements (`steps` updates' worth)."""
+        return self.steps * self.tickets_per_update
+
+    @property
+    def checkpoint_tickets(self) -> int:
+        """Tickets between two checkpoints (`checkpoint_every` updates)."""
+        return self.checkpoint_every * self.tickets_per_update
 
     @property
     def sinks(self) -> list[str]:
@@ -168,6 +204,10 @@ class Shape:
             out.append("data-parallel subscriber")
         if self.ragged:
             out.append("ragged")
+        if any(d.concurrency > 1 for d in ds):
+            out.append("concurrent")
+        if self.groups:
+            out.append("groups")
         return out or ["chain, one sink"]
 
     def edges(self) -> list[str]:
@@ -183,9 +223,13 @@ class Shape:
                   f"{self.checkpoint_every}, max_staleness {self.max_staleness}"
                   + (f", {SCALE_BURST} tickets per {self.pace_s * SCALE_BURST:g} s" if self.pace_s else "")
                   + (RAGGED_MARK if self.ragged else ""))]
+        if self.groups:  # the first line says updates, not tickets
+            lines[0] = lines[0].replace(f"{self.steps} steps x {self.batch_size}", GROUPS_MARK.format(
+                steps=self.steps, g=self.batch_size, tickets=self.tickets))
         for d in self.nodes.values():
             rep = f" x{d.replicas}" if d.replicas > 1 else ""
             rep += f" ({d.ranks} ranks)" if d.ranks > 1 else ""
+            rep += CONCURRENCY_MARK.format(d.concurrency) if d.concurrency > 1 else ""
             star = "*" if d.stateful else ""
             src = ", ".join(f"{p}={s}" for p, s in d.inputs.items()) if d.cls == "Merge" else ", ".join(d.inputs.values())
             lines.append(f"  {d.name:<8} {d.cls}{star}{rep}" + (f" <- {src}" if src else ""))
@@ -199,6 +243,8 @@ class Shape:
         t = self.timing
         schedule = {"steps": self.steps, "batch_size": self.batch_size, "max_staleness": self.max_staleness,
                     "ticket_timeout_s": t.ticket_timeout_s, "checkpoint_every": self.checkpoint_every}
+        if self.groups:
+            schedule["ticket"] = "group"
         supervision = {"heartbeat_s": t.heartbeat_s, "deadline_s": t.deadline_s,
                        "startup_timeout_s": t.startup_timeout_s, "stop_timeout_s": 2.0}
         if any(d.cls == "Hold" for d in self.nodes.values()):  # the model's bound on added tickets
@@ -213,7 +259,8 @@ class Shape:
         nodes = {d.name: {"kind": KINDS[d.cls], "replicas": d.replicas,
                           "config": {**d.config, **(pace if d.cls == "TicketSource" else {})},
                           "on_failure": {"policy": "restart", "max_restarts": t.max_restarts, "backoff_s": t.backoff_s},
-                          **({"devices": d.ranks} if d.ranks > 1 else {})}
+                          **({"devices": d.ranks} if d.ranks > 1 else {}),
+                          **({"concurrency": d.concurrency} if d.concurrency > 1 else {})}
                  for d in self.nodes.values()}
         weights = [f"{d.name} -> {s.name}" for d in self.nodes.values() if d.cls == "RTrainer"
                    for s in self.nodes.values() if s.cls in ("Sub", "RSub")]
@@ -224,14 +271,18 @@ class Shape:
 
 def random_shape(seed: int, *, min_nodes: int = 3, max_nodes: int = 8, max_processes: int = 10,
                  steps: tuple[int, int] = (10, 30), drops: bool = True, holds: bool = False,
-                 ranks: bool = False, scale: bool = False, ragged: bool | None = None) -> Shape:
+                 ranks: bool = False, scale: bool = False, ragged: bool | None = None,
+                 concurrency: bool | None = None, groups: bool = False) -> Shape:
     """A random shape (the same for the same seed and options). `drops=False` leaves out `Drop`
     filters; `holds=True` adds `Hold` nodes (tickets dropped with replace=True, like a DAPO
     filter's); `ranks=True` adds data-parallel nodes with collectives (and, in half the shapes, a
     weight-publishing data-parallel sink with a subscriber); `scale=True` makes sure a node can be
     scaled. `max_processes` counts every rank of every replica. `ragged`: batches carry a ragged
     `r` (None: drawn from the seed, for half of them, after everything else, so the graph is the same
-    either way)."""
+    either way). `concurrency`: some stateless nodes get `concurrency: 2..6` (None: in half of the
+    shapes, drawn from a stream of their own, so graph, steps and ragged stay what they were;
+    True: in every shape that has such a node; False: never). `groups=True`: half of the shapes
+    without a `Hold` node (their own draw) use `schedule.ticket: group` (see `_with_groups`)."""
     rng = random.Random(seed)
     while True:
         shape = _grow(rng, seed, min_nodes, max_nodes, drops, holds, ranks, scale)
@@ -246,11 +297,52 @@ def random_shape(seed: int, *, min_nodes: int = 3, max_nodes: int = 8, max_proce
                 for d in shape.nodes.values():
                     if d.cls in RAGGED_CONFIG:
                         d.config["ragged"] = True
+            _with_concurrency(shape, concurrency)
+            if groups:
+                _with_groups(shape)
             return shape
 
 
 RAGGED_MARK = ", ragged"
 """What `Shape.describe` adds to its first line for a ragged shape."""
+CONCURRENCY_MARK = " ~{}"
+"""What `Shape.describe` adds to a node with `concurrency` > 1 (` ~3`: three calls at once)."""
+GROUPS_MARK = "{steps} updates x {g} group tickets ({tickets} tickets)"
+"""How `Shape.describe`'s first line counts a `ticket: group` shape's work."""
+
+
+def _with_concurrency(shape: Shape, concurrency: bool | None) -> None:
+    """`concurrency: 2..6` on some stateless single-rank nodes (a paced source keeps 1: its pace is
+    per ticket). Drawn from a stream of the seed's own, so nothing else about the shape changes."""
+    if concurrency is False:
+        return
+    rng = random.Random(f"concurrency:{shape.seed}")
+    eligible = [d for d in shape.nodes.values() if d.cls in CONCURRENT and d.ranks == 1
+                and not (d.cls == "TicketSource" and shape.pace_s)]
+    if not eligible or (concurrency is None and rng.random() >= 0.5):
+        return
+    chosen = [d for d in eligible if rng.random() < 0.4] or [rng.choice(eligible)]
+    for d in chosen:
+        d.concurrency = rng.randint(2, 6)
+        d.config["linger_s"] = LINGER_S
+
+
+def _with_groups(shape: Shape) -> None:
+    """Half of the shapes without a `Hold` node (a stream of the seed's own) become
+    `schedule.ticket: group`: G = `batch_size` (2-4) one-prompt tickets per update, about as many
+    tickets as the shape had steps, a checkpoint every 1-2 updates; every stateful sink is told G
+    (`per_update`). Not with `Hold`: the run's end moves with each replaced ticket, and how the
+    tickets past the planned end group into updates then depends on when the sink hears of it."""
+    rng = random.Random(f"groups:{shape.seed}")
+    if any(d.cls == "Hold" for d in shape.nodes.values()) or rng.random() >= 0.5:
+        return
+    shape.groups = True
+    shape.batch_size = rng.choice((2, 3, 4))
+    shape.steps = max(3, round(shape.steps / shape.batch_size))
+    shape.checkpoint_every = rng.choice((1, 2))
+    for d in shape.nodes.values():
+        if d.sink and d.stateful:
+            d.config["per_update"] = shape.batch_size
 
 
 def _grow(rng: random.Random, seed: int, min_nodes: int, max_nodes: int, drops: bool, holds: bool = False,

@@ -99,6 +99,9 @@ class TrialResult:
     """Versions a subscriber took that were not whole (`nodes.WEIGHT_MISMATCH` in its log)."""
     hang: list[str] = field(default_factory=list)
     """For a hung run: what each node process waited on when it was killed (`hang_signature`)."""
+    overlap: dict[str, int] = field(default_factory=dict)
+    """Per node with `concurrency` > 1: the most of its calls one process had in flight together
+    (`nodes.OVERLAP` in its logs; 1 when they never overlapped)."""
     stuck: list[str] = field(default_factory=list)
     """For a run that did not complete: processes that were inside a collective when its group went
     away (`collective_waits`): a rank waiting for partners that never came."""
@@ -443,6 +446,22 @@ def weight_mismatches(run_dir: Path) -> list[str]:
     return out
 
 
+def overlaps(run_dir: Path, shape: Shape) -> dict[str, int]:
+    """Per node of `shape` with `concurrency` > 1: the most calls one of its processes had in flight
+    together (what `nodes.Overlapping` logged; 1 if nothing)."""
+    from flowrl.testing.chaos.nodes import OVERLAP
+
+    out = {n: 1 for n, d in shape.nodes.items() if d.concurrency > 1}
+    for log in sorted((Path(run_dir) / "logs").glob("*.log")):
+        node = log.stem.split(".")[0]
+        if node not in out:
+            continue
+        with contextlib.suppress(OSError):
+            for m in re.finditer(rf"{OVERLAP} (\d+) calls in flight", log.read_text(errors="replace")):
+                out[node] = max(out[node], int(m[1]))
+    return out
+
+
 def run_shape(shape: Shape, run_dir: Path, schedule: Schedule | None = None, *, features: Features | None = None,
               ref_wall_s: float | None = None, expected: Expected | None = None,
               hang_s: float | None = None, reference_states: dict[str, dict] | None = None) -> TrialResult:
@@ -501,4 +520,4 @@ def run_shape(shape: Shape, run_dir: Path, schedule: Schedule | None = None, *, 
         error="" if complete else _error_excerpt(result.stderr), run_dir=str(run_dir),
         substituted=list(schedule.substituted) if schedule else [], traits=shape.traits(), scales=scales,
         scaled=result.scaled, scale_errors=result.scale_errors, weights=weights, hang=result.hang,
-        stuck=[] if complete else collective_waits(run_dir))
+        overlap=overlaps(run_dir, shape), stuck=[] if complete else collective_waits(run_dir))
