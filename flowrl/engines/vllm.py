@@ -227,9 +227,7 @@ class VLLMEngine(RolloutEngine):
                 raise ticket.result
             return ticket.result
         requests = [TokensPrompt(prompt_token_ids=p.tolist()) for p in prompts]  # each prompt's own ids
-        # Request i draws from seed * 1_000_003 + i: distinct across the prompts of a batch and across
-        # batches (seed + i would hand batch k's prompt i the draws of batch k + 1's prompt i - 1).
-        params = [self.sampling_params(sampling, seed * 1_000_003 + i) for i in range(len(requests))]
+        params = [self.sampling_params(sampling, request_seed(seed, i, sampling.n)) for i in range(len(requests))]
         started = time.perf_counter()
         try:
             outputs = self.llm.generate(requests, params, use_tqdm=False)
@@ -280,7 +278,7 @@ class VLLMEngine(RolloutEngine):
         ticket = _Ticket(prompts, sampling, draws, future)
         self._next_id += 1
         for i, p in enumerate(prompts):
-            params = self.sampling_params(sampling, seed * 1_000_003 + i)  # the seeds generate() uses
+            params = self.sampling_params(sampling, request_seed(seed, i, sampling.n))  # the seeds generate() uses
             params.output_kind = RequestOutputKind.DELTA  # each step's new tokens, to label their version
             ticket.seqs.append(_Seq(f"flowrl-{self._next_id}-{i}", ticket, p.tolist(), params, draws))
         try:
@@ -622,6 +620,14 @@ class _Ticket:
             parts.append(torch.tensor(q.versions[k][:r_len], dtype=torch.int64))
         versions = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
         return out._replace(versions=Ragged(versions, out.tokens.offsets.clone(), check=False))
+
+
+def request_seed(seed: int, i: int, n: int) -> int:
+    """The seed of prompt `i`'s request in a call seeded `seed`. vLLM draws completion `k` of a
+    request seeded `r` from `r + k`, so requests are `n` apart: every completion of every prompt of
+    every call (seeds below 1_000_003 prompts apart) draws from its own seed (seed * 1_000_003 + i
+    gave completion 1 of prompt i the draws of completion 0 of prompt i + 1)."""
+    return (seed * 1_000_003 + i) * max(n, 1)
 
 
 def _engine_name(name: str) -> str:

@@ -35,6 +35,7 @@ class Outputs:
         self._labels = labels  # {edge string: metric label}
         self._curve = curve  # the CURVE settings to reach a consumer whose key is given
         self._senders: list = []  # (route, Sender)
+        self.per_update = 1  # tickets per training update (`schedule.ticket: group`: batch_size)
 
     def add(self, route, tx) -> None:
         self._senders.append((route, tx))
@@ -50,6 +51,14 @@ class Outputs:
         min_version = src.min_version if item.min_version is None else item.min_version
         pv = -1 if self._shape.source else src.policy_version
         if isinstance(out, Drop):
+            if out.replace and item.drop is None and self.per_update > 1:
+                from flowrl.runtime.worker.contract import NodeContractError
+
+                raise NodeContractError(
+                    f"node {self._node!r} returned Drop(replace=True) in a run with `schedule.ticket: group`: a "
+                    "dropped group is left out of its update (the update trains on the others), there is no "
+                    "later batch to fill. Return a plain Drop, or use `ticket: batch` for a filter that holds "
+                    "groups (DAPO)")
             if out.replace and item.drop is None and not self._shape.stateful:
                 from flowrl.runtime.worker.contract import NodeContractError
 

@@ -115,6 +115,7 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
     ranks = None
     outputs = Outputs(spec.node, shape, faults, recorder, version, report, output_labels,
                       curve=lambda key: output_curve(spec, key))
+    outputs.per_update = sched.tickets_per_update
     if spec.world_size > 1:
         if shape.source or shape.join or len(shape.outputs) > 1:
             raise ValueError(f"node {spec.node!r}: data parallelism (devices: {spec.world_size}) splits each batch "
