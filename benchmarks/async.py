@@ -238,6 +238,10 @@ def main() -> int:
     print(table(rows))
     for line in skipped:
         print(f"\n{line}")
+    counts = {r["completions"] for r in rows if "completions" in r}
+    if len(counts) > 1:
+        print(f"\nnote: the rows trained on different numbers of completions ({sorted(counts)}): compare the rates, "
+              "not the totals")
     failed = [r for r in rows if "error" in r]
     if failed:
         print("\nrows that did not run:")
