@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from flowrl.tasks.spec import TASK_NAMES, AddSpec, ReverseSpec, SortSpec, TaskSpec, parse_task_spec
+from flowrl.tasks.spec import (
+    TASK_NAMES,
+    AddSpec,
+    LongTailSpec,
+    ReverseSpec,
+    SortSpec,
+    TaskSpec,
+    parse_task_spec,
+)
 from flowrl.tasks.vocab import (
     ADD,
     BOS,
@@ -32,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADD", "BOS", "EOS", "PAD", "PLUS", "REV", "SEP", "SORT", "VOCAB_SIZE", "TASK_NAMES",
-    "AddSpec", "ReverseSpec", "SortSpec", "TaskSpec",
+    "AddSpec", "LongTailSpec", "ReverseSpec", "SortSpec", "TaskSpec",
     "build_task", "decode", "encode", "parse_task_spec",
 ]
 
@@ -40,9 +48,10 @@ __all__ = [
 def build_task(spec: Any) -> "Task":
     """The task for a spec or a mapping such as ``{"name": "sort", "digits": 5}``."""
     spec = parse_task_spec(spec)
-    from flowrl.tasks import digits
+    from flowrl.tasks import digits, longtail
 
-    cls = {"reverse": digits.ReverseTask, "sort": digits.SortTask, "add": digits.AddTask}[spec.name]
+    cls = {"reverse": digits.ReverseTask, "sort": digits.SortTask, "add": digits.AddTask,
+           "longtail": longtail.LongTailTask}[spec.name]
     return cls(spec)
 
 

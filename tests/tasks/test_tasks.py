@@ -144,3 +144,108 @@ def test_task_specs_import_without_torch():
     code = "import sys, flowrl.tasks, flowrl.models, flowrl.rl; from flowrl.tasks import *; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
+
+
+# The long-tail task: answers of widely varying length, PAD-padded targets.
+
+
+def test_longtail_lengths_are_long_tailed_and_reach_the_clip():
+    task = build_task({"name": "longtail"})  # median 8, sigma 1.2, max_len 200
+    lengths = torch.from_numpy(task.lengths(seed=0, index=0, n=20_000)).double()
+    assert int(lengths.min()) == 1 and int(lengths.max()) == 200
+    median, p90, p99 = (float(lengths.quantile(q)) for q in (0.5, 0.9, 0.99))
+    assert 7 <= median <= 9 and 30 <= p90 <= 45 and 100 <= p99 <= 170
+    assert float(lengths.mean()) > 1.8 * median  # the tail pulls the mean far above the median
+    assert 0.001 < float((lengths == 200).double().mean()) < 0.01
+
+
+def test_longtail_prompt_says_the_count_and_the_target_counts_to_it():
+    task = build_task({"name": "longtail", "max_len": 200})
+    prompts, targets = task.prompts(seed=3, index=0, n=500)
+    assert prompts.shape == (500, task.prompt_len) == (500, 5) and targets.shape == (500, 200)
+    assert task.max_new_tokens == 201
+    assert (prompts[:, 0] == BOS).all() and (prompts[:, -1] == SEP).all()
+    lengths = task.lengths(3, 0, 500)
+    for row, target, n in zip(prompts.tolist(), targets.tolist(), lengths.tolist()):
+        assert int("".join(map(str, row[1:4]))) == n
+        assert target == [i % 10 for i in range(1, n + 1)] + [PAD] * (200 - n)
+    assert decode(task.prompts(0, 0, 1)[0][0]) == "^003="
+
+
+def test_longtail_repeat_prompt_says_the_digit_and_the_count_and_the_target_repeats_it():
+    task = build_task({"name": "longtail", "answer": "repeat", "max_len": 50})
+    prompts, targets = task.prompts(seed=3, index=0, n=500)
+    assert prompts.shape == (500, 5) and targets.shape == (500, 50) and task.max_new_tokens == 51
+    lengths = task.lengths(3, 0, 500)
+    assert int(lengths.max()) == 50  # clipped to max_len
+    for row, target, n in zip(prompts.tolist(), targets.tolist(), lengths.tolist()):
+        assert int("".join(map(str, row[2:4]))) == n
+        assert target == [row[1]] * n + [PAD] * (50 - n)
+    assert len({row[1] for row in prompts.tolist()}) == 10
+
+
+def test_longtail_is_a_pure_function_of_seed_and_index():
+    task = build_task({"name": "longtail"})
+    whole, whole_t = task.prompts(seed=5, index=100, n=16)
+    for i in (0, 7, 15):
+        one, one_t = task.prompts(seed=5, index=100 + i, n=1)
+        assert torch.equal(one[0], whole[i]) and torch.equal(one_t[0], whole_t[i])
+    assert torch.equal(task.prompts(5, 100, 16)[1], whole_t)
+    assert not torch.equal(task.prompts(6, 100, 16)[0], whole)
+
+
+def test_longtail_scores_the_exact_answer_one_and_garbage_low():
+    task = build_task({"name": "longtail"})
+    _, targets = task.prompts(0, 0, 256)
+    lengths = torch.from_numpy(task.lengths(0, 0, 256))
+    exact = _answer_padded(targets, lengths, task.max_new_tokens)
+    assert torch.equal(task.score(exact, targets), torch.ones(256))
+    noise = torch.randint(0, VOCAB_SIZE, (256, task.max_new_tokens), generator=torch.Generator().manual_seed(0))
+    assert float(task.score(noise, targets).mean()) < 0.25  # mostly the length share: random EOS ~ 18 tokens in
+    never_stops = targets[:, :1].expand(256, task.max_new_tokens)  # the right digit, no EOS: length wrong
+    assert float(task.score(never_stops, targets).mean()) < 0.2
+    assert float(task.score(exact, targets).mean()) > 4 * float(task.score(noise, targets).mean())
+
+
+def test_longtail_partial_credit_for_digits_and_for_the_length():
+    target = torch.tensor([[7] * 5 + [PAD] * 5])
+
+    def score(text: str, **spec) -> float:
+        task = build_task({"name": "longtail", "max_len": 10, **spec})
+        return float(task.score(torch.tensor([encode(text)]), target)[0])
+
+    for weight in (0.0, 0.5):
+        assert score("77777$", length_weight=weight) == 1.0
+        assert score("77777$____", length_weight=weight) == 1.0
+    # positions only (length_weight 0): the scoring of the other tasks, answers padded with PAD
+    assert score("77377$", length_weight=0) == pytest.approx(5 / 6)  # one wrong digit
+    assert score("777$", length_weight=0) == pytest.approx(3 / 6)  # stopped early
+    assert score("7777777$", length_weight=0) == pytest.approx(5 / 8)  # two too many
+    assert score("777_7$", length_weight=0) == pytest.approx(5 / 6)  # a sampled PAD is one wrong token
+    assert score("77777_____", length_weight=0) == pytest.approx(5 / 10)  # no EOS: PAD never matches padding
+    # half the score for the length alone (the default)
+    assert score("12345$") == pytest.approx(0.5 + 0.5 * 1 / 6)  # right length, only the EOS right
+    assert score("777$") == pytest.approx(0.5 * 4 / 6 + 0.5 * 3 / 6)
+    assert score("7777777$") == pytest.approx(0.5 * 6 / 8 + 0.5 * 5 / 8)
+    assert score("$") == pytest.approx(0.5 * 1 / 6)
+
+
+def _answer_padded(targets: torch.Tensor, lengths: torch.Tensor, width: int) -> torch.Tensor:
+    out = torch.full((targets.shape[0], width), PAD)
+    for i, n in enumerate(lengths.tolist()):
+        out[i, :n] = targets[i, :n]
+        out[i, n] = EOS
+    return out
+
+
+def test_the_longtail_graph_gives_its_model_room_for_the_longest_answer():
+    from pathlib import Path
+
+    import yaml
+
+    graph = yaml.safe_load((Path(__file__).resolve().parents[2] / "graphs" / "grpo-longtail.yaml").read_text())
+    task = build_task(graph["nodes"]["prompts"]["config"]["task"])
+    assert graph["nodes"]["reward"]["config"]["task"] == graph["nodes"]["prompts"]["config"]["task"]
+    for node in ("rollout", "actor"):
+        model = graph["nodes"][node]["config"]["model"]
+        assert model["max_seq_len"] >= task.prompt_len + task.max_new_tokens, node
