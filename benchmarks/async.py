@@ -25,7 +25,9 @@ metrics.jsonl and ledger:
   completions/s   samples trained on / wall seconds
   rollout busy    the rollout's `rollout_busy` gauge (the engine generating) where the node records
                   it, else its `compute` spans' share of wall time (`rollout/compute_ratio`)
-  trainer wait    the actor's `wait_input` share of wall time, and seconds of it per update
+  trainer wait    the actor's share of wall time waiting for input (`wait_input`) or inside a weight
+                  sync waiting for the rollout to join it (`weight_sync`: a rollout inside a
+                  batch-at-a-time call joins only between calls), and seconds of it per update
   staleness held  % of consumed tickets (groups, with `ticket: group`) whose staleness is
                   <= max_staleness, from the ledger's `consumed` events
   speedup         completions/s over row (a)'s
@@ -71,13 +73,17 @@ def configs(concurrency: int, max_num_seqs: int, engine: dict) -> list[Config]:
             Config("c", "(c) + group tickets", c), Config("d", "(d) + partial rollouts", d)]
 
 
-def per_ticket_graph(out: Path, engine: str, hf_model: Path | None) -> Path:
+def per_ticket_graph(out: Path, engine: str, hf_model: Path | None, model: dict | None = None) -> Path:
     """graphs/grpo-longtail.yaml without its asynchrony settings (what row (a) runs; the others add
-    theirs back as overrides), written to ``out``; for vLLM, with a Hugging Face model and engine."""
+    theirs back as overrides), written to ``out``; for vLLM, with a Hugging Face model and engine;
+    for the builtin engine, with ``model`` settings over the graph's tiny model (rollout and actor)."""
     import yaml
 
     g = yaml.safe_load(GRAPH.read_text())
     g.pop("vars", None)  # its anchors are resolved by now
+    if model and engine == "builtin":
+        for name in ("rollout", "actor"):
+            g["nodes"][name]["config"]["model"] = {**g["nodes"][name]["config"]["model"], **model}
     rollout = g["nodes"]["rollout"]
     rollout.pop("concurrency", None)
     rollout["config"].pop("on_new_weights", None)
@@ -129,16 +135,19 @@ def measure(result, warmup: int) -> dict:
     seconds = rows[-1]["wall_s"] - start["wall_s"]
     completions = sum(int(r.get("samples", 0)) for r in rows)
     busy = busy_key(rows)
-    wait = weighted(rows, "actor/wait_input_ratio")
+    for r in rows:  # the trainer waits for input, or inside a weight sync for the rollout to join it
+        r["actor/waiting_ratio"] = r.get("actor/wait_input_ratio", 0.0) + r.get("actor/weight_sync_ratio", 0.0)
+    wait = weighted(rows, "actor/waiting_ratio")
     consumed = [e for e in result.ledger if e.get("event") == "consumed" and e.get("node", "actor") == "actor"
                 and "staleness" in e]
     held = sum(e["staleness"] <= MAX_STALENESS for e in consumed)
     return {
         "updates": len(rows), "completions": completions, "seconds": seconds,
         "completions_per_s": completions / seconds,
+        "generated_tokens_per_s": sum(r.get("rollout_tokens_generated") or 0 for r in rows) / seconds,
         "rollout_busy": weighted(rows, busy), "busy_source": busy,
         "trainer_wait": wait,
-        "trainer_wait_s_per_update": (sum(r.get("actor/wait_input_ratio", 0) * r["step_time_s"] for r in rows)
+        "trainer_wait_s_per_update": (sum(r["actor/waiting_ratio"] * r["step_time_s"] for r in rows)
                                       / len(rows)),
         "staleness_held": held / len(consumed) if consumed else None,
         "staleness_seen_max": max((e["staleness"] for e in consumed), default=None),
@@ -155,13 +164,15 @@ def run_rows(engine: str, args, workdir: Path) -> list[dict]:
         from examples.hf_tiny.make_model import write_model
 
         hf_model = write_model(workdir / "hf-tiny-256", "tiny", max_len=256)
-    graph = per_ticket_graph(workdir / f"per-ticket-{engine}.yaml", engine, hf_model)
+    graph = per_ticket_graph(workdir / f"per-ticket-{engine}.yaml", engine, hf_model, parse_model(args.model))
     engine_spec = {"type": engine}
     out = []
     for cfg in configs(args.concurrency, args.max_num_seqs, engine_spec):
         if cfg.key not in args.rows:
             continue
         over = [f"schedule.steps={args.steps}", f"seed={args.seed}", *cfg.overrides]
+        if not args.learn:  # every row samples from the same (initial) policy: equal length distributions
+            over.append("nodes.actor.config.train.lr=1e-30")
         print(f"  {engine:7s} {cfg.label:34s} ...", end=" ", flush=True)
         res = run_graph(graph, workdir / f"run-{engine}-{cfg.key}", overrides=over, timeout_s=args.timeout, cwd=ROOT)
         row = {"engine": engine, "row": cfg.key, "label": cfg.label, "overrides": cfg.overrides}
@@ -188,29 +199,49 @@ def pct(x: float | None) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| engine | configuration | completions | completions/s | rollout busy | trainer wait "
-            "| staleness held | reward (last 10) | speedup vs (a) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    head = ("| engine | configuration | completions | completions/s | generated tokens/s | rollout busy | trainer wait "
+            "| staleness held | reward (last 10) | speedup vs (a) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['engine']} | {r['label']} | failed | - | - | - | - | - | - |")
+            lines.append(f"| {r['engine']} | {r['label']} | failed | - | - | - | - | - | - | - |")
             continue
         wait = f"{pct(r['trainer_wait'])} ({r['trainer_wait_s_per_update']:.3f} s/update)"
         held = f"{pct(r['staleness_held'])} of {r['groups']}"
         lines.append(f"| {r['engine']} | {r['label']} | {r['completions']} | {r['completions_per_s']:.0f} "
+                     f"| {r['generated_tokens_per_s']:.0f} "
                      f"| {pct(r['rollout_busy'])} | {wait} | {held} | {r['reward_last']:.3f} "
                      f"| {r.get('speedup', float('nan')):.2f}x |")
     return "\n".join(lines)
+
+
+def parse_model(text: str) -> dict:
+    """`d_model=256,n_layers=4` -> {"d_model": 256, "n_layers": 4} (empty: the graph's model)."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, value = part.partition("=")
+        out[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
+    return out
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engine", choices=["builtin", "vllm", "all"], default="builtin",
                    help="rollout engine(s) to measure; vLLM needs `pip install flowrl[vllm]` (its CPU build)")
-    p.add_argument("--steps", type=int, default=60, help="updates per row (each 8 prompts x 8 samples)")
+    p.add_argument("--steps", type=int, default=60, help="updates per row (each 16 prompts x 8 samples)")
     p.add_argument("--warmup", type=int, default=5, help="updates left out of the measurement (start-up)")
-    p.add_argument("--concurrency", type=int, default=4, help="rollout concurrency N of rows (b)-(d)")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="sequences the continuous engine decodes together")
+    p.add_argument("--concurrency", type=int, default=32,
+                   help="rollout concurrency N of rows (b)-(d); with group tickets, (k + 1) x 16 groups may be in flight")
+    p.add_argument("--max-num-seqs", type=int, default=128, help="sequences the continuous engine decodes together")
+    p.add_argument("--model", default="d_model=256,n_layers=4",
+                   help="builtin engine: settings over the graph's tiny model for rollout and actor. The default "
+                        "makes a decode step's cost grow with its rows, as an LLM's does; on the graph's own "
+                        "64-wide model a step costs about the same for 8 rows or 128 (per-op overhead), so "
+                        "static batches waste little and continuous batching gains less. '' keeps the graph's")
+    p.add_argument("--learn", action="store_true",
+                   help="train as the graph does; by default the actor's learning rate is ~0 so that every row "
+                        "samples from the same policy: a policy that learns shorter or longer answers in one row "
+                        "would change its completions/s by as much as the settings compared")
     p.add_argument("--rows", nargs="+", default=["a", "b", "c", "d"], choices=["a", "b", "c", "d"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a row's run is killed")
@@ -227,7 +258,7 @@ def main() -> int:
         skipped.append("vllm: not importable here (pip install flowrl[vllm] installs its CPU build); "
                        "its rows are skipped")
     print(f"long-tail GRPO ({GRAPH.relative_to(ROOT)}), {args.steps} updates a row ({args.warmup} left out), "
-          f"max_staleness {MAX_STALENESS}")
+          f"max_staleness {MAX_STALENESS}, builtin model {args.model or 'of the graph'}")
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="flowrl-async-") as tmp:
         workdir = Path(args.keep) if args.keep else Path(tmp)
