@@ -81,6 +81,9 @@ class SlotCache:
         # the whole cache each step); queries of slots outside the batch are zeros, outputs dropped
         lo, hi = plan.window
         kmax = plan.mask.shape[-1]
+        if plan.sparse:  # few rows spread over many slots (a long tail): copying theirs reads less
+            keys, values = self.keys[layer][plan.slots, :, :kmax], self.values[layer][plan.slots, :, :kmax]
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask)
         keys, values = self.keys[layer][lo:hi, :, :kmax], self.values[layer][lo:hi, :, :kmax]
         rows = plan.slots - lo
         if plan.dense:
@@ -114,6 +117,8 @@ class _Plan:
     prefill: bool = False
     window: tuple[int, int] = (0, 0)
     dense: bool = False
+    sparse: bool = False
+    """Slot decode: the rows are few among the window's slots; attention reads theirs, gathered."""
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -429,6 +434,10 @@ class TinyLM(CausalLM):
         plan.window = (lo, hi)
         plan.dense = hi - lo == b and bool((slots == torch.arange(lo, hi, device=slots.device)).all())
         causal = torch.arange(kmax, device=cols.device)[None, None] <= cols[:, :, None]  # [B, S, kmax]
+        plan.sparse = 4 * b <= hi - lo  # the window would be mostly other slots: gather the rows' own
+        if plan.sparse:
+            plan.mask = causal[:, None]
+            return plan
         # a slot outside the batch sees its key 0 only (a row with no key at all would give NaN)
         mask = torch.zeros(hi - lo, s, kmax, dtype=torch.bool, device=cols.device)
         mask[:, :, 0] = True

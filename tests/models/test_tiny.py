@@ -74,15 +74,16 @@ def test_a_multi_token_chunk_after_the_prompt_sees_the_cache_causally(positions)
 
 
 @pytest.mark.parametrize("positions", ["learned", "rope"])
-def test_slots_hold_sequences_of_their_own_lengths_that_never_see_each_other(positions):
+@pytest.mark.parametrize("num_slots,where", [(4, [2, 0, 3]), (16, [9, 0, 15])])  # a window of the rows; rows gathered
+def test_slots_hold_sequences_of_their_own_lengths_that_never_see_each_other(positions, num_slots, where):
     model = build_model(SPEC.model_copy(update={"positions": positions}), seed=1).eval()
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, VOCAB_SIZE, (n,), generator=g) for n in (5, 9, 3)]
-    slots, prompt = torch.tensor([2, 0, 3]), [4, 6, 3]
-    cache = model.new_slot_cache(4, 12)
+    slots, prompt = torch.tensor(where), [4, 6, 3]
+    cache = model.new_slot_cache(num_slots, 12)
     with torch.no_grad():
         full = [model(seq[None])[0] for seq in seqs]
-        for k in range(4):  # garbage in every slot first: a slot's old contents must not matter
+        for k in range(num_slots):  # garbage in every slot first: a slot's old contents must not matter
             cache.keys[k % 2][k].normal_(generator=g)
         pads = torch.full((3, 6), PAD)
         for i, n in enumerate(prompt):
