@@ -69,6 +69,33 @@ def run_graph(graph: str | Path | None, run_dir: Path, *, overrides=(), faults=(
     return RunResult(proc.returncode, run_dir, out, err)
 
 
+def kill_controller_after_checkpoint(graph: str | Path | None, run_dir: Path, step: int, *, overrides=(),
+                                     timeout_s: float = 120.0) -> int:
+    """Start `flowrl run`, wait until a checkpoint at ticket `step` or later is committed, then
+    SIGKILL the controller (its node processes notice and exit; its process group goes too).
+    Returns the step committed last, for `--resume RUN_DIR` to continue from."""
+    import json
+    import time
+
+    run_dir = Path(run_dir)
+    proc = subprocess.Popen(flowrl_command(graph, run_dir, overrides=overrides), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    latest = run_dir / "checkpoints" / "latest.json"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not (latest.exists() and json.loads(latest.read_text())["step"] >= step):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise AssertionError(f"no checkpoint at {step} within {timeout_s} s (exit {proc.poll()}): "
+                                     f"{proc.stderr.read1().decode(errors='replace')[-2000:]}")
+            time.sleep(0.05)  # polling progress on disk, not ordering events
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        kill_group(proc.pid)
+        proc.wait()
+    return json.loads(latest.read_text())["step"]
+
+
 def kill_group(pgid: int) -> None:
     """SIGKILL a process group this harness created (its id is the child's PID)."""
     try:

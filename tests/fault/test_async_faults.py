@@ -7,17 +7,12 @@ within the staleness bound."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from flowrl.testing import node_state, run_graph
-from flowrl.testing.harness import flowrl_command, kill_group
+from flowrl.testing.harness import kill_controller_after_checkpoint
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -59,19 +54,7 @@ def test_a_kill_mid_flight_loses_and_repeats_no_group(tmp_path, fault):
 
 def test_a_controller_killed_with_groups_in_flight_resumes_with_none_lost_or_repeated(tmp_path):
     path, run_dir = graph(tmp_path, steps=8, delay_s=0.2), tmp_path / "run"
-    proc = subprocess.Popen(flowrl_command(path, run_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    try:
-        latest, deadline = run_dir / "checkpoints" / "latest.json", time.monotonic() + 120
-        while not (latest.exists() and json.loads(latest.read_text())["step"] >= 2 * PER):
-            assert time.monotonic() < deadline, proc.stderr.read1().decode()[-2000:]
-            time.sleep(0.05)  # polling progress on disk, not ordering events
-        os.kill(proc.pid, signal.SIGKILL)  # the controller dies; its node processes notice and exit
-        proc.wait(timeout=10)
-    finally:
-        kill_group(proc.pid)
-        proc.wait()
-    assert json.loads(latest.read_text())["step"] < 8 * PER, "killed too late"
+    assert kill_controller_after_checkpoint(path, run_dir, 2 * PER) < 8 * PER, "killed too late"
     result = run_graph(None, run_dir, extra=["--resume", str(run_dir)], timeout_s=200)
     assert result.exit_code == 0, result.stderr[-3000:]
     audit = result.audit(["log"])

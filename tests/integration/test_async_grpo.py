@@ -7,14 +7,10 @@ mid-generation, of the actor while it holds groups of an update, and of the cont
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import time
 
 import pytest
 
-from flowrl.testing.harness import flowrl_command, kill_group, run_graph
+from flowrl.testing.harness import kill_controller_after_checkpoint, run_graph
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -58,17 +54,7 @@ def test_a_kill_in_flight_loses_and_repeats_no_group(tmp_path, fault):
 
 def test_a_controller_killed_with_partial_rollouts_on_resumes_with_no_group_lost_or_repeated(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = flowrl_command("graphs/grpo.yaml", run_dir, overrides=["schedule.steps=10", *ASYNC])
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        latest, deadline = run_dir / "checkpoints" / "latest.json", time.monotonic() + 150
-        while not (latest.exists() and json.loads(latest.read_text())["step"] >= 8):
-            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read1().decode()[-2000:]
-            time.sleep(0.05)  # polling progress on disk, not ordering events
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    finally:
-        kill_group(proc.pid)
-        proc.wait()
-    assert json.loads(latest.read_text())["step"] < 40, "killed too late"
+    committed = kill_controller_after_checkpoint("graphs/grpo.yaml", run_dir, 8, overrides=["schedule.steps=10", *ASYNC],
+                                                 timeout_s=150)
+    assert committed < 40, "killed too late"
     check(run_graph(None, run_dir, extra=["--resume", str(run_dir)], timeout_s=200), 10)

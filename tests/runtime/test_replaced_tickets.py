@@ -4,18 +4,13 @@ trainer neither loses nor repeats a group."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from flowrl.testing import node_state, run_graph
-from flowrl.testing.harness import flowrl_command, kill_group
+from flowrl.testing.harness import kill_controller_after_checkpoint
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -57,19 +52,7 @@ def test_every_training_batch_is_full_and_every_group_worth_training_on_is_used_
 
 def test_a_run_killed_while_groups_are_held_resumes_without_losing_or_repeating_one(tmp_path):
     path, run_dir = graph(tmp_path, 0, steps=16, delay_s=0.1), tmp_path / "run"
-    proc = subprocess.Popen(flowrl_command(path, run_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    try:
-        latest, deadline = run_dir / "checkpoints" / "latest.json", time.monotonic() + 90
-        while not (latest.exists() and json.loads(latest.read_text())["step"] >= 10):
-            assert time.monotonic() < deadline, proc.stderr.read1().decode()[-2000:]
-            time.sleep(0.05)  # polling progress on disk, not ordering events
-        os.kill(proc.pid, signal.SIGKILL)  # the controller dies; its node processes notice and exit
-        proc.wait(timeout=10)
-    finally:
-        kill_group(proc.pid)
-        proc.wait()
-    assert json.loads(latest.read_text())["step"] < 24, "killed too late"
+    assert kill_controller_after_checkpoint(path, run_dir, 10, timeout_s=90) < 24, "killed too late"
     result = run_graph(None, run_dir, extra=["--resume", str(run_dir)], timeout_s=120)
     assert result.exit_code == 0, result.stderr[-3000:]
     seen = node_state(result.run_dir, "train")["seen"]
