@@ -53,6 +53,14 @@ sys.path.insert(0, str(ROOT))
 
 GRAPH = ROOT / "graphs" / "grpo-longtail.yaml"
 MAX_STALENESS = 1
+VLLM_ENGINE = {"type": "vllm", "kv_cache_memory_bytes": 128 << 20}
+
+
+def yaml_model_len(graph: Path) -> int:
+    """The vLLM engine's max_model_len in a graph written by `per_ticket_graph`."""
+    import yaml
+
+    return yaml.safe_load(graph.read_text())["nodes"]["rollout"]["config"]["engine"]["max_model_len"]
 
 
 @dataclass
@@ -96,7 +104,7 @@ def per_ticket_graph(out: Path, engine: str, hf_model: Path | None, model: dict 
         model = {"type": "hf", "path": str(hf_model)}
         for name in ("rollout", "actor"):
             g["nodes"][name]["config"]["model"] = dict(model)
-        rollout["config"]["engine"] = {"type": "vllm", "kv_cache_memory_bytes": 128 << 20, "max_model_len": seq}
+        rollout["config"]["engine"] = {**VLLM_ENGINE, "max_model_len": seq, "continuous": False}
     out.write_text(yaml.safe_dump(g, sort_keys=False))
     return out
 
@@ -166,6 +174,9 @@ def run_rows(engine: str, args, workdir: Path) -> list[dict]:
         hf_model = write_model(workdir / "hf-tiny-256", "tiny", max_len=256)
     graph = per_ticket_graph(workdir / f"per-ticket-{engine}.yaml", engine, hf_model, parse_model(args.model))
     engine_spec = {"type": engine}
+    if engine == "vllm":  # (b)-(d) replace the engine mapping: the same cache and context as (a)
+        seq = yaml_model_len(graph)
+        engine_spec = {**VLLM_ENGINE, "max_model_len": seq}
     out = []
     for cfg in configs(args.concurrency, args.max_num_seqs, engine_spec):
         if cfg.key not in args.rows:
