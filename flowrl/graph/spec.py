@@ -342,7 +342,11 @@ class GraphSpec(StrictModel):
         return self.nodes[name]
 
     def edge_capacity(self, edge: EdgeSpec) -> int:
-        """Credits of `edge`: its own, at least twice its consumer's `concurrency` (each producer
-        link may hold half of an input's credit, so one producer can keep every slot busy)."""
+        """Credits of `edge`: its own, and at least twice (each producer link may hold half of an
+        input's credit) both its consumer's `concurrency` (one producer can keep every call busy)
+        and the tickets the scheduler lets be in flight, `(max_staleness + 1) x tickets_per_update`:
+        a producer then never waits for credit while its consumer waits for it in a weight sync
+        (a trainer publishing to a rollout that is still sending it groups)."""
         node = self.nodes.get(edge.dst)
-        return max(edge.capacity, 2 * node.concurrency) if node is not None else edge.capacity
+        in_flight = (self.schedule.max_staleness + 1) * self.schedule.tickets_per_update
+        return max(edge.capacity, 2 * in_flight, 2 * (node.concurrency if node is not None else 1))

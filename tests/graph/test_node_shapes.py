@@ -36,3 +36,17 @@ def test_the_controller_still_exports_node_shapes():
     from flowrl.runtime.controller.controller import node_shapes as exported
 
     assert exported is node_shapes
+
+
+def test_edge_credit_covers_the_tickets_in_flight_and_the_consumers_concurrency():
+    from flowrl.graph import GraphSpec
+
+    def credit(schedule, concurrency=1, capacity=4):
+        g = GraphSpec(nodes={"a": {"kind": "x:A"}, "b": {"kind": "x:B", "concurrency": concurrency}},
+                      edges=[{"from": "a", "to": "b", "capacity": capacity}], schedule=schedule)
+        return g.edge_capacity(g.edges[0])
+
+    assert credit({"batch_size": 8}) == 4  # one batch ticket in flight: the edge's own
+    assert credit({"batch_size": 8, "ticket": "group"}) == 16  # 8 groups in flight, two links' worth
+    assert credit({"batch_size": 16, "ticket": "group", "max_staleness": 1}) == 64
+    assert credit({"batch_size": 8}, concurrency=12) == 24 and credit({"batch_size": 8}, capacity=100) == 100

@@ -135,6 +135,7 @@ class DataPath:
                     await self._steps.follow(step)
                 return
             while (nxt := ordered.next_ready()) is not None:
+                self.refuse_stale(nxt)
                 step = await self.run(nxt)
                 ordered.done(nxt.index)
                 await self._steps.follow(step)
