@@ -71,6 +71,10 @@ class Rollout(flowrl.Node):
         """Called on the compute loop before a new version's tensors are written (see on_new_weights)."""
         await self.engine.before_weights(version)
 
+    def weights_failed(self, version):
+        """The version announced by `before_weights` did not land: generation goes on as it was."""
+        self.engine.resume()
+
     def load_weights(self, tensors, version):
         self.engine.load_weights(tensors.items(), version)
 

@@ -122,6 +122,10 @@ class RolloutEngine(ABC):
         once it returns). A continuous engine stops between two iterations here (``finish``: once its
         running sequences are done); the default has nothing in flight."""
 
+    def resume(self) -> None:
+        """A version announced with ``before_weights`` will not land (its sync failed): go on with
+        the weights held. The default has nothing paused."""
+
     def stats(self) -> dict[str, float]:
         """Counters for metrics: ``running`` and ``waiting`` sequences now; ``busy_s`` (seconds spent
         generating), ``tokens`` (generated), ``weight_pause_s`` (seconds stopped for weights) and

@@ -132,6 +132,10 @@ class BuiltinEngine(RolloutEngine):
         if self.batcher is not None:
             self.batcher.weights_loaded(version)
 
+    def resume(self) -> None:
+        if self.batcher is not None:  # the weights did not change: tokens go on carrying the version held
+            self.batcher.weights_loaded(self.version)
+
     def close(self) -> None:
         if self.batcher is not None:
             self.batcher.close()

@@ -232,3 +232,22 @@ def test_finish_ends_in_flight_sequences_on_the_old_weights_and_starts_new_ones_
     assert torch.equal(out.tokens.values, old.generate(RAGGED.select(slice(0, 2)), s, seed=0).tokens.values)
     stats = engine.stats()
     assert stats["weight_loads"] == 1 and stats["weight_pause_s"] > 0
+
+
+@pytest.mark.parametrize("mode", ["keep", "restart", "finish"])
+def test_a_version_that_never_lands_after_before_weights_leaves_nothing_paused(mode):
+    engine = continuous(on_new_weights=mode)
+    s = sampling(n=1, max_new_tokens=12, eos_id=NEVER)
+
+    async def main():
+        landed = after_iterations(engine, 3)
+        first = asyncio.create_task(engine.submit(RAGGED.select(slice(0, 2)), s, seed=0))
+        await landed.wait()
+        await engine.before_weights(1)
+        later = asyncio.create_task(engine.submit(RAGGED.select(slice(2, 4)), s, seed=0))
+        engine.resume()  # the sync failed: no load_weights comes
+        return await first, await later
+
+    first, later = run(main())
+    assert first.num_samples == later.num_samples == 2 and engine.version == 0
+    assert {v for out in (first, later) for row in response_versions(out) for v in row} == {0}

@@ -133,10 +133,16 @@ class WeightsClient:
         if hook is not None:
             with self.recorder.span("weight_pause", version=version):
                 await hook(version)
-        self.sub.commit(version)
-        loaded = self.node.load_weights(self.sub.live if self.sub.live is not None else {}, version)
-        if inspect.isawaitable(loaded):
-            await loaded
+        try:
+            self.sub.commit(version)
+            loaded = self.node.load_weights(self.sub.live if self.sub.live is not None else {}, version)
+            if inspect.isawaitable(loaded):
+                await loaded
+        except BaseException:
+            failed = getattr(self.node, "weights_failed", None)  # whatever before_weights paused goes on
+            if hook is not None and failed is not None:
+                failed(version)
+            raise
 
 
 def _fail_after_first_bucket(i: int) -> None:
