@@ -175,7 +175,13 @@ class Node:
         raise NotImplementedError(f"{type(self).__name__} takes part in weight sync but has no weights()")
 
     def load_weights(self, tensors: dict[str, Any], version: int) -> None:
-        """Subscribers: called once `weights()` holds `version` (e.g. to rebuild caches)."""
+        """Subscribers: called once `weights()` holds `version` (e.g. to rebuild caches).
+
+        A subscriber with `concurrency` (calls in flight while a version arrives) may also define
+        `async def before_weights(self, version)`, awaited on the compute thread before the tensors
+        change (stop between two generation steps), and `def weights_failed(self, version)`, called
+        instead of `load_weights` when the version did not land (go on as before); the rollout's
+        continuous engines use both (docs/recovery.md#groups-and-calls-in-flight)."""
 
 
 class Source(Node):
