@@ -182,7 +182,8 @@ class ScheduleSpec(StrictModel):
     (docs/recovery.md#groups)."""
     max_staleness: int = Field(0, ge=0)
     """k: a sample used by update n was generated with weights of version >= n - k.
-    0 is synchronous on-policy; k >= 1 overlaps generation with training (k + 1 tickets in flight)."""
+    0 is synchronous on-policy; k >= 1 overlaps generation with training (k + 1 updates' tickets in
+    flight). With `ticket: group` it holds per group, on its oldest generated token."""
     ticket_timeout_s: float = Field(120.0, gt=0)
     """A ticket not consumed this long after issue is re-issued (lost message, stuck node)."""
     checkpoint_every: int = Field(0, ge=0)

@@ -146,14 +146,11 @@ class WeightSubscriber:
                 raise
             raise WeightSyncError(f"weight sync epoch {self._epoch} round {r} failed: {e}") from e
         if commit:
-            self._commit(version)
+            self.commit(version)
         return version
 
     def commit(self, version: int) -> None:
         """Make the version `receive(commit=False)` staged the live one."""
-        self._commit(version)
-
-    def _commit(self, version: int) -> None:
         # every bucket and the version tensor arrived: only now do the live weights change
         t0 = time.perf_counter()
         if self.mode == "swap":

@@ -50,11 +50,6 @@ class NodeRunner:
         return min(marks, key=lambda m: m[1]) if marks else None
 
     @property
-    def in_flight(self) -> int:
-        """Calls and long waits in progress."""
-        return len(self._busy)
-
-    @property
     def calls(self) -> int:
         return self._calls
 
