@@ -344,10 +344,12 @@ class GraphSpec(StrictModel):
 
     def edge_capacity(self, edge: EdgeSpec) -> int:
         """Credits of `edge`: its own, and at least twice (each producer link may hold half of an
-        input's credit) both its consumer's `concurrency` (one producer can keep every call busy)
-        and the tickets the scheduler lets be in flight, `(max_staleness + 1) x tickets_per_update`:
-        a producer then never waits for credit while its consumer waits for it in a weight sync
-        (a trainer publishing to a rollout that is still sending it groups)."""
+        input's credit) its consumer's `concurrency` (one producer can keep every call busy) and,
+        with `ticket: group`, the groups the scheduler lets be in flight, `(max_staleness + 1) x
+        batch_size`: a producer then never waits for credit while its consumer waits for it in a
+        weight sync (a trainer publishing to a rollout that still sends it the groups of an update).
+        Batch tickets keep the edge's own credit, so work queued at one replica stays small."""
         node = self.nodes.get(edge.dst)
-        in_flight = (self.schedule.max_staleness + 1) * self.schedule.tickets_per_update
-        return max(edge.capacity, 2 * in_flight, 2 * (node.concurrency if node is not None else 1))
+        sched = self.schedule
+        groups = (sched.max_staleness + 1) * sched.tickets_per_update if sched.ticket == "group" else 0
+        return max(edge.capacity, 2 * groups, 2 * (node.concurrency if node is not None else 1))
