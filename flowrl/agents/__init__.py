@@ -1,0 +1,1 @@
+"""Agentic rollouts: environments, episodes and trajectories (see flowrl.agents.base)."""
