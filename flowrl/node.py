@@ -121,6 +121,9 @@ class NodeContext:
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("flowrl.node"))
     policy_version: int = 0
     """Version of the weights this process holds (subscribers) or has published (trainers)."""
+    services: dict[str, Any] = field(default_factory=dict)
+    """Service name (the server node) -> a `flowrl.agents.base.Generator`, for each
+    `services: [this node -> server]` of the graph (an agent's rollout)."""
 
 
 class Node:

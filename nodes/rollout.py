@@ -124,6 +124,38 @@ class Rollout(flowrl.Node):
             policy_version=version,
         )
 
+    async def serve(self, request: dict):
+        """One model turn for an agent (`services: [agent -> rollout]`): `request` holds `prompt`
+        (int64 token ids, the whole conversation so far), `max_new_tokens`, `stop` (ids that end the
+        turn), `seed` and optionally `tokenizer` (the client's, for EOS and PAD). Returns a
+        `flowrl.agents.base.Completion`: the engine's tokens exactly, their log-probs and versions.
+        Requests share the engine with each other (a continuous engine batches them)."""
+        import torch
+
+        from flowrl.agents.base import Completion
+        from flowrl.engines import Sampling
+
+        cfg = self.config
+        eos, pad = self.end_ids(request.get("tokenizer"))
+        stop = [int(t) for t in request.get("stop") or ()]
+        if stop:
+            eos, stop = stop[0], stop[1:]
+        limit = int(request["max_new_tokens"])
+        sampling = Sampling(n=1, temperature=cfg.temperature, top_p=cfg.top_p,
+                            max_new_tokens=min(limit, cfg.max_new_tokens or limit), eos_id=eos, pad_id=pad,
+                            stop_token_ids=tuple(dict.fromkeys([*cfg.stop_token_ids, *stop])))
+        prompt = torch.as_tensor(request["prompt"], dtype=torch.int64).reshape(1, -1)
+        t0 = time.perf_counter()
+        out = await self.engine.submit(flowrl.Ragged.from_padded(prompt), sampling, seed=int(request.get("seed", 0)))
+        self.record(out, time.perf_counter() - t0)
+        held = self.ctx.policy_version
+        mask = out.loss_mask.values
+        tokens = out.tokens.values[mask]
+        versions = out.versions.values[mask] if out.versions is not None else torch.full_like(tokens, held)
+        stopped = len(tokens) > 0 and int(tokens[-1]) in sampling.stops
+        return Completion(tokens=tokens.tolist(), logprobs=out.logprobs.values[mask].float().tolist(),
+                          versions=versions.tolist(), finish="stop" if stopped else "length",
+                          replica=self.ctx.replica, temperature=sampling.temperature, top_p=sampling.top_p)
 
     def record(self, out, seconds: float) -> None:
         """Latency and tokens of this call; the engine's occupancy since the previous record."""

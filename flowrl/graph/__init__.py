@@ -11,12 +11,13 @@ from flowrl.graph.spec import (
     NodeSpec,
     ScheduleSpec,
     SupervisionSpec,
+    ServiceSpec,
     WeightEdgeSpec,
 )
 from flowrl.graph.structure import check_structure, node_classes
 
 __all__ = [
     "BUILTIN_KINDS", "EdgeSpec", "FailurePolicy", "FlowrlError", "GraphError", "GraphSpec",
-    "LauncherSpec", "NodeSpec", "Problem", "ScheduleSpec", "SupervisionSpec", "WeightEdgeSpec",
+    "LauncherSpec", "NodeSpec", "Problem", "ScheduleSpec", "ServiceSpec", "SupervisionSpec", "WeightEdgeSpec",
     "check_structure", "dump_graph", "load_graph", "load_graph_text", "node_classes", "resolve_kind",
 ]

@@ -167,6 +167,35 @@ class WeightEdgeSpec(StrictModel):
         return f"{self.src} -> {self.dst}"
 
 
+class ServiceSpec(StrictModel):
+    """A request/reply path beside the data edges: `agent -> rollout` lets every replica of `agent`
+    ask the replicas of `rollout` for completions (sticky per session, least-loaded across
+    replicas, retried elsewhere when a replica dies). The server is a node with an async `serve`
+    hook (the built-in rollout); the client reaches it as `ctx.services["rollout"]`. Services carry
+    no tickets: exactly-once stays with the data edges."""
+
+    src: str
+    dst: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse(cls, v):
+        if isinstance(v, str):
+            parts = [p.strip() for p in v.split("->")]
+            if len(parts) != 2 or not all(_NAME.match(p) for p in parts):
+                raise ValueError(f"service {v!r} must read 'client -> server' (e.g. 'agent -> rollout')")
+            return {"src": parts[0], "dst": parts[1]}
+        return v
+
+    @property
+    def name(self) -> str:
+        """The route's name in wiring orders (`service:<server>`)."""
+        return f"service:{self.dst}"
+
+    def __str__(self) -> str:
+        return f"{self.src} -> {self.dst}"
+
+
 class ScheduleSpec(StrictModel):
     """How much work the scheduler issues and how far rollout may run ahead of training."""
 
@@ -319,6 +348,8 @@ class GraphSpec(StrictModel):
     nodes: dict[str, NodeSpec]
     edges: list[EdgeSpec] = Field(default_factory=list)
     weights: list[WeightEdgeSpec] = Field(default_factory=list)
+    services: list[ServiceSpec] = Field(default_factory=list)
+    """Request/reply paths (`agent -> rollout`): see `ServiceSpec`."""
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     supervision: SupervisionSpec = Field(default_factory=SupervisionSpec)
     controller: ControllerSpec = Field(default_factory=ControllerSpec)

@@ -113,8 +113,11 @@ def check_structure(spec: GraphSpec, located=None) -> dict[str, type]:
         incoming[(edge.dst, edge.dst_port)] += 1
         adjacency[edge.src].append(edge.dst)
 
+    servers = _service_problems(spec, classes, located, problems)
     if not problems:
         for name, cls in classes.items():
+            if name in servers and not any(name in (e.src, e.dst) for e in spec.edges):
+                continue  # a node that only serves requests (a rollout behind agents) has no data edges
             for port in cls.inputs:
                 if not incoming[(name, port)]:
                     problems.append(_p(located, ("nodes", name), f"input port {name}.{port} is not connected (dangling)",
@@ -161,6 +164,34 @@ def check_structure(spec: GraphSpec, located=None) -> dict[str, type]:
     if problems:
         raise GraphError(problems)
     return classes
+
+
+def _service_problems(spec: GraphSpec, classes: dict, located, problems: list) -> set[str]:
+    """Check `services:`; returns the names of the nodes that serve requests."""
+    import inspect
+
+    servers = set()
+    seen = set()
+    for i, svc in enumerate(spec.services):
+        loc = ("services", i)
+        missing = [n for n in (svc.src, svc.dst) if n not in spec.nodes]
+        for name in missing:
+            problems.append(_p(located, loc, f"service {svc}: no node named {name!r}", f"nodes are {', '.join(spec.nodes)}"))
+        if missing:
+            continue
+        if svc.src == svc.dst:
+            problems.append(_p(located, loc, f"service {svc}: a node cannot serve itself", "name a client and a server"))
+            continue
+        serve = getattr(classes[svc.dst], "serve", None)
+        if serve is None or not inspect.iscoroutinefunction(serve):
+            problems.append(_p(located, loc, f"service {svc}: {svc.dst!r} ({spec.nodes[svc.dst].kind}) does not serve "
+                               "requests (no `async def serve`)", "the server of a service must be a node such as `rollout`"))
+            continue
+        if (svc.src, svc.dst) in seen:
+            problems.append(_p(located, loc, f"service {svc} is declared twice", "remove one of them"))
+        seen.add((svc.src, svc.dst))
+        servers.add(svc.dst)
+    return servers
 
 
 def _async_problems(classes: dict, spec: GraphSpec, located) -> list[Problem]:

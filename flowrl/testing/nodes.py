@@ -431,3 +431,48 @@ class UpdateLog(Trainer):
         await super().process(batch, port)
         self.seen[-1] += [np.asarray(batch.tensors["x"]).tolist(), np.asarray(batch.tensors["seen"]).tolist(),
                           batch.policy_version, self.ctx.policy_version]
+
+
+class Asker(flowrl.Source):
+    """A client of a service (`services: [asker -> rollout]`): per ticket, `turns` rounds of
+    `size` concurrent requests, each continuing its own session's tokens so far. Emits `x`: the
+    tokens each session generated, and `replicas`: which rollout replica served its last turn.
+    Checks on the way that every answer is whole (tokens, log-probs, versions aligned)."""
+
+    class Config(flowrl.NodeConfig):
+        turns: int = 2
+        max_new_tokens: int = 6
+        service: str = "rollout"
+        timeout_s: float = 120.0
+
+    async def generate(self, ticket):
+        import asyncio
+
+        gen = self.ctx.services[self.config.service]
+
+        async def episode(i):
+            tokens, made, replica = [12, 1 + i % 9, 2, 3], 0, -1
+            for turn in range(self.config.turns):
+                out = await gen.complete(tokens, session=f"{ticket.batch_id}:{ticket.attempt}:{i}",
+                                         max_new_tokens=self.config.max_new_tokens, stop=(13,),
+                                         min_version=ticket.min_policy_version,
+                                         seed=ticket.index * 1000 + i * 10 + turn, timeout_s=self.config.timeout_s)
+                if not (len(out.tokens) == len(out.logprobs) == len(out.versions) and out.tokens):
+                    raise AssertionError(f"a torn completion: {out}")
+                tokens += out.tokens + [11]
+                made += len(out.tokens)
+                replica = out.replica
+            return made, replica
+
+        done = await asyncio.gather(*(episode(i) for i in range(ticket.size)))
+        return flowrl.Batch(tensors={"x": np.array([d[0] for d in done], dtype=np.int64),
+                                     "replicas": np.array([d[1] for d in done], dtype=np.int64)},
+                            meta={"index": ticket.index})
+
+
+class ServedBy(Collect):
+    """`Collect` that also keeps which replica served each of `Asker`'s sessions (`replicas`)."""
+
+    async def process(self, batch, port):
+        await super().process(batch, port)
+        self.seen[-1].append(np.asarray(batch.tensors["replicas"]).tolist())

@@ -39,6 +39,7 @@ from flowrl.runtime.controller.roles import Roles
 from flowrl.runtime.controller.weightorders import SyncGroup
 from flowrl.runtime.controller.wiring import Wiring, free_port
 from flowrl.runtime.protocol import messages as m
+from flowrl.runtime.protocol.addresses import SERVE_PORT
 from flowrl.runtime.protocol.ledger import NodeScaled
 
 log = logging.getLogger("flowrl.controller")
@@ -177,6 +178,12 @@ async def _rewire(spec, wiring: Wiring, procs: ProcTable, send: Send, node: str,
             if proc.wired:
                 msg = m.Connect if add else m.Disconnect
                 await send(proc, msg(edge=str(e), address=address))
+    for svc in [s for s in spec.services if s.dst == node]:  # clients of a scaled server
+        address = wiring.address(node, replica, SERVE_PORT)
+        for proc in procs.of_node(svc.src):
+            if proc.wired:
+                msg = m.Connect if add else m.Disconnect
+                await send(proc, msg(edge=svc.name, address=address, **({"key": wiring.net.server_key(node, replica, address) or None} if add else {})))
 
 
 def request(run_dir: str | Path, node: str, replicas: int, timeout_s: float = 30.0) -> str:

@@ -33,7 +33,7 @@ from flowrl.runtime.controller.recovery import RecoveryBook
 from flowrl.runtime.controller.roles import Roles
 from flowrl.runtime.controller.scheduler import Scheduler
 from flowrl.runtime.protocol.procspec import OutputRoute, ProcSpec
-from flowrl.runtime.protocol.addresses import shard_address
+from flowrl.runtime.protocol.addresses import SERVE_PORT, shard_address
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,9 @@ class Wiring:
             e = next(e for e in self.spec.edges if str(e) == route.edge)
             out[route.edge] = [[a, self.net.server_key(e.dst, r, a)] for r in range(self.spec.nodes[e.dst].replicas)
                                for a in [self.address(e.dst, r, e.dst_port)]]
+        for server in proc.spec.services:  # `services: [this node -> server]`: every replica of the server
+            out[f"service:{server}"] = [[a, self.net.server_key(server, r, a)] for r in range(self.spec.nodes[server].replicas)
+                                        for a in [self.address(server, r, SERVE_PORT)]]
         return out
 
     async def on_bound(self, proc: Proc, inputs: dict | None) -> None:
@@ -88,12 +91,15 @@ class Wiring:
             self.bound[key] = ps.inputs[port] = address
             if old is None or old == address:
                 continue
-            for e in [e for e in self.spec.edges if e.dst == ps.node and e.dst_port == port]:
-                for p in self.procs.of_node(e.src):
+            routes = [(str(e), e.src) for e in self.spec.edges if e.dst == ps.node and e.dst_port == port]
+            if port == SERVE_PORT:
+                routes = [(s.name, s.src) for s in self.spec.services if s.dst == ps.node]
+            for edge, src in routes:
+                for p in self.procs.of_node(src):
                     if p.ready and p.down_since is None:  # it got Wire already (or gets these routes in it)
-                        await self.send(p, m.Connect(edge=str(e), address=address,
+                        await self.send(p, m.Connect(edge=edge, address=address,
                                                      key=self.net.server_key(ps.node, ps.replica, address) or None))
-                        await self.send(p, m.Disconnect(edge=str(e), address=old))
+                        await self.send(p, m.Disconnect(edge=edge, address=old))
 
     def build_procs(self) -> None:
         master_ports: dict[tuple, int] = {}
@@ -130,8 +136,11 @@ class Wiring:
         pid = f"{entry.node}/{entry.replica}/{entry.rank}"
         if pid not in self.net.where:  # a replica added by `flowrl scale`
             self.net.place(pid, self.launcher.host_address(entry.host))
-        inputs = {p: self.address(entry.node, entry.replica, p) for p in cls.inputs}
-        clients = {p: c for p in cls.inputs for c in [self.net.input_clients(entry.node, entry.replica, p)] if c is not None}
+        serves = any(s.dst == entry.node for s in spec.services)
+        fed = [p for p in cls.inputs if any(e.dst == entry.node and e.dst_port == p for e in spec.edges)]
+        ports = [*fed, *([SERVE_PORT] if serves else [])]  # a node that only serves has no data inputs
+        inputs = {p: self.address(entry.node, entry.replica, p) for p in ports}
+        clients = {p: c for p in ports for c in [self.net.input_clients(entry.node, entry.replica, p)] if c is not None}
         outputs = [OutputRoute(edge=str(e), port=e.src_port,
                                addresses=[self.address(e.dst, r, e.dst_port) for r in range(spec.nodes[e.dst].replicas)],
                                capacity=self.spec.edge_capacity(e), capacity_bytes=e.capacity_bytes)
@@ -152,7 +161,8 @@ class Wiring:
                         sys_path=[p for p in sys.path if p and os.path.isdir(p)], rank_addresses=rank_addresses,
                         host=getattr(entry, "host", None), host_address=self.net.where[pid],
                         curve_public=self.net.keys[pid][0], curve_secret=self.net.keys[pid][1],
-                        control_key=self.net.control_key(pid), input_clients=clients)
+                        control_key=self.net.control_key(pid), input_clients=clients,
+                        services=[s.dst for s in spec.services if s.src == entry.node])
 
     def prepare_start(self, proc: Proc) -> None:
         """Where a (re)started process begins: the current epoch, the committed checkpoint."""

@@ -57,6 +57,11 @@ def tcp_address(host: str, port: int | str = 0) -> str:
     return f"tcp://[{host}]:{port}" if bracket else f"tcp://{host}:{port}"
 
 
+SERVE_PORT = "@serve"
+"""The pseudo input port a service's server binds its request socket as (`ProcSpec.inputs`, READY):
+the controller tracks its address like a data input's and tells the clients where it moved."""
+
+
 class Network:
     """Hosts, addresses and CURVE keys of one run's processes (mutable: a re-plan moves processes)."""
 
@@ -80,7 +85,10 @@ class Network:
 
     def producers(self, node: str, port: str) -> list[str]:
         """Every process that may send into `node.port` (all ranks of every upstream node)."""
-        srcs = {e.src for e in self.spec.edges if e.dst == node and e.dst_port in (None, port)}
+        if port == SERVE_PORT:
+            srcs = {s.src for s in self.spec.services if s.dst == node}
+        else:
+            srcs = {e.src for e in self.spec.edges if e.dst == node and e.dst_port in (None, port)}
         return [p for p in self.where if p.split("/")[0] in srcs]
 
     def crosses(self, node: str, replica: int, port: str) -> bool:

@@ -9,6 +9,8 @@ Spec language (`flowrl run --fault SPEC`, repeatable; or `faults:` in a graph fi
     hang:reward@step=2         SIGSTOP itself (a hang: only missed heartbeats reveal it)
     stall:critic@step=2        get stuck inside process (heartbeats go on; process_timeout_s finds it)
     kill:actor@checkpoint=10   SIGKILL itself when it is about to save checkpoint step 10
+    kill:rollout@request=5     SIGKILL itself on its 6th service request: a server once it took
+                               the request, before it answers; a client (an agent) as it sends it
     slow:reference,seconds=0.2 sleep 0.2 s before every batch
     delay:rollout,seconds=0.1  hold every outgoing message 0.1 s (outputs, and a data-parallel
                                rank's shards and answers)
@@ -29,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 ACTIONS = ("kill", "hang", "stall", "slow", "delay", "drop", "corrupt", "forge", "fail_sync", "crash")
-TRIGGERS = ("step", "t", "version", "checkpoint")
+TRIGGERS = ("step", "t", "version", "checkpoint", "request")
 
 
 class FaultSpecError(ValueError):
@@ -46,13 +48,14 @@ class Fault:
     t: float | None = None
     version: int | None = None
     checkpoint: int | None = None
+    request: int | None = None
     seconds: float = 0.0
     every: bool = False
     fired: bool = field(default=False, compare=False)
 
     @classmethod
     def parse(cls, text: str) -> "Fault":
-        usage = ("write ACTION:NODE[/REPLICA[/RANK]][@step=N|@t=SECONDS|@version=V|@checkpoint=STEP][,seconds=X][,every], "
+        usage = ("write ACTION:NODE[/REPLICA[/RANK]][@step=N|@t=SECONDS|@version=V|@checkpoint=STEP]|@request=N][,seconds=X][,every], "
                  "e.g. kill:rollout@step=3")
         head, *opts = [p.strip() for p in text.split(",")]
         action, sep, rest = head.partition(":")
@@ -85,7 +88,7 @@ class Fault:
                     raise FaultSpecError(f"fault {text!r}: seconds must be a number; {usage}") from None
             else:
                 raise FaultSpecError(f"fault {text!r}: unknown option {opt!r}; {usage}")
-        if f.step is None and f.t is None and f.version is None and f.checkpoint is None:
+        if f.step is None and f.t is None and f.version is None and f.checkpoint is None and f.request is None:
             f.step = 0
         return f
 

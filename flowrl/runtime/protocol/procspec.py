@@ -67,6 +67,7 @@ class ProcSpec:
     curve_secret: str = ""
     control_key: str | None = None  # the controller's CURVE public key when `control` is tcp
     input_clients: dict[str, list[str]] = field(default_factory=dict)  # tcp input port -> producer keys it admits
+    services: list[str] = field(default_factory=list)  # servers this node sends requests to (`services:` of the graph)
 
     @property
     def proc_id(self) -> str:

@@ -86,6 +86,13 @@ class FaultInjector:
                 f.fired = True
                 os.kill(os.getpid(), signal.SIGKILL)
 
+    def on_request(self, n: int) -> None:
+        """A service request (the `n`-th, 0-based) taken by a server or sent by a client."""
+        for f in self.faults:
+            if f.request == n and not f.fired and f.action in ("kill", "hang"):
+                f.fired = True
+                os.kill(os.getpid(), signal.SIGKILL if f.action == "kill" else signal.SIGSTOP)
+
     def fail_sync(self, version: int) -> bool:
         for f in self.faults:
             if f.action == "fail_sync" and not f.fired and f.version == version:

@@ -55,9 +55,10 @@ class Parts:
 
 async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjector, *,
                       report: Callable[[Any], Awaitable[None]], started: float,
-                      open_rank_channel: Callable[[], Awaitable[Any]]) -> Parts:
+                      open_rank_channel: Callable[[], Awaitable[Any]], services: dict | None = None) -> Parts:
     """The node built and set up, and every component around it. `open_rank_channel`: binds this
-    rank's channel from its data-parallel peers and returns it (the worker owns channels)."""
+    rank's channel from its data-parallel peers and returns it (the worker owns channels);
+    `services`: what the node sees as `ctx.services` (the worker owns their sockets)."""
     import torch
 
     from flowrl.graph import load_graph
@@ -84,6 +85,8 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
         rank=spec.rank, world_size=spec.world_size, run_dir=Path(spec.run_dir), graph=graph,
         recorder=recorder, log=logging.getLogger(f"flowrl.node.{spec.node}"),
     )
+    if services is not None:
+        nctx.services = services
     shape = Shape.of(cls)  # the node's shape decides its input policies
     version = WeightVersion(nctx)
     sched = graph.schedule

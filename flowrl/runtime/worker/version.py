@@ -25,7 +25,12 @@ class WeightVersion:
     def __init__(self, ctx: Any, value: int = 0):
         self._ctx = ctx  # the NodeContext the user's node sees
         self._value = value
+        self._listeners: list = []
         ctx.policy_version = value
+
+    def listen(self, fn) -> None:
+        """Call `fn(value)` after every change (from the thread that made it; a service's version gate)."""
+        self._listeners.append(fn)
 
     @property
     def value(self) -> int:
@@ -35,6 +40,8 @@ class WeightVersion:
         """This process now holds (or has published) weights of version `value`."""
         self._value = int(value)
         self._ctx.policy_version = self._value
+        for fn in self._listeners:
+            fn(self._value)
 
     def bump(self) -> int:
         """A trainer made a new version (one update after the last): returns it."""

@@ -53,6 +53,7 @@ from flowrl.runtime.worker.faults import FaultInjector
 from flowrl.runtime.worker.heartbeat import Heartbeat
 from flowrl.runtime.worker.pidfile import pid_file, write_pid_file
 from flowrl.runtime.worker.ranks import SHARD
+from flowrl.runtime.worker.services import SERVE_PORT
 from flowrl.runtime.worker.startup import Parts, build_parts
 
 log = logging.getLogger("flowrl.worker")
@@ -94,6 +95,8 @@ class Worker:
         self.faults = FaultInjector(spec.faults, spec.node, spec.replica, spec.rank)
         self.compute = ComputeThread(spec.log_name)  # where every hook of the node runs
         self.parts: Parts | None = None  # the components, once set up
+        self.service_clients: dict = {}  # server node -> ServiceClient (`services: [this -> server]`)
+        self.server = None  # ServiceServer when this node serves requests
         self.stopping = False
         self.wired = False
         self.t_start = time.monotonic()
@@ -123,11 +126,18 @@ class Worker:
         from flowrl.transport import ChannelConfig, Receiver
 
         spec = self.spec
+        handles = self.open_service_clients()
         self.parts = await build_parts(spec, self.compute, self.faults, report=self.send_ctl, started=self.t_start,
-                                       open_rank_channel=self.open_rank_channel)
+                                       open_rank_channel=self.open_rank_channel, services=handles)
+        for client in self.service_clients.values():
+            client.recorder = self.parts.recorder
         graph = self.parts.graph
+        if spec.rank == 0 and SERVE_PORT in spec.inputs:
+            self.bind_server(spec.inputs[SERVE_PORT])
         if spec.rank == 0:
             for port, address in spec.inputs.items():
+                if port == SERVE_PORT:
+                    continue
                 route_caps = [o for o in graph.edges if o.dst == spec.node and o.dst_port in (None, port)]
                 cap = min((graph.edge_capacity(e) for e in route_caps), default=4)
                 cap_bytes = min((e.capacity_bytes for e in route_caps), default=1 << 30)
@@ -140,6 +150,31 @@ class Worker:
                               name=f"{spec.node}.{port}", task_group=self.channel_tg)
                 await rx.bind(address)
                 self.receivers[port] = rx
+
+    def open_service_clients(self):
+        """One client per service this node uses; the node sees them as `ctx.services` (wired later)."""
+        from flowrl.runtime.worker.services import ServiceClient, Services
+
+        handles = Services()
+        for name in self.spec.services:
+            client = ServiceClient(name, curve=lambda key: output_curve(self.spec, key), on_request=self.faults.on_request)
+            client.bind_loop()
+            self.service_clients[name] = client
+            handles[name] = client.handle()
+        return handles
+
+    def bind_server(self, address: str) -> None:
+        """Serve requests (`services: [client -> this node]`): each runs the node's `serve` on the compute thread."""
+        from flowrl.runtime.worker.services import ServiceServer
+
+        parts, spec = self.parts, self.spec
+        node = parts.runner.node
+        self.server = ServiceServer(spec.node, serve=lambda request: self.compute.call(node.serve, request),
+                                    version=parts.version if any(w.dst == spec.node for w in parts.graph.weights) else None,
+                                    recorder=parts.recorder, replica=spec.replica,
+                                    security=input_security(spec, SERVE_PORT, address), on_request=self.faults.on_request)
+        self.server.bind(address)
+        parts.version.listen(self.server.version_changed)
 
     async def open_rank_channel(self):
         """Bind this rank's channel from its data-parallel peers (shards, or the followers' replies)."""
@@ -181,9 +216,19 @@ class Worker:
             if self.spec.rank > 0:
                 self.tg.start_soon(self.input_loop, SHARD, self.rank_rx)
             await parts.steps.wired()  # a rollback ordered before we could reach the followers
+        for name, client in self.service_clients.items():
+            await client.connect((routes or {}).get(f"service:{name}", []))
         for port, rx in self.receivers.items():
             self.tg.start_soon(self.input_loop, port, rx)
         await self.send_ctl(m.Wired(epoch=parts.orders.epoch))
+
+    async def rewire(self, msg: m.Connect | m.Disconnect) -> None:
+        """A consumer replica added, moved or removed: on a data edge, or a service's server."""
+        client = self.service_clients.get(msg.edge.removeprefix("service:")) if msg.edge.startswith("service:") else None
+        if client is not None:
+            await client.rewire(msg)
+        else:
+            await self.parts.outputs.rewire(msg)
 
     async def stop(self, msg: m.Stop) -> None:
         self.stopping = True
@@ -238,7 +283,7 @@ class Worker:
         await self.send_ctl(m.Heartbeat(metrics=self.parts.recorder.drain()))
 
     async def main_loop(self) -> None:
-        handlers, path = handler_table(self.parts, wire=self.wire, stop=self.stop), self.parts.path
+        handlers, path = handler_table(self.parts, wire=self.wire, stop=self.stop, rewire=self.rewire), self.parts.path
         if path.calls is not None:  # `concurrency`: calls run as tasks; an error comes back here
             path.calls.bind(self.tg.start_soon, lambda e: self.events_tx.send(("error", e)))
         while True:
@@ -285,8 +330,10 @@ class Worker:
         if parts.shape.publishes:
             await parts.state.publish_snapshot()  # version 0 (or the checkpoint's), before anything can ask for it
         store_port = parts.weights.store_port if parts.weights is not None else None
-        await self.send_ctl(m.Ready(pid=os.getpid(), store_port=store_port,
-                                    inputs={port: rx.address for port, rx in self.receivers.items()}))
+        bound = {port: rx.address for port, rx in self.receivers.items()}
+        if self.server is not None:
+            bound[SERVE_PORT] = self.server.address
+        await self.send_ctl(m.Ready(pid=os.getpid(), store_port=store_port, inputs=bound))
         self.faults.arm(self.spec.incarnation)
         self.watch_dump_signal()
         try:
@@ -295,6 +342,8 @@ class Worker:
                 tg.start_soon(self.control_loop)
                 tg.start_soon(self.metrics_loop)
                 tg.start_soon(self.faults.timer_loop)
+                if self.server is not None:
+                    tg.start_soon(self.server.run)
                 if parts.shape.stateful and not self.spec.resume_from:
                     await parts.state.save(self.spec.watermark)  # the state every rollback can reach
                 await self.main_loop()
@@ -308,6 +357,10 @@ class Worker:
             return 4
         finally:
             with anyio.CancelScope(shield=True):
+                for client in self.service_clients.values():
+                    client.close()
+                if self.server is not None:
+                    self.server.close()
                 for ch in self.channels():
                     with anyio.move_on_after(1):
                         await ch.aclose()
@@ -357,12 +410,12 @@ class Worker:
                                         line=info["line"], batch_id=batch_id, traceback=info["traceback"]))
 
 
-def handler_table(parts: Parts, *, wire, stop) -> dict:
+def handler_table(parts: Parts, *, wire, stop, rewire=None) -> dict:
     """What each control order does, by its type: every `controller -> node` message has one (the
     rule's test: tests/runtime/test_worker_dispatch.py)."""
     return {m.TicketMsg: parts.orders.ticket, m.Sync: parts.syncs.order, m.Epoch: parts.orders.enter_epoch,
-            m.Progress: parts.orders.progress, m.Wire: wire, m.Connect: parts.outputs.rewire,
-            m.Disconnect: parts.outputs.rewire, m.Stop: stop}
+            m.Progress: parts.orders.progress, m.Wire: wire, m.Connect: rewire or parts.outputs.rewire,
+            m.Disconnect: rewire or parts.outputs.rewire, m.Stop: stop}
 
 
 def main(argv: list[str] | None = None) -> int:
