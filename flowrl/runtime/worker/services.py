@@ -213,7 +213,8 @@ class ServiceClient:
         if not self.replicas:
             raise ServiceError(f"service {self.name!r} has no replicas (scaled to 0?)")
         rid = uuid.uuid4().hex
-        frames = _encode({**meta, "session": session, "deadline_s": max(0.0, deadline - time.monotonic())},
+        left = max(0.0, deadline - time.monotonic())  # the server gives up a little sooner, so its reason comes back
+        frames = _encode({**meta, "session": session, "deadline_s": left - min(1.0, 0.1 * left)},
                          {"prompt": prompt}, rid)
         p = _Pending(rid, frames, session, self.loop.create_future())
         if self.on_request is not None:
@@ -224,14 +225,16 @@ class ServiceClient:
         try:
             reply = await asyncio.wait_for(asyncio.shield(p.future), max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
-            raise ServiceError(f"service {self.name!r}: no answer within {timeout_s:.0f} s (session {session}, "
+            raise ServiceError(f"service {self.name!r}: no answer within {timeout_s:.1f} s (session {session}, "
                                f"sent {p.sends} time(s), last to replica {p.replica}); raise the agent's "
                                "request_timeout_s or look at the rollout's log") from None
         finally:
             if self.pending.pop(rid, None) is not None and 0 <= p.replica < len(self.replicas):
                 self.replicas[p.replica].load -= 1
         if self.recorder is not None:
-            self.recorder.observe("service_latency_s", time.monotonic() - t0)
+            took = time.monotonic() - t0
+            self.recorder.observe("service_latency_s", took)
+            self.recorder.observe("service_latency_s", took, server=f"{self.name}.{reply.replica}")
             self.recorder.count("service_requests", 1)
         return reply
 
@@ -387,7 +390,7 @@ class ServiceServer:
         t0 = time.monotonic()
         deadline = t0 + float(meta.get("deadline_s", REQUEST_TIMEOUT_S))
         self.in_flight += 1
-        self.recorder.gauge("service_queue", self.in_flight, across="sum")
+        self.gauge()
         reply: dict = {"replica": self.replica}
         tensors: dict = {}
         try:
@@ -414,12 +417,17 @@ class ServiceServer:
             log.warning("service %s: request %s failed: %s", self.node_name, rid, reply["error"])
         finally:
             self.in_flight -= 1
-            self.recorder.gauge("service_queue", self.in_flight, across="sum")
+            self.gauge()
             self.recorder.observe("service_serve_s", time.monotonic() - t0)
         try:
             await self.sock.send_multipart([ident, *_encode(reply, tensors, rid)], copy=False)
         except zmq.ZMQError as e:
             log.warning("service %s: could not answer %s: %s", self.node_name, rid, e)
+
+    def gauge(self) -> None:
+        """Requests in flight here: in the engine, or waiting for a version (per replica, and summed)."""
+        self.recorder.gauge("service_queue", self.in_flight, across="sum")
+        self.recorder.gauge("service_queue", self.in_flight, across="sum", server=f"{self.node_name}.{self.replica}")
 
     def close(self) -> None:
         for t in list(self.tasks):
