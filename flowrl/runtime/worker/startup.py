@@ -12,6 +12,7 @@ Order matters and is the one the node sees: devices and the process group first,
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,6 +143,25 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
     return Parts(graph=graph, shape=shape, recorder=recorder, version=version, runner=runner, state=state,
                  weights=weights, outputs=outputs, ranks=ranks, syncs=syncs, steps=steps, path=path, orders=orders,
                  input_labels=input_labels)
+
+
+def bind_devices(spec: ProcSpec) -> None:
+    """Fix this process's devices before torch (or CUDA) is used. Under Ray, a process with GPUs
+    uses the GPUs Ray assigned its actor (Ray accounts for them cluster-wide) in place of the plan's
+    physical ids; the logical ids (`cuda:0..n-1`) are the same, the plan's ids stay in
+    `FLOWRL_PLAN_CUDA_VISIBLE_DEVICES`."""
+    os.environ.update(spec.env)
+    assigned = os.environ.pop("FLOWRL_RAY_CUDA_VISIBLE_DEVICES", None)
+    if assigned is not None and spec.device_type == "cuda":
+        ids = [i for i in assigned.split(",") if i.strip()]
+        if len(ids) != len(spec.devices):
+            raise RuntimeError(f"{spec.proc_id}: Ray assigned GPUs {assigned!r} to this process's actor but the plan "
+                               f"gives it {len(spec.devices)} ({spec.devices}); the actor must ask Ray for num_gpus="
+                               f"{len(spec.devices)}")
+        os.environ["FLOWRL_PLAN_CUDA_VISIBLE_DEVICES"] = spec.env.get("CUDA_VISIBLE_DEVICES", "")
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+    if spec.device_type == "cpu" and spec.cpu_cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, spec.cpu_cores)
 
 
 def edge_labels(graph, node: str) -> tuple[dict[str, str], dict[str, str]]:

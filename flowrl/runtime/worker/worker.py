@@ -53,29 +53,10 @@ from flowrl.runtime.worker.faults import FaultInjector
 from flowrl.runtime.worker.heartbeat import Heartbeat
 from flowrl.runtime.worker.pidfile import pid_file, write_pid_file
 from flowrl.runtime.worker.ranks import SHARD
-from flowrl.runtime.worker.services import SERVE_PORT
-from flowrl.runtime.worker.startup import Parts, build_parts
+from flowrl.runtime.worker.services import SERVE_PORT, ServiceEnds
+from flowrl.runtime.worker.startup import Parts, bind_devices, build_parts  # noqa: F401 - bind_devices: tests import it here
 
 log = logging.getLogger("flowrl.worker")
-
-
-def bind_devices(spec: ProcSpec) -> None:
-    """Fix this process's devices before torch (or CUDA) is used. Under Ray, a process with GPUs
-    uses the GPUs Ray assigned its actor (Ray accounts for them cluster-wide) in place of the plan's
-    physical ids; the logical ids (`cuda:0..n-1`) are the same, the plan's ids stay in
-    `FLOWRL_PLAN_CUDA_VISIBLE_DEVICES`."""
-    os.environ.update(spec.env)
-    assigned = os.environ.pop("FLOWRL_RAY_CUDA_VISIBLE_DEVICES", None)
-    if assigned is not None and spec.device_type == "cuda":
-        ids = [i for i in assigned.split(",") if i.strip()]
-        if len(ids) != len(spec.devices):
-            raise RuntimeError(f"{spec.proc_id}: Ray assigned GPUs {assigned!r} to this process's actor but the plan "
-                               f"gives it {len(spec.devices)} ({spec.devices}); the actor must ask Ray for num_gpus="
-                               f"{len(spec.devices)}")
-        os.environ["FLOWRL_PLAN_CUDA_VISIBLE_DEVICES"] = spec.env.get("CUDA_VISIBLE_DEVICES", "")
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
-    if spec.device_type == "cpu" and spec.cpu_cores and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, spec.cpu_cores)
 
 
 class Worker:
@@ -95,8 +76,7 @@ class Worker:
         self.faults = FaultInjector(spec.faults, spec.node, spec.replica, spec.rank)
         self.compute = ComputeThread(spec.log_name)  # where every hook of the node runs
         self.parts: Parts | None = None  # the components, once set up
-        self.service_clients: dict = {}  # server node -> ServiceClient (`services: [this -> server]`)
-        self.server = None  # ServiceServer when this node serves requests
+        self.services = ServiceEnds(spec, self.faults)  # `services:` of the graph, as client or server
         self.stopping = False
         self.wired = False
         self.t_start = time.monotonic()
@@ -126,14 +106,10 @@ class Worker:
         from flowrl.transport import ChannelConfig, Receiver
 
         spec = self.spec
-        handles = self.open_service_clients()
         self.parts = await build_parts(spec, self.compute, self.faults, report=self.send_ctl, started=self.t_start,
-                                       open_rank_channel=self.open_rank_channel, services=handles)
-        for client in self.service_clients.values():
-            client.recorder = self.parts.recorder
+                                       open_rank_channel=self.open_rank_channel, services=self.services.open_clients())
+        self.services.attach(self.parts, self.compute)
         graph = self.parts.graph
-        if spec.rank == 0 and SERVE_PORT in spec.inputs:
-            self.bind_server(spec.inputs[SERVE_PORT])
         if spec.rank == 0:
             for port, address in spec.inputs.items():
                 if port == SERVE_PORT:
@@ -150,31 +126,6 @@ class Worker:
                               name=f"{spec.node}.{port}", task_group=self.channel_tg)
                 await rx.bind(address)
                 self.receivers[port] = rx
-
-    def open_service_clients(self):
-        """One client per service this node uses; the node sees them as `ctx.services` (wired later)."""
-        from flowrl.runtime.worker.services import ServiceClient, Services
-
-        handles = Services()
-        for name in self.spec.services:
-            client = ServiceClient(name, curve=lambda key: output_curve(self.spec, key), on_request=self.faults.on_request)
-            client.bind_loop()
-            self.service_clients[name] = client
-            handles[name] = client.handle()
-        return handles
-
-    def bind_server(self, address: str) -> None:
-        """Serve requests (`services: [client -> this node]`): each runs the node's `serve` on the compute thread."""
-        from flowrl.runtime.worker.services import ServiceServer
-
-        parts, spec = self.parts, self.spec
-        node = parts.runner.node
-        self.server = ServiceServer(spec.node, serve=lambda request: self.compute.call(node.serve, request),
-                                    version=parts.version if any(w.dst == spec.node for w in parts.graph.weights) else None,
-                                    recorder=parts.recorder, replica=spec.replica,
-                                    security=input_security(spec, SERVE_PORT, address), on_request=self.faults.on_request)
-        self.server.bind(address)
-        parts.version.listen(self.server.version_changed)
 
     async def open_rank_channel(self):
         """Bind this rank's channel from its data-parallel peers (shards, or the followers' replies)."""
@@ -216,18 +167,14 @@ class Worker:
             if self.spec.rank > 0:
                 self.tg.start_soon(self.input_loop, SHARD, self.rank_rx)
             await parts.steps.wired()  # a rollback ordered before we could reach the followers
-        for name, client in self.service_clients.items():
-            await client.connect((routes or {}).get(f"service:{name}", []))
+        await self.services.connect(routes)
         for port, rx in self.receivers.items():
             self.tg.start_soon(self.input_loop, port, rx)
         await self.send_ctl(m.Wired(epoch=parts.orders.epoch))
 
     async def rewire(self, msg: m.Connect | m.Disconnect) -> None:
         """A consumer replica added, moved or removed: on a data edge, or a service's server."""
-        client = self.service_clients.get(msg.edge.removeprefix("service:")) if msg.edge.startswith("service:") else None
-        if client is not None:
-            await client.rewire(msg)
-        else:
+        if not await self.services.rewire(msg):
             await self.parts.outputs.rewire(msg)
 
     async def stop(self, msg: m.Stop) -> None:
@@ -331,9 +278,7 @@ class Worker:
             await parts.state.publish_snapshot()  # version 0 (or the checkpoint's), before anything can ask for it
         store_port = parts.weights.store_port if parts.weights is not None else None
         bound = {port: rx.address for port, rx in self.receivers.items()}
-        if self.server is not None:
-            bound[SERVE_PORT] = self.server.address
-        await self.send_ctl(m.Ready(pid=os.getpid(), store_port=store_port, inputs=bound))
+        await self.send_ctl(m.Ready(pid=os.getpid(), store_port=store_port, inputs={**bound, **self.services.bound()}))
         self.faults.arm(self.spec.incarnation)
         self.watch_dump_signal()
         try:
@@ -342,8 +287,8 @@ class Worker:
                 tg.start_soon(self.control_loop)
                 tg.start_soon(self.metrics_loop)
                 tg.start_soon(self.faults.timer_loop)
-                if self.server is not None:
-                    tg.start_soon(self.server.run)
+                if self.services.server is not None:
+                    tg.start_soon(self.services.server.run)
                 if parts.shape.stateful and not self.spec.resume_from:
                     await parts.state.save(self.spec.watermark)  # the state every rollback can reach
                 await self.main_loop()
@@ -357,10 +302,7 @@ class Worker:
             return 4
         finally:
             with anyio.CancelScope(shield=True):
-                for client in self.service_clients.values():
-                    client.close()
-                if self.server is not None:
-                    self.server.close()
+                self.services.close()
                 for ch in self.channels():
                     with anyio.move_on_after(1):
                         await ch.aclose()
