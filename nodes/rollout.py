@@ -46,6 +46,10 @@ class Rollout(flowrl.Node):
         """What a weights version arriving mid-generation does to the sequences in flight (continuous
         engines): `keep` goes on with the new weights (tokens record their versions), `restart`
         starts them again from their prompts, `finish` lets them end on the old weights first."""
+        record_requests: bool = False
+        """Write every service request's prompt and generated tokens to
+        `RUN_DIR/served/<node>.<replica>.jsonl` (one line each, with its session): what
+        `flowrl.agents.exact.check_run` compares the agents' trajectories with."""
         layout: Literal["ragged", "padded"] = "ragged"
         """`ragged`: every sample its own length (see nodes/common.py). `padded`: the rectangular layout
         of earlier versions (tokens [R, P+T] with prompts left-padded, response_mask / logprobs [R, T]),
@@ -153,9 +157,22 @@ class Rollout(flowrl.Node):
         tokens = out.tokens.values[mask]
         versions = out.versions.values[mask] if out.versions is not None else torch.full_like(tokens, held)
         stopped = len(tokens) > 0 and int(tokens[-1]) in sampling.stops
+        if cfg.record_requests:
+            self.served(request, prompt[0].tolist(), tokens.tolist())
         return Completion(tokens=tokens.tolist(), logprobs=out.logprobs.values[mask].float().tolist(),
                           versions=versions.tolist(), finish="stop" if stopped else "length",
                           replica=self.ctx.replica, temperature=sampling.temperature, top_p=sampling.top_p)
+
+    def served(self, request: dict, prompt: list[int], tokens: list[int]) -> None:
+        """One line of `RUN_DIR/served/`: the engine's own record of what it was asked and gave."""
+        import json
+
+        if self.ctx.run_dir is None:
+            return
+        folder = self.ctx.run_dir / "served"
+        folder.mkdir(exist_ok=True)
+        with open(folder / f"{self.ctx.name}.{self.ctx.replica}.jsonl", "a") as f:
+            f.write(json.dumps({"session": request.get("session"), "prompt": prompt, "tokens": tokens}) + "\n")
 
     def record(self, out, seconds: float) -> None:
         """Latency and tokens of this call; the engine's occupancy since the previous record."""
