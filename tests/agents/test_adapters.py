@@ -247,3 +247,105 @@ def test_textarena_config_mistakes_name_the_fix():
         TextArenaEnv("TicTacToe-v0").reset({"index": 0})
     with pytest.raises(ValueError, match="seed_by"):
         TextArenaEnv("GuessTheNumber-v0", seed_by="ticket")
+
+
+# --- verifiers (0.4: verifiers.v1) -------------------------------------------------------------
+
+VF_PLUGIN = '''
+"""A verifiers taskset and an in-process chat harness (verifiers' own null/bash harnesses
+bootstrap their program with `uv sync`, which needs the network)."""
+import openai
+import verifiers.v1 as vf
+from verifiers.v1.runtimes import ProgramResult
+
+
+class SumData(vf.TaskData):
+    answer: str
+
+
+class SumTask(vf.Task[SumData, vf.State, vf.TaskConfig]):
+    @vf.reward
+    async def correct(self, trace) -> float:
+        reply = trace.branches[-1].messages[-1].content
+        return 1.0 if reply.strip().endswith("#### " + self.data.answer) else 0.0
+
+
+class SumTaskset(vf.Taskset[SumTask, vf.TasksetConfig]):
+    def load(self):
+        for a, b in [(2, 3), (6, 7), (10, 1)]:
+            yield SumTask(SumData(prompt=f"What is {a}+{b}?", answer=str(a + b)), self.config.task)
+
+
+class ChatHarness(vf.Harness[vf.HarnessConfig]):
+    EXECUTES_CODE = False
+    NEEDS_CONTAINER = False
+
+    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **kwargs):
+        client = openai.AsyncOpenAI(base_url=endpoint, api_key=secret)
+        await client.chat.completions.create(model=ctx.model, messages=[{"role": "user", "content": data.prompt}])
+        return ProgramResult(0, "", "")
+
+
+__all__ = ["SumTaskset", "ChatHarness"]
+'''
+
+
+def test_verifiers_agent_runs_a_verifiers_episode_through_the_given_client_and_returns_its_reward(tmp_path,
+                                                                                                monkeypatch):
+    pytest.importorskip("verifiers.v1")
+    openai = pytest.importorskip("openai")
+    web = pytest.importorskip("aiohttp.web")
+    from flowrl.agents.adapters.verifiers import VerifiersEpisodeError, verifiers_agent
+
+    (tmp_path / "flowrl_vf_sums.py").write_text(VF_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[tuple[str, str | None, str | None]] = []
+
+    async def chat(request):                     # the scripted model: right on 2+3 and 10+1, wrong on 6+7
+        body = await request.json()
+        question = body["messages"][-1]["content"]
+        seen.append((question, request.headers.get("Authorization"), request.headers.get("X-Flowrl-Session")))
+        if "10+1" in question and request.headers.get("X-Flowrl-Session") == "boom":
+            return web.json_response({"error": {"message": "engine gone"}}, status=400)
+        answer = {"What is 2+3?": "5", "What is 6+7?": "12"}.get(question, "11")
+        return web.json_response({"id": "c1", "object": "chat.completion", "created": 0, "model": body["model"],
+                                  "choices": [{"index": 0, "finish_reason": "stop",
+                                               "message": {"role": "assistant", "content": f"So: #### {answer}"}}],
+                                  "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}})
+
+    async def main():
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
+        agent = verifiers_agent({"taskset": {"id": "flowrl_vf_sums"},
+                                 "agent": {"harness": {"id": "flowrl_vf_sums"}, "runtime": {"type": "subprocess"}}})
+        try:
+            rewards = []
+            for index, session in [(0, "e0"), (1, "e1"), (5, "e5")]:     # index 5 is task 5 % 3 = 2
+                client = openai.AsyncOpenAI(base_url=url, api_key="run-token",
+                                            default_headers={"X-Flowrl-Session": session})
+                rewards.append(await agent(client, {"index": index, "sample": 0, "seed": 0, "ticket": 0}))
+            client = openai.AsyncOpenAI(base_url=url, api_key="run-token", default_headers={"X-Flowrl-Session": "boom"})
+            with pytest.raises(VerifiersEpisodeError, match="verifiers episode for task 2 failed"):
+                await agent(client, {"index": 2})
+            return rewards
+        finally:
+            await agent.aclose()
+            await runner.cleanup()
+
+    assert asyncio.run(main()) == [1.0, 0.0, 1.0]
+    assert seen[:3] == [("What is 2+3?", "Bearer run-token", "e0"), ("What is 6+7?", "Bearer run-token", "e1"),
+                        ("What is 10+1?", "Bearer run-token", "e5")]
+
+
+def test_verifiers_agent_without_verifiers_says_what_to_install(monkeypatch):
+    from flowrl.agents.adapters.verifiers import verifiers_agent
+
+    monkeypatch.setitem(sys.modules, "verifiers", None)
+    monkeypatch.setitem(sys.modules, "verifiers.v1", None)
+    with pytest.raises(ImportError, match=r"verifiers_agent needs verifiers>=0.4 .*pip install 'flowrl\[agents\]'"):
+        asyncio.run(verifiers_agent({"taskset": {"id": "x"}})(object(), {"index": 0}))
