@@ -32,8 +32,9 @@ messages it stands for. A chat call whose messages repeat a chain's conversation
 assistant messages being the ones the gateway returned, compared by content and tool calls
 (names and JSON arguments, not ids) -- continues that chain: the earlier ids are reused exactly
 (first prompt, the engine's tokens, the environment ids made before), and only the new messages
-are formatted, with ``fmt.extend(new_messages)``. A call that repeats a *prefix* of a chain
-(a retry) forks a copy of that prefix. Any other call (edited history, other tools) starts a new
+are formatted, with ``fmt.extend(new_messages)``. A call that repeats a *prefix* of a chain (a
+retry, or new messages after an earlier turn), or that continues a chain another call of the
+session continued meanwhile (concurrent calls), forks a copy of that prefix: still token-exact. Any other call (edited history, other tools) starts a new
 chain with ``fmt.start(messages, tools)``, counted as ``diverged``: its earlier assistant turns are
 re-rendered from text, so only the new chain's own model turns are exact. After a turn cut by
 ``length`` (no stop token), the chain gets ``fmt.stop_ids[0]`` as an environment token before the

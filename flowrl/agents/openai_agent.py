@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import numbers
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -88,7 +89,7 @@ def _reward(result: Any) -> tuple[float, dict[str, Any]]:
                              "return a number or {'reward': r, ...}")
         info = {k: v for k, v in result.items() if k != "reward"}
         result = result["reward"]
-    if isinstance(result, bool) or not isinstance(result, (int, float)) or not math.isfinite(result):
+    if isinstance(result, bool) or not isinstance(result, numbers.Real) or not math.isfinite(result):
         raise ValueError(f"the agent returned reward {result!r}; return a finite number or {{'reward': r, ...}}")
     return float(result), info
 

@@ -99,11 +99,15 @@ class ScriptedGen:
         self.turns, self.finish, self.error = list(turns), list(finish or []), error
         self.calls: list[dict[str, Any]] = []
         self.block: asyncio.Event | None = None
+        self.release_at = 0
+        """With ``block``: calls wait until this many calls were made, then all go on."""
 
     async def complete(self, prompt, *, session, max_new_tokens, stop=(), min_version=0, seed=0, timeout_s=None):
         self.calls.append(dict(prompt=list(prompt), session=session, max_new_tokens=max_new_tokens, stop=tuple(stop),
                                min_version=min_version, seed=seed))
         if self.block is not None:
+            if self.release_at and len(self.calls) >= self.release_at:
+                self.block.set()
             await self.block.wait()
         if self.error is not None:
             raise self.error
@@ -487,3 +491,60 @@ def test_run_agent_episode_ends_on_max_turns_deadline_and_agent_errors(tok):
     assert b.finish == "deadline" and "0.2" in b.error
     assert c.finish == "env_error" and "no such tool" in c.error
     assert d.finish == "env_error" and "'yes'" in d.error
+
+
+def test_concurrent_calls_of_one_session_each_keep_their_own_chain(tok):
+    fmt = HermesFormat(tok)
+    turns = {t: spell(tok, t) for t in ("first", "second", "a2", "b2", "c2")}
+    gen = ScriptedGen(list(turns.values()))
+
+    async def together(*calls):
+        """The calls' model turns start only once all of them reached the model (then none has committed)."""
+        gen.block, gen.release_at = asyncio.Event(), len(gen.calls) + len(calls)
+        return await asyncio.gather(*calls)
+
+    async def main():
+        gw, client = await serve(gen, fmt)
+        create = client.chat.completions.create
+        try:
+            ra, rb = await together(create(model="p", messages=QUESTION), create(model="p", messages=QUESTION))
+            answers = [r.choices[0].message for r in (ra, rb)]
+            assert {m.content for m in answers} == {"first", "second"}
+            go = {"role": "user", "content": "go"}
+            follow = [[*QUESTION, m.model_dump(exclude_none=True), go] for m in answers]
+            # Both continue the first chain at once: the first to finish extends it, the other forks.
+            await together(create(model="p", messages=follow[0]), create(model="p", messages=follow[0]))
+            await together(create(model="p", messages=follow[1]))
+            return gw.close_session("t0-0-0"), [turns[m.content] for m in answers]  # a: ra's (first or second)
+        finally:
+            await client.close()
+            await gw.stop()
+
+    traj, (a, b) = run(main())
+    prompt, env = fmt.render(QUESTION), fmt.extend([{"role": "user", "content": "go"}])
+    assert [c["prompt"] for c in gen.calls] == [prompt, prompt, prompt + a + env, prompt + a + env, prompt + b + env]
+    assert traj.info["diverged"] == 0 and traj.info["forks"] == 1 and traj.info["chains"] == 3
+    second = spell(tok, "second")  # the longer first answer: the longest chain goes on from it
+    assert traj.tokens[:len(prompt) + len(second) + len(env)] == prompt + second + env and traj.turns == 2
+    assert len(traj.tokens) == len(prompt + second + env) + 3
+
+
+def test_a_call_past_the_token_budget_is_400_and_ends_the_episode_as_token_budget(tok):
+    async def agent(client, task):
+        try:
+            await client.chat.completions.create(model="p", messages=QUESTION)
+        except openai.BadRequestError as e:
+            return {"reward": 0.0, "code": e.body["code"]}
+        return 1.0
+
+    async def main():
+        gen = ScriptedGen([spell(tok, "x")])
+        try:
+            traj = await run_agent_episode(agent, {}, gen, HermesFormat(tok), limits=Limits(max_tokens=20),
+                                           session="s-budget")
+            return traj, gen.calls
+        finally:
+            await stop_process_gateway()
+
+    traj, calls = run(main())
+    assert traj.finish == "token_budget" and traj.info["code"] == "token_budget" and calls == []
