@@ -22,7 +22,7 @@ sees the request. An unknown or closed slug is 404. Bodies over ``max_body_bytes
 ``tools``; ``tool_choice`` is accepted and ignored: the model decides), ``POST /completions``
 (``prompt`` as a string, which needs a chat format with ``encode``, or as a list of token ids),
 ``GET /models``. ``max_tokens`` / ``max_completion_tokens`` can only lower the session's
-``max_new_tokens``. ``temperature``, ``top_p``, ``seed`` and the like are accepted and ignored:
+``max_new_tokens``. ``temperature``, ``top_p``, ``seed``, ``stop`` and the like are accepted and ignored:
 sampling is the rollout's (the trainer reads it from the batch), and the draws are seeded by the
 session's seed and the call's index. ``n`` must be 1 and ``stream`` false (400 otherwise).
 ``model`` is ignored. Log-probs and versions are never returned: they go to the trajectory.
@@ -34,11 +34,14 @@ assistant messages being the ones the gateway returned, compared by content and 
 (first prompt, the engine's tokens, the environment ids made before), and only the new messages
 are formatted, with ``fmt.extend(new_messages)``. A call that repeats a *prefix* of a chain (a
 retry, or new messages after an earlier turn), or that continues a chain another call of the
-session continued meanwhile (concurrent calls), forks a copy of that prefix: still token-exact. Any other call (edited history, other tools) starts a new
-chain with ``fmt.start(messages, tools)``, counted as ``diverged``: its earlier assistant turns are
+session continued meanwhile (concurrent calls), forks a copy of that prefix: still token-exact.
+Any other call (edited history, other tools) starts a new chain with ``fmt.start(messages, tools)``, counted as ``diverged``: its earlier assistant turns are
 re-rendered from text, so only the new chain's own model turns are exact. After a turn cut by
 ``length`` (no stop token), the chain gets ``fmt.stop_ids[0]`` as an environment token before the
 next messages, so the turn is closed the way the template expects.
+
+Formatting (``fmt.start`` / ``fmt.extend``) runs on the loop: it is a chat template over the new
+messages only, except on a diverged call.
 
 ``close_session`` returns the longest chain as a :class:`~flowrl.agents.base.Trajectory`:
 segments ``prompt`` (the first ``fmt.start``), ``model`` (mask True, the engine's log-probs and
@@ -229,6 +232,10 @@ class _Plan:
 
 @dataclass
 class _Session:
+    """One episode's state: its generator, chat format and limits, and the chains its calls built.
+    A plain object: ``plan_*`` says where a call's prompt comes from (formatting only what is new),
+    ``commit`` adds the model's turn; the server does the I/O in between."""
+
     name: str
     slug: str
     key: str
@@ -315,7 +322,8 @@ class _Session:
         chain.calls.append((len(chain.tokens), n_calls))
         if chain.messages is not None and answer_key is not None:
             chain.messages.append(answer_key)
-            chain.marks.append(_Mark(len(chain.messages), len(chain.tokens), "cut" if out.finish == "length" else "turn"))
+            kind = "cut" if out.finish == "length" else "turn"
+            chain.marks.append(_Mark(len(chain.messages), len(chain.tokens), kind))
 
     def trajectory(self) -> Trajectory:
         """The longest chain (the latest of equals) as the episode's trajectory."""
