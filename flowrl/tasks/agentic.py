@@ -1,0 +1,130 @@
+"""Two multi-turn environments the built-in tiny model learns from random weights by RL on a CPU.
+
+    >>> env = CalcEnv()
+    >>> env.reset({"index": 0, "seed": 5})           # 3-digit x 3-digit, shown as text
+    '...*...'                                                                   # doctest: +SKIP
+    >>> env = resolve_env("guess")()                  # built-in name, or "pkg.mod:Class"
+
+``calc`` (:class:`CalcEnv`): a tool task. The model is shown ``a*b`` (two 3-digit numbers) and
+must answer the product -- which a model of a few hundred thousand parameters cannot compute, but
+can look up: a turn ``=EXPR`` is a call of the ``calc`` tool (the char format's compact form, see
+``flowrl.agents.chat``), whose answer comes back as the next message; copying it is the answer.
+The whole successful episode, in characters (``$`` = EOS, the model's turns in brackets)::
+
+    ^417*382\\n [=417*382$] 159294\\n [159294$]
+
+Reward, shaped so that both skills can be found by sampling from scratch:
+``call_weight`` (0.2) x (1/2 + 1/2 x the share of the question's characters the first call's
+expression has right, position by position) -- half for calling at all, given through the env's
+``on_tools`` hook -- plus ``answer_weight``
+(0.8) x the share of the product's digits the answer has right, position by position (an answer
+longer than the product counts the extra characters as wrong). 1.0 = a right call and a right
+answer. Answering without a call ends the episode with the answer's share only.
+
+``guess`` (:class:`GuessEnv`): a task that needs the environment's feedback. A hidden digit
+0-9; each model turn is a guess (its first character), the environment answers ``<`` (the
+hidden digit is lower), ``>`` (higher) or ``?`` (not a digit). Reward 1 when the guess is right
+(the episode ends), 0 when ``max_guesses`` (5) guesses missed. Binary search always finds it
+within 4, blind guessing about a third of the time, so the reward measures how well the model
+uses what the earlier turns revealed::
+
+    ^?\\n [5$] >\\n [8$] <\\n [7$]          -> reward 1
+
+Both are pure functions of ``task["seed"]``: a replayed ticket gets the same episodes (the agent
+node gives every sample of a task the same task seed, so a GRPO group shares one problem).
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from typing import Any
+
+from flowrl.agents.base import Step
+
+
+def _rng(task: dict[str, Any]) -> random.Random:
+    return random.Random(int(task.get("seed", 0)) * 1_000_003 + int(task.get("index", 0)))
+
+
+def positional_share(got: str, want: str) -> float:
+    """Share of ``want``'s characters ``got`` has at the same positions (extra characters count
+    as wrong: divided by the longer of the two)."""
+    if not want:
+        return float(not got)
+    hits = sum(a == b for a, b in zip(got, want))
+    return hits / max(len(want), len(got))
+
+
+class CalcEnv:
+    """The tool task (see the module docstring)."""
+
+    tools = ("calc",)
+    """Tools the task is meant to be played with (the agent node's default)."""
+
+    def __init__(self, digits: int = 3, call_weight: float = 0.2, answer_weight: float = 0.8):
+        if digits < 1:
+            raise ValueError(f"digits={digits}; operands need at least one digit")
+        self.digits, self.call_weight, self.answer_weight = digits, call_weight, answer_weight
+        self.expr, self.answer, self.called = "", "", False
+
+    def reset(self, task: dict[str, Any]) -> str:
+        rng = _rng(task)
+        lo, hi = 10 ** (self.digits - 1), 10**self.digits - 1
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        self.expr, self.answer, self.called = f"{a}*{b}", str(a * b), False
+        return self.expr
+
+    def on_tools(self, calls, results) -> float:
+        if self.called:
+            return 0.0
+        self.called = True
+        share = positional_share(str(calls[0].arguments.get("expr", "")), self.expr)
+        return self.call_weight * (0.5 + 0.5 * share)
+
+    def step(self, text: str) -> Step:
+        share = positional_share(text.strip(), self.answer)
+        return Step(reward=self.answer_weight * share, done=True, info={"answer_share": share})
+
+
+class GuessEnv:
+    """The feedback task (see the module docstring)."""
+
+    tools = ()
+
+    def __init__(self, max_guesses: int = 5, high: int = 9):
+        if not 1 <= high <= 9:
+            raise ValueError(f"high={high}; the hidden number is one digit, 1..9")
+        self.max_guesses, self.high = max_guesses, high
+        self.hidden, self.guesses = 0, 0
+
+    def reset(self, task: dict[str, Any]) -> str:
+        self.hidden, self.guesses = _rng(task).randint(0, self.high), 0
+        return "?"
+
+    def step(self, text: str) -> Step:
+        self.guesses += 1
+        guess = text[:1]
+        if guess == str(self.hidden):
+            return Step(reward=1.0, done=True, info={"guesses": self.guesses})
+        if self.guesses >= self.max_guesses:
+            return Step(reward=0.0, done=True, info={"guesses": self.guesses})
+        hint = "?" if not guess.isdigit() else ("<" if self.hidden < int(guess) else ">")
+        return Step(messages=[{"role": "user", "content": hint}])
+
+
+BUILTIN_ENVS = {"calc": CalcEnv, "guess": GuessEnv}
+
+
+def resolve_env(name: str) -> type:
+    """A built-in environment (``calc``, ``guess``) or ``"pkg.mod:Class"``."""
+    if name in BUILTIN_ENVS:
+        return BUILTIN_ENVS[name]
+    module, sep, attr = name.partition(":")
+    if not sep:
+        raise ValueError(f"env {name!r}: give a built-in environment ({', '.join(BUILTIN_ENVS)}) or a class "
+                         "as 'package.module:Class'")
+    cls = getattr(importlib.import_module(module), attr, None)
+    if cls is None:
+        raise ValueError(f"env {name!r}: module {module!r} has no {attr!r}")
+    return cls
