@@ -35,7 +35,7 @@ from flowrl.tasks.agentic import resolve_env
 
 
 async def train(args) -> list[dict]:
-    from nodes.advantages import GroupAdvantages
+    from flowrl.nodes.advantages import GroupAdvantages
 
     spec = TinyLMSpec(vocab_size=102, d_model=args.d_model, n_layers=args.n_layers, n_heads=4,
                       max_seq_len=args.max_tokens)
@@ -76,11 +76,29 @@ async def train(args) -> list[dict]:
         print(f"step {row['step']:4d} {row['wall_s']:7.1f}s reward {row['reward']:.3f} turns {row['turns']:.2f} "
               f"tools {row['tool_calls']:.2f} model_tok {row['model_tokens']:.1f} "
               f"entropy {row['entropy']:.3f} {row['finishes']}", flush=True)
+        if args.show and step % args.show == 0:
+            for traj in trajs[: 2]:
+                print("    ", show(traj), traj.reward, flush=True)
         recent = rows[-args.window:]
         if len(recent) == args.window and sum(r["reward"] for r in recent) / args.window >= args.target:
             break
     engine.close()
     return rows
+
+
+def show(traj) -> str:
+    """The episode as text: the model's turns in brackets, EOS as $."""
+    from flowrl.data.tokenizer import CHAR_IDS
+    from flowrl.tasks import BOS, EOS
+
+    chars = {i: c for c, i in CHAR_IDS.items()} | {EOS: "$", BOS: "^"}
+    out, model = [], False
+    for tok, m in zip(traj.tokens, traj.mask):
+        if m != model:
+            out.append("[" if m else "]")
+            model = m
+        out.append(chars.get(tok, "?").replace("\n", "|"))
+    return "".join(out) + ("]" if model else "")
 
 
 def main(argv=None) -> int:
@@ -101,6 +119,7 @@ def main(argv=None) -> int:
     p.add_argument("--target", type=float, default=0.9, help="stop once the mean over --window steps reaches it")
     p.add_argument("--window", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--show", type=int, default=0, help="print two episodes every this many steps")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)

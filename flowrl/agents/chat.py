@@ -15,8 +15,10 @@ Two formats, picked from the model by :func:`chat_format`:
   newline; the model's turn ends with EOS (kept as generated); ``extend`` = each new message's
   content and a newline (no BOS). Roles are not rendered: a task's messages say what they are by
   their content (the model learns them from scratch anyway). Tools are not rendered either; the
-  compact call form is a turn that starts with ``=``: ``=EXPR`` is ``calc(expr=EXPR)`` -- two
-  characters of syntax a model can discover by RL from random weights. Hermes blocks (below) are
+  compact call form is a turn that starts with ``=``: ``=EXPR`` is ``calc(expr=EXPR)``, EXPR
+  being the longest run of arithmetic characters (digits, ``+-*/%(). ``) after the ``=`` (what
+  follows it is ignored) -- one character of syntax a model can discover by RL from random
+  weights. Hermes blocks (below) are
   parsed too.
 - :class:`TemplateChat`, a Hugging Face tokenizer with a chat template. ``start`` is
   ``apply_chat_template(messages, tools=tools, add_generation_prompt=True)``. ``extend`` renders a
@@ -42,6 +44,7 @@ from typing import Any
 
 from flowrl.agents.base import ToolCall
 
+_COMPACT = re.compile(r"=([0-9+\-*/%(). ]*)")
 _HERMES = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 
 STOP_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
@@ -95,8 +98,9 @@ class CharChat:
     def tool_calls(self, text: str) -> list[ToolCall]:
         if "<tool_call>" in text:
             return hermes_tool_calls(text)
-        if text.startswith("="):
-            return [ToolCall(self.compact_tool, {self.compact_arg: text[1:].strip()}, "call_0")]
+        m = _COMPACT.match(text)
+        if m:
+            return [ToolCall(self.compact_tool, {self.compact_arg: m.group(1).strip()}, "call_0")]
         return []
 
 

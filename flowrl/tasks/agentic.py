@@ -6,20 +6,21 @@
     >>> env = resolve_env("guess")()                  # built-in name, or "pkg.mod:Class"
 
 ``calc`` (:class:`CalcEnv`): a tool task. The model is shown ``a*b`` (two 3-digit numbers) and
-must answer the product -- which a model of a few hundred thousand parameters cannot compute, but
+must answer the product (its leading digits are read) -- which a model of a few hundred thousand parameters cannot compute, but
 can look up: a turn ``=EXPR`` is a call of the ``calc`` tool (the char format's compact form, see
 ``flowrl.agents.chat``), whose answer comes back as the next message; copying it is the answer.
 The whole successful episode, in characters (``$`` = EOS, the model's turns in brackets)::
 
     ^417*382\\n [=417*382$] 159294\\n [159294$]
 
-Reward, shaped so that both skills can be found by sampling from scratch:
-``call_weight`` (0.2) x (1/2 + 1/2 x the share of the question's characters the first call's
-expression has right, position by position) -- half for calling at all, given through the env's
-``on_tools`` hook -- plus ``answer_weight``
-(0.8) x the share of the product's digits the answer has right, position by position (an answer
-longer than the product counts the extra characters as wrong). 1.0 = a right call and a right
-answer. Answering without a call ends the episode with the answer's share only.
+Reward, shaped so that each skill can be found by sampling from scratch, and 1.0 only for a
+right answer: ``call_weight`` (0.25) x (1/2 for calling at all + 1/2 x the first call's
+expression vs the question, character by character, a quarter for a digit where a digit belongs:
+:func:`char_credit`; through the env's ``on_tools`` hook) + ``copy_weight`` (0.25) x the share of
+the tool's answer the model's answer repeats (honest reporting, learnable before the call is
+right) + ``answer_weight`` (0.5) x the share of the product's digits the answer has right
+(position by position; extra characters count as wrong). A batch mean of 0.9 needs right
+products. Answering without a call scores the last term only.
 
 ``guess`` (:class:`GuessEnv`): a task that needs the environment's feedback. A hidden digit
 0-9; each model turn is a guess (its first character), the environment answers ``<`` (the
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import importlib
 import random
+import re
 from typing import Any
 
 from flowrl.agents.base import Step
@@ -62,29 +64,42 @@ class CalcEnv:
     tools = ("calc",)
     """Tools the task is meant to be played with (the agent node's default)."""
 
-    def __init__(self, digits: int = 3, call_weight: float = 0.2, answer_weight: float = 0.8):
+    def __init__(self, digits: int = 3, call_weight: float = 0.25, copy_weight: float = 0.25,
+                 answer_weight: float = 0.5):
         if digits < 1:
             raise ValueError(f"digits={digits}; operands need at least one digit")
-        self.digits, self.call_weight, self.answer_weight = digits, call_weight, answer_weight
-        self.expr, self.answer, self.called = "", "", False
+        self.digits = digits
+        self.call_weight, self.copy_weight, self.answer_weight = call_weight, copy_weight, answer_weight
+        self.expr, self.answer, self.result = "", "", None
 
     def reset(self, task: dict[str, Any]) -> str:
         rng = _rng(task)
         lo, hi = 10 ** (self.digits - 1), 10**self.digits - 1
         a, b = rng.randint(lo, hi), rng.randint(lo, hi)
-        self.expr, self.answer, self.called = f"{a}*{b}", str(a * b), False
+        self.expr, self.answer, self.result = f"{a}*{b}", str(a * b), None
         return self.expr
 
     def on_tools(self, calls, results) -> float:
-        if self.called:
-            return 0.0
-        self.called = True
-        share = positional_share(str(calls[0].arguments.get("expr", "")), self.expr)
-        return self.call_weight * (0.5 + 0.5 * share)
+        if self.result is not None:
+            return 0.0  # only the first call is scored
+        self.result = results[0].content if results[0].ok else ""
+        return self.call_weight * (0.5 + 0.5 * char_credit(str(calls[0].arguments.get("expr", "")), self.expr))
 
     def step(self, text: str) -> Step:
-        share = positional_share(text.strip(), self.answer)
-        return Step(reward=self.answer_weight * share, done=True, info={"answer_share": share})
+        got = re.match(r"\s*(\d*)", text).group(1)
+        share = positional_share(got, self.answer)
+        copied = positional_share(got, self.result) if self.result else 0.0
+        return Step(reward=self.answer_weight * share + self.copy_weight * copied, done=True,
+                    info={"answer_share": share})
+
+
+def char_credit(got: str, want: str) -> float:
+    """Like :func:`positional_share`, with a quarter for a character of the right kind (a digit
+    where a digit belongs) at a wrong value: what lets sampling find the shape before the values."""
+    if not want:
+        return float(not got)
+    score = sum(1.0 if a == b else 0.25 * (a.isdigit() == b.isdigit()) for a, b in zip(got, want))
+    return score / max(len(want), len(got))
 
 
 class GuessEnv:

@@ -64,7 +64,10 @@ class EchoEnv:
     """Replies "ok" to every turn, gives reward 0.25 per turn, done after ``turns`` turns."""
 
     def __init__(self, turns: int = 3, fail_on: str | None = None, hang_on: str | None = None):
+        import threading
+
         self.turns, self.fail_on, self.hang_on = turns, fail_on, hang_on
+        self.release = threading.Event()
         self.n, self.seen = 0, []
 
     def reset(self, task):
@@ -76,9 +79,7 @@ class EchoEnv:
         if self.fail_on == "step":
             raise KeyError("state lost")
         if self.hang_on == "step":
-            import threading
-
-            threading.Event().wait(5)  # a sync env stuck in I/O: only the deadline gets the episode out
+            self.release.wait(10)  # a sync env stuck in I/O: only the deadline gets the episode out
         self.n += 1
         self.seen.append(text)
         return Step(messages=[{"role": "user", "content": "ok"}], reward=0.25, done=self.n >= self.turns)
