@@ -31,7 +31,7 @@ from flowrl.agents.tools import Tools
 from flowrl.engines import build_engine
 from flowrl.models import TinyLMSpec, build_model
 from flowrl.rl import ActorConfig, ActorTrainer
-from flowrl.tasks.agentic import resolve_env
+from flowrl.agents.envs import resolve_env
 
 
 async def train(args) -> list[dict]:

@@ -16,7 +16,7 @@ tool journal. The batch is the rollout's ragged layout with whole episodes as sa
 on the model's tokens only, see ``flowrl.agents.batch``), so ``agent -> group_advantages ->
 actor`` trains on it unchanged.
 
-``env`` is a built-in environment (``calc``, ``guess``: ``flowrl.tasks.agentic``) or
+``env`` is a built-in environment (``calc``, ``guess``: ``flowrl.agents.envs``) or
 ``"pkg.mod:Class"`` (one instance per episode, ``Class(**env_config)``). Instead of an env,
 ``agent: "pkg.mod:async_fn"`` runs plain agent code against the OpenAI-compatible gateway
 (``flowrl.agents.openai_agent``). Metrics: ``episodes``, ``episodes_<finish>``, ``episode_turns``,
@@ -80,7 +80,7 @@ class Agent(flowrl.Source):
         from flowrl.agents.chat import chat_format
         from flowrl.agents.episode import EpisodeLimits
         from flowrl.agents.tools import ToolJournal, Tools
-        from flowrl.tasks.agentic import resolve_env
+        from flowrl.agents.envs import resolve_env
 
         cfg = self.config
         self.fmt = chat_format(cfg.model)

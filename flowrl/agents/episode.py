@@ -35,6 +35,10 @@ Errors are not the policy's doing, so they get a fixed reward rather than a part
 records them by finish so a run can tell a bad env from a bad policy). A tool that fails or times
 out does not end the episode (see ``flowrl.agents.tools``).
 
+``Trajectory.info`` holds what the node records: ``env_step_s`` (seconds of each ``env.step``),
+``turn_s`` ((wall-clock start, seconds) of each turn), ``tool_errors``, ``start_s`` (wall clock),
+``seconds`` (the whole episode) and ``env_info`` (each step's ``info``).
+
 Environments may be sync or ``async``; a sync ``reset``/``step`` runs in a worker thread so a slow
 environment never holds up the other episodes of the ticket (a hung one is left behind at the
 deadline: threads cannot be stopped). An environment may also define ``on_tools(calls, results)``

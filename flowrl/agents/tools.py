@@ -306,7 +306,7 @@ def python(code: str, stdin: str = "") -> ToolResult:
     """Run Python code in a sandbox (no network, bounded time and memory) and return its output.
 
     Print what you want to see; the output is stdout, or the status and the end of stderr."""
-    from flowrl.rewards.sandbox import Limits, run_sandboxed
+    from flowrl.rewards.sandbox import run_sandboxed
 
     r = run_sandboxed(code, stdin=stdin, limits=python.limits)
     if r.status == "ok":

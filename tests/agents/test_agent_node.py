@@ -65,7 +65,7 @@ def test_a_ticket_runs_size_tasks_times_n_episodes_into_a_grpo_batch(tmp_path):
     # a group shares its task: the same first prompt for the 3 samples of each task, another task after
     prompts = [t["tokens"][i][: int(t["prompt_lens"][i])].tolist() for i in range(6)]
     assert prompts[0] == prompts[1] == prompts[2] and prompts[3] == prompts[5] and prompts[0] != prompts[3]
-    from flowrl.tasks.agentic import CalcEnv
+    from flowrl.agents.envs import CalcEnv
 
     assert prompts[0][1:-1] == flowrl.data.tokenizer.CharTokenizer().encode(
         CalcEnv().reset({"index": 10, "seed": 0}))[1:]  # task index = ticket.index * size + i

@@ -6,7 +6,7 @@ import pytest
 
 from flowrl.agents.base import ToolCall
 from flowrl.agents.tools import ToolResult
-from flowrl.tasks.agentic import CalcEnv, GuessEnv, char_credit, positional_share, resolve_env
+from flowrl.agents.envs import CalcEnv, GuessEnv, char_credit, positional_share, resolve_env
 
 
 def test_a_task_is_a_pure_function_of_its_seed_and_index():
@@ -73,6 +73,6 @@ def test_guessing_answers_lower_higher_or_not_a_digit_until_found_or_out_of_gues
 
 
 def test_envs_resolve_by_name_or_import_path():
-    assert resolve_env("calc") is CalcEnv and resolve_env("flowrl.tasks.agentic:GuessEnv") is GuessEnv
+    assert resolve_env("calc") is CalcEnv and resolve_env("flowrl.agents.envs:GuessEnv") is GuessEnv
     with pytest.raises(ValueError, match="calc, guess"):
         resolve_env("chess")

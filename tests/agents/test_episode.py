@@ -10,7 +10,7 @@ from flowrl.agents.episode import EpisodeLimits, run_episode
 from flowrl.agents.tools import Tools
 from flowrl.data.tokenizer import CharTokenizer
 from flowrl.tasks import EOS
-from flowrl.tasks.agentic import CalcEnv
+from flowrl.agents.envs import CalcEnv
 from tests.agents.fakes import AsyncHangEnv, EchoEnv, ScriptedGen
 
 FMT = chat_format({"type": "tiny", "vocab_size": 102})
