@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import asyncio
+import copy
 import time
 from types import SimpleNamespace
 
@@ -30,6 +31,7 @@ from flowrl.agents.local import EngineGenerator
 from flowrl.agents.tools import Tools
 from flowrl.engines import build_engine
 from flowrl.models import TinyLMSpec, build_model
+from flowrl.models.packing import packed_logprobs
 from flowrl.rl import ActorConfig, ActorTrainer
 from flowrl.agents.envs import resolve_env
 
@@ -38,12 +40,14 @@ async def train(args) -> list[dict]:
     from flowrl.nodes.advantages import GroupAdvantages
 
     spec = TinyLMSpec(vocab_size=102, d_model=args.d_model, n_layers=args.n_layers, n_heads=4,
-                      max_seq_len=args.max_tokens)
+                      max_seq_len=args.max_tokens, positions=args.positions)
     engine = build_engine({"type": "builtin", "continuous": True, "max_num_seqs": args.tasks * args.samples},
                           model=spec, seed=args.seed)
     actor = ActorTrainer(build_model(spec, seed=args.seed),  # the same seed: bitwise the engine's weights
-                         ActorConfig(lr=args.lr, mini_batches=args.mini_batches, entropy_coef=args.entropy),
+                         ActorConfig(lr=args.lr, mini_batches=args.mini_batches, entropy_coef=args.entropy,
+                                     kl_loss_coef=args.kl, kl_loss_kind="k3"),
                          seed=args.seed)
+    reference = copy.deepcopy(actor.model).requires_grad_(False).eval() if args.kl else None
     adv_node = GroupAdvantages(GroupAdvantages.Config(), SimpleNamespace(name="advantages"))
     env_cls = resolve_env(args.env)
     fmt = chat_format(spec)
@@ -64,9 +68,12 @@ async def train(args) -> list[dict]:
         batch = trajectories_to_batch(trajs, args.samples, 1.0, 1.0)
         batch = await adv_node.process(batch, "in")
         t = batch.tensors
+        ref = None
+        if reference is not None:  # what the reference node adds: the initial policy's log-probs
+            ref = packed_logprobs(reference, t["tokens"].to_torch(), temperature=1.0, where="reference")
         metrics = actor.train_step(tokens=t["tokens"].to_torch(), loss_mask=t["loss_mask"].to_torch(),
                                    old_logprobs=t["logprobs"].to_torch(), advantages=t["advantages"].to_torch(),
-                                   temperature=1.0)
+                                   ref_logprobs=ref, temperature=1.0)
         engine.load_weights(actor.model.state_dict().items(), version=step + 1)
         row = {"step": step + 1, "wall_s": time.perf_counter() - t0, "reward": float(t["scores"].mean()),
                "turns": float(t["turns"].float().mean()), "tool_calls": float(t["tool_calls"].float().mean()),
@@ -111,8 +118,10 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--mini-batches", type=int, default=4)
     p.add_argument("--entropy", type=float, default=0.01)
+    p.add_argument("--kl", type=float, default=0.0, help="k3 KL loss against the initial policy (a reference node)")
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--n-layers", type=int, default=2)
+    p.add_argument("--positions", default="learned", choices=("learned", "rope"))
     p.add_argument("--max-turns", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=12)

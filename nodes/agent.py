@@ -48,9 +48,9 @@ class Agent(flowrl.Source):
         """Episodes per task (GRPO's group size)."""
         max_turns: int = Field(8, ge=1)
         """Model turns per episode at most (tool-calling turns count)."""
-        max_tokens: int = Field(512, ge=2)
-        """Tokens of a whole episode at most (prompt, model, environment, tools); keep it within the
-        model's context (``max_seq_len`` of the built-in model)."""
+        max_tokens: int | None = Field(None, ge=2)
+        """Tokens of a whole episode at most (prompt, model, environment, tools); None: the model's
+        context (``max_seq_len`` of the built-in model; 4096 for a Hugging Face model)."""
         max_new_tokens: int = Field(64, ge=1)
         """Tokens of one model turn at most (capped further by what ``max_tokens`` leaves)."""
         episode_timeout_s: float | None = Field(300.0, gt=0)
@@ -83,22 +83,32 @@ class Agent(flowrl.Source):
         from flowrl.agents.envs import resolve_env
 
         cfg = self.config
+        context = getattr(cfg.model, "max_seq_len", None)
+        max_tokens = cfg.max_tokens or context or 4096
+        if context is not None and max_tokens > context:
+            raise ValueError(f"node `{self.ctx.name}`: max_tokens={cfg.max_tokens} is more than the model's context of "
+                             f"{context} tokens (model.max_seq_len); lower max_tokens or raise max_seq_len of every "
+                             "node's model (a YAML anchor)")
         self.fmt = chat_format(cfg.model)
         self.env_cls = resolve_env(cfg.env) if cfg.env else None
         if self.env_cls is not None:
             self.env_cls(**cfg.env_config)  # a bad env_config fails here, at start, not in every episode
         names = cfg.tools if cfg.tools is not None else list(getattr(self.env_cls, "tools", ()))
         self.tools = Tools(names, timeout_s=cfg.tool_timeout_s)
-        self.limits = EpisodeLimits(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens,
+        self.limits = EpisodeLimits(max_turns=cfg.max_turns, max_tokens=max_tokens,
                                     deadline_s=cfg.episode_timeout_s, request_timeout_s=cfg.request_timeout_s,
                                     error_reward=cfg.error_reward)
         run_dir = self.ctx.run_dir
         self.journal = ToolJournal(run_dir / "journal" / f"{self.ctx.name}.jsonl" if run_dir else None)
         self.agent_fn = None
         if cfg.agent:
-            from flowrl.agents.tools import resolve_tool
+            import importlib
 
-            self.agent_fn = resolve_tool(cfg.agent)  # "pkg.mod:fn" -> the function
+            module, _, attr = cfg.agent.partition(":")
+            self.agent_fn = getattr(importlib.import_module(module), attr, None)
+            if not callable(self.agent_fn):
+                raise ValueError(f"node `{self.ctx.name}`: agent {cfg.agent!r} is not an async function "
+                                 "'package.module:function'")
 
     def generator(self):
         services = getattr(self.ctx, "services", None) or {}

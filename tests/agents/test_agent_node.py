@@ -140,6 +140,11 @@ def test_a_replayed_ticket_plays_the_same_episodes_and_sessions_name_the_attempt
     assert {s[0] for s in seen[n:]} == {f"b3:1:{e}" for e in range(4)}
 
 
+def test_an_episode_budget_beyond_the_context_is_refused_at_setup():
+    with pytest.raises(ValueError, match="max_tokens=100 is more than the model's context of 64"):
+        make_node(Agent, {"model": MODEL, "env": "calc", "max_tokens": 100}, name="agent")
+
+
 def test_a_node_without_the_service_says_how_to_declare_it():
     node = make_node(Agent, {"model": MODEL, "env": "calc"}, name="agent")
     with pytest.raises(ValueError, match=r"services: \[agent -> rollout\]"):
@@ -155,3 +160,14 @@ def test_metrics_count_episodes_by_finish_and_spans_are_recorded(tmp_path):
                  "'turn'"):
         assert name in text, name
     assert "episodes_done" in text or "episodes_max_turns" in text
+
+
+@pytest.mark.timeout(60)
+def test_the_learning_benchmark_runs_a_step_of_each_task(capsys):
+    from benchmarks.agent_learn import main
+
+    for env in ("calc", "guess"):
+        assert main(["--env", env, "--steps", "2", "--tasks", "2", "--samples", "2", "--d-model", "32",
+                     "--n-layers", "1", "--kl", "0.01", "--positions", "rope", "--show", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("step    2") == 2 and "reward" in out
