@@ -13,14 +13,18 @@ The whole successful episode, in characters (``$`` = EOS, the model's turns in b
 
     ^417*382\\n [=417*382$] 159294\\n [159294$]
 
-Reward, shaped so that each skill can be found by sampling from scratch, and 1.0 only for a
-right answer: ``call_weight`` (0.25) x (1/2 for calling at all + 1/2 x the first call's
-expression vs the question, character by character, a quarter for a digit where a digit belongs:
-:func:`char_credit`; through the env's ``on_tools`` hook) + ``copy_weight`` (0.25) x the share of
-the tool's answer the model's answer repeats (honest reporting, learnable before the call is
-right) + ``answer_weight`` (0.5) x the share of the product's digits the answer has right
-(position by position; extra characters count as wrong). A batch mean of 0.9 needs right
-products. Answering without a call scores the last term only.
+Reward, shaped so that sampling from scratch finds each skill in turn, and 1.0 only for a
+right answer after a right call:
+
+- ``call_weight`` (0.5) x (1/2 for calling at all + 1/2 x the first call's expression against the
+  question, character by character, a quarter for a digit where a digit belongs:
+  :func:`char_credit`), given through the env's ``on_tools`` hook;
+- ``answer_weight`` (0.5) x the share of the product's digits the answer has right (position by
+  position; extra characters count as wrong) x the call's share of the question (``gate``): the
+  answer is worth what the call it copies was worth, so while the calls are still junk the
+  answers' lucky digits add no noise to the call's signal, and answering without a call scores 0;
+- ``copy_weight`` (0 by default) x the share of the tool's answer the model repeats x the call's
+  share (an optional extra for honest reporting).
 
 ``guess`` (:class:`GuessEnv`): a task that needs the environment's feedback. A hidden digit
 0-9; each model turn is a guess (its first character), the environment answers ``<`` (the
@@ -64,32 +68,35 @@ class CalcEnv:
     tools = ("calc",)
     """Tools the task is meant to be played with (the agent node's default)."""
 
-    def __init__(self, digits: int = 3, call_weight: float = 0.25, copy_weight: float = 0.25,
-                 answer_weight: float = 0.5):
+    def __init__(self, digits: int = 3, call_weight: float = 0.5, copy_weight: float = 0.0,
+                 answer_weight: float = 0.5, gate: bool = True):
         if digits < 1:
             raise ValueError(f"digits={digits}; operands need at least one digit")
         self.digits = digits
         self.call_weight, self.copy_weight, self.answer_weight = call_weight, copy_weight, answer_weight
-        self.expr, self.answer, self.result = "", "", None
+        self.gate = gate
+        self.expr, self.answer, self.result, self.call_share = "", "", None, 0.0
 
     def reset(self, task: dict[str, Any]) -> str:
         rng = _rng(task)
         lo, hi = 10 ** (self.digits - 1), 10**self.digits - 1
         a, b = rng.randint(lo, hi), rng.randint(lo, hi)
-        self.expr, self.answer, self.result = f"{a}*{b}", str(a * b), None
+        self.expr, self.answer, self.result, self.call_share = f"{a}*{b}", str(a * b), None, 0.0
         return self.expr
 
     def on_tools(self, calls, results) -> float:
         if self.result is not None:
             return 0.0  # only the first call is scored
         self.result = results[0].content if results[0].ok else ""
+        self.call_share = positional_share(str(calls[0].arguments.get("expr", "")), self.expr)
         return self.call_weight * (0.5 + 0.5 * char_credit(str(calls[0].arguments.get("expr", "")), self.expr))
 
     def step(self, text: str) -> Step:
         got = re.match(r"\s*(\d*)", text).group(1)
         share = positional_share(got, self.answer)
         copied = positional_share(got, self.result) if self.result else 0.0
-        return Step(reward=self.answer_weight * share + self.copy_weight * copied, done=True,
+        gate = self.call_share if self.gate else 1.0
+        return Step(reward=self.answer_weight * share * gate + self.copy_weight * self.call_share * copied, done=True,
                     info={"answer_share": share})
 
 

@@ -34,18 +34,31 @@ def test_a_right_call_and_answer_score_one_and_the_parts_score_as_documented():
     env = CalcEnv()
     expr = env.reset({"index": 0, "seed": 0})
     product = str(eval(expr))  # noqa: S307 - the test's own string
-    assert env.on_tools([ToolCall("calc", {"expr": expr})], [ToolResult(product)]) == 0.25
+    assert env.on_tools([ToolCall("calc", {"expr": expr})], [ToolResult(product)]) == 0.5
     assert env.on_tools([ToolCall("calc", {"expr": expr})], [ToolResult(product)]) == 0.0  # only the first call
-    step = env.step(product)
-    assert step.done and step.reward == 0.75
-    # no call: only the answer's share counts
+    step = env.step(product + "$junk")  # the leading digits are the answer
+    assert step.done and step.reward == 0.5 and step.info["answer_share"] == 1.0
+    # half the answer's digits: half the answer's weight
     env.reset({"index": 0, "seed": 0})
-    assert env.step(product[:3] + "000").reward == pytest.approx(0.5 * 3 / 6)
-    # a wrong call, its result faithfully copied: half the copy weight is not the answer
+    env.on_tools([ToolCall("calc", {"expr": expr})], [ToolResult(product)])
+    assert env.step(product[:3] + "x").reward == pytest.approx(0.5 * 3 / 6)
+    # no call: the answer is worth nothing (gate); ungated, its share counts
     env.reset({"index": 0, "seed": 0})
-    r = env.on_tools([ToolCall("calc", {"expr": "1"})], [ToolResult("1")])
-    assert r == pytest.approx(0.25 * (0.5 + 0.5 * char_credit("1", expr))) and r < 0.25 * 0.6
-    assert env.step("1").reward == pytest.approx(0.25)
+    assert env.step(product).reward == 0.0
+    ungated = CalcEnv(gate=False)
+    ungated.reset({"index": 0, "seed": 0})
+    assert ungated.step(product).reward == 0.5
+    # a junk call: half the call weight for calling, its answer gated by how much of the question it had
+    env.reset({"index": 0, "seed": 0})
+    junk = "5555555"
+    r = env.on_tools([ToolCall("calc", {"expr": junk})], [ToolResult(junk)])
+    assert r == pytest.approx(0.5 * (0.5 + 0.5 * char_credit(junk, expr))) and r < 0.4
+    assert env.step(product).reward == pytest.approx(0.5 * positional_share(junk, expr))
+    # the copy term rewards repeating the tool's answer, in proportion to the call's share
+    env = CalcEnv(copy_weight=0.2)
+    env.reset({"index": 0, "seed": 0})
+    env.on_tools([ToolCall("calc", {"expr": expr[:4]})], [ToolResult("123")])
+    assert env.step("123").reward == pytest.approx(0.2 * 4 / 7 + 0.5 * 4 / 7 * positional_share("123", product))
 
 
 def test_shares_count_extra_characters_as_wrong_and_credit_the_right_kind():
