@@ -25,6 +25,7 @@ BUILTIN_KINDS: dict[str, str] = {
     "rewards": "flowrl.nodes.rewards:Rewards",
     "dapo_filter": "flowrl.nodes.dapo:DapoFilter",
     "evaluator": "flowrl.nodes.evaluator:Evaluator",
+    "agent": "flowrl.nodes.agent:Agent",
 }
 
 
