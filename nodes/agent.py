@@ -64,10 +64,15 @@ class Agent(flowrl.Source):
         """Deadline of one tool call (its result is then an error message; the episode goes on)."""
         error_reward: float = 0.0
         """Reward of an episode that ended on an error (env, rollout) or at its deadline."""
-        temperature: float = Field(1.0, ge=0)
-        """What the model's turns are sampled at, as the rollout's config says (carried in the batch
-        to the trainer)."""
-        top_p: float = Field(1.0, gt=0, le=1)
+        temperature: float | None = Field(None, ge=0)
+        """What the model's turns were sampled at: None (the way to write graphs) takes the rollout's
+        setting, which every answer carries; a value that differs from it is an error, never two
+        temperatures in one run. Carried in the batch to the trainer."""
+        top_p: float | None = Field(None, gt=0, le=1)
+        """Nucleus mass, as `temperature`: None takes the rollout's."""
+        record_trajectories: bool = False
+        """Write every episode it emits (session, token ids, loss mask, finish, reward) to
+        `RUN_DIR/trajectories/<node>.<replica>.jsonl`, for `flowrl.agents.exact.check_run`."""
 
         @model_validator(mode="after")
         def _env_or_agent(self):
@@ -97,7 +102,7 @@ class Agent(flowrl.Source):
         self.tools = Tools(names, timeout_s=cfg.tool_timeout_s)
         self.limits = EpisodeLimits(max_turns=cfg.max_turns, max_tokens=max_tokens,
                                     deadline_s=cfg.episode_timeout_s, request_timeout_s=cfg.request_timeout_s,
-                                    error_reward=cfg.error_reward)
+                                    error_reward=cfg.error_reward, max_new_tokens=cfg.max_new_tokens)
         run_dir = self.ctx.run_dir
         self.journal = ToolJournal(run_dir / "journal" / f"{self.ctx.name}.jsonl" if run_dir else None)
         self.agent_fn = None
@@ -130,7 +135,7 @@ class Agent(flowrl.Source):
 
         from flowrl.agents.batch import trajectories_to_batch
 
-        cfg, n, gen = self.config, self.config.samples_per_prompt, self.generator()
+        cfg, n, gen = self.config, self.config.samples_per_prompt, Sampled(self.generator())
         episodes = []
         for i in range(ticket.size):
             for s in range(n):
@@ -139,7 +144,10 @@ class Agent(flowrl.Source):
                 episodes.append(self.episode(task, gen, session, ticket.min_policy_version, seed))
         trajs = await asyncio.gather(*episodes)
         self.record(trajs, session_prefix=ticket.batch_id)
-        return trajectories_to_batch(trajs, n, cfg.temperature, cfg.top_p,
+        if cfg.record_trajectories:
+            self.write_trajectories(trajs, [f"{ticket.batch_id}:{ticket.attempt}:{e}" for e in range(len(trajs))])
+        temperature, top_p = gen.settings(cfg.temperature, cfg.top_p, self.ctx.name)
+        return trajectories_to_batch(trajs, n, temperature, top_p,
                                      {"agent_env": cfg.env or cfg.agent, "tokenizer": self.fmt_tokenizer()},
                                      default_version=ticket.min_policy_version)
 
@@ -155,6 +163,18 @@ class Agent(flowrl.Source):
         return await run_episode(self.env_cls(**cfg.env_config), task, gen, self.fmt, limits=self.limits,
                                  tools=self.tools or None, session=session, min_version=min_version, seed=seed,
                                  max_new_tokens=cfg.max_new_tokens, journal=self.journal)
+
+    def write_trajectories(self, trajs, sessions) -> None:
+        import json
+
+        if self.ctx.run_dir is None:
+            return
+        folder = self.ctx.run_dir / "trajectories"
+        folder.mkdir(exist_ok=True)
+        with open(folder / f"{self.ctx.name}.{self.ctx.replica}.jsonl", "a") as f:
+            for t, session in zip(trajs, sessions):
+                f.write(json.dumps({"session": session, "tokens": t.tokens, "mask": t.mask, "finish": t.finish,
+                                    "reward": t.reward}) + "\n")
 
     def fmt_tokenizer(self) -> dict:
         from flowrl.data import tokenizer_for
@@ -183,3 +203,30 @@ class Agent(flowrl.Source):
                              turns=t.turns, ticket=session_prefix)
                 for turn, (at, sec) in enumerate(t.info.get("turn_s", ())):
                     rec.add_span("turn", at, sec, episode=k, turn=turn)
+
+
+class Sampled:
+    """The node's generator, noting what the answers were sampled at (the rollout's setting)."""
+
+    def __init__(self, gen):
+        self.gen = gen
+        self.seen: set[tuple[float, float]] = set()
+
+    async def complete(self, prompt, **kw):
+        out = await self.gen.complete(prompt, **kw)
+        self.seen.add((float(out.temperature), float(out.top_p)))
+        return out
+
+    def settings(self, temperature: float | None, top_p: float | None, name: str) -> tuple[float, float]:
+        """The temperature and top_p of this ticket's turns (the config's where no turn was generated)."""
+        if len(self.seen) > 1:
+            raise ValueError(f"node `{name}`: one ticket's turns were sampled at different settings {sorted(self.seen)}: "
+                             "give every rollout replica the same temperature and top_p")
+        got_t, got_p = next(iter(self.seen), (temperature if temperature is not None else 1.0,
+                                              top_p if top_p is not None else 1.0))
+        for key, mine, theirs in (("temperature", temperature, got_t), ("top_p", top_p, got_p)):
+            if mine is not None and float(mine) != theirs:
+                raise ValueError(f"node `{name}` sets {key}={mine}, but the rollout sampled at {key}={theirs} "
+                                 f"(nodes.rollout.config.{key}); delete it from the agent's config: it comes "
+                                 "with every answer")
+        return got_t, got_p

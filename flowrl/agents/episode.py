@@ -73,6 +73,9 @@ class EpisodeLimits:
     """Bound of one generation request (None: the service's default); never past the deadline."""
     error_reward: float = 0.0
     """The reward of an episode that ended on an error or at the deadline."""
+    max_new_tokens: int = 64
+    """Tokens of one model turn at most (agent code through the gateway: a call's max_tokens can only
+    lower it; environments: `run_episode`'s own argument)."""
 
 
 async def call(fn, *args: Any) -> Any:

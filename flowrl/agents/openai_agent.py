@@ -30,28 +30,19 @@ import asyncio
 import math
 import numbers
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from flowrl.agents.base import ChatFormat, Generator, Trajectory
+from flowrl.agents.episode import EpisodeLimits
 from flowrl.agents.gateway import Gateway
 
 AgentFn = Callable[[Any, dict[str, Any]], Awaitable["float | dict[str, Any]"]]
 """``async def agent(client: openai.AsyncOpenAI, task: dict) -> float | {"reward": float, ...}``."""
 
 
-@dataclass(frozen=True)
-class Limits:
-    """What bounds one episode."""
-
-    max_turns: int = 8
-    """Model calls (a call past it is answered 400; the episode ends ``max_turns``)."""
-    max_tokens: int = 8192
-    """Tokens of the whole trajectory (prompt, model and environment tokens together)."""
-    deadline_s: float = 600.0
-    """Wall-clock seconds for the whole episode; past it the agent code is cancelled."""
-    max_new_tokens: int = 512
-    """Tokens of one model turn (a call's max_tokens can only lower it)."""
+Limits = EpisodeLimits
+"""What bounds one episode: the agent node's `EpisodeLimits` (max_turns, max_tokens, deadline_s,
+max_new_tokens are read here)."""
 
 
 class _Process:
@@ -106,13 +97,13 @@ async def run_agent_episode(fn: AgentFn, task: dict[str, Any], gen: Generator, f
         session, gen, fmt, min_version=min_version, seed=seed, max_new_tokens=int(limits.max_new_tokens),
         max_tokens=int(limits.max_tokens), max_turns=int(limits.max_turns))
     client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0,
-                                timeout=min(float(limits.deadline_s), gateway.request_timeout_s + 5.0))
+                                timeout=min(_deadline(limits), gateway.request_timeout_s + 5.0))
     reward, info, finish, error = 0.0, {}, "done", None
     try:
-        result = await asyncio.wait_for(fn(client, dict(task)), timeout=float(limits.deadline_s))
+        result = await asyncio.wait_for(fn(client, dict(task)), timeout=_deadline(limits))
         reward, info = _reward(result)
     except asyncio.TimeoutError:
-        finish, error = "deadline", f"the agent ran past its deadline of {limits.deadline_s}s"
+        finish, error = "deadline", f"the agent ran past its deadline of {_deadline(limits)}s"
     except Exception as e:  # noqa: BLE001 - the agent code's failure ends its episode, not the node
         finish, error = "env_error", f"{type(e).__name__}: {e}"
     finally:
@@ -127,3 +118,7 @@ async def run_agent_episode(fn: AgentFn, task: dict[str, Any], gen: Generator, f
     traj.reward = reward
     traj.info.update(info)
     return traj
+
+
+def _deadline(limits) -> float:
+    return float(limits.deadline_s) if limits.deadline_s is not None else 1e9

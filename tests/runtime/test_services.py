@@ -25,7 +25,8 @@ nodes:
   rollout:
     kind: rollout
     replicas: {replicas}
-    config: {{model: {{type: tiny, d_model: 32, n_layers: 1, n_heads: 2}}, engine: {{type: builtin, continuous: true}}}}
+    config: {{model: {{type: tiny, d_model: 32, n_layers: 1, n_heads: 2}}, engine: {{type: builtin, continuous: true}},
+             record_requests: true}}
   collect: {{kind: "{N}:ServedBy"}}
 edges: [asker -> collect]
 services: [asker -> rollout]
@@ -47,9 +48,8 @@ def test_two_replicas_serve_every_session_with_no_restart(tmp_path):
     assert not [r for r in result.ledger if r["event"] == "node_down"]
     assert result.audit().exactly_once
     assert sorted(set(served(result.run_dir))) == [0, 1]  # least-loaded routing used both
-    last = result.metrics[-1]
-    assert last["service_requests"] == STEPS * SIZE * TURNS
-    assert last.get("service_retries", 0) == 0
+    served_lines = [line for f in (result.run_dir / "served").glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert len(served_lines) == STEPS * SIZE * TURNS  # each request served once: nothing retried
 
 
 @pytest.mark.parametrize("fault", ["kill:rollout/0@request=3", "kill:asker@request=5"])
@@ -60,6 +60,6 @@ def test_a_kill_mid_request_loses_and_repeats_no_ticket(tmp_path, fault):
     assert [d["node"].split("/")[0] for d in downs] == [fault.split(":")[1].split("/")[0].split("@")[0]]
     audit = result.audit()
     assert audit.exactly_once, (audit.lost, audit.duplicated)
+    # only the killed process went down: a rollout's requests in flight went to the other replica
+    # (a client that had waited for them instead would have failed at its deadline, and gone down too)
     assert len(served(result.run_dir)) == STEPS * SIZE
-    if fault.startswith("kill:rollout"):  # the requests in flight there went to the other replica
-        assert result.metrics[-1]["service_retries"] >= 1

@@ -94,6 +94,11 @@ class NodeRunner:
                 self._recorder.add_span("compute", self._since[0], time.perf_counter() - self._since[1],
                                         batch_id=batch_id)
 
+    async def serve(self, request_id: str, hook: Callable[..., Any], *args: Any) -> Any:
+        """A service request into the node (`serve`): busy and `compute` like a call, no batch faults."""
+        with self.occupied(f"request {request_id}"), self._computing(request_id):
+            return await self._compute.call(hook, *args)
+
     async def call(self, batch_id: str, hook: Callable[..., Any], *args: Any) -> Any:
         """One call into the node, on its compute thread, with its faults and its `compute` span."""
         with self.occupied(batch_id):

@@ -313,7 +313,7 @@ class ServiceEnds:
             handles[name] = client.handle()
         return handles
 
-    def attach(self, parts, compute) -> None:
+    def attach(self, parts) -> None:
         """Once the node is set up: metrics for the clients; the server bound (rank 0 of a server)."""
         from flowrl.runtime.protocol.addresses import input_security
 
@@ -324,7 +324,8 @@ class ServiceEnds:
             return
         node, address = parts.runner.node, spec.inputs[SERVE_PORT]
         fed = any(w.dst == spec.node for w in parts.graph.weights)  # else no version to wait for
-        self.server = ServiceServer(spec.node, serve=lambda request: compute.call(node.serve, request),
+        runner = parts.runner
+        self.server = ServiceServer(spec.node, serve=lambda request: runner.serve(request["request_id"], node.serve, request),
                                     version=parts.version if fed else None, recorder=parts.recorder,
                                     replica=spec.replica, on_request=self.faults.on_request)
         self.server.bind(address, input_security(spec, SERVE_PORT, address))

@@ -140,7 +140,7 @@ class ServiceServer:
             waited = time.monotonic() - t0
             if waited > 0.001:
                 self.recorder.observe("service_version_wait_s", waited)
-            out = await self.serve({**meta, "prompt": prompt})
+            out = await self.serve({**meta, "prompt": prompt, "request_id": rid})
             reply.update(finish=out.finish, temperature=out.temperature, top_p=out.top_p)
             tensors = {"tokens": np.asarray(out.tokens, dtype=np.int64),
                        "logprobs": np.asarray(out.logprobs, dtype=np.float32),

@@ -108,7 +108,7 @@ class Worker:
         spec = self.spec
         self.parts = await build_parts(spec, self.compute, self.faults, report=self.send_ctl, started=self.t_start,
                                        open_rank_channel=self.open_rank_channel, services=self.services.open_clients())
-        self.services.attach(self.parts, self.compute)
+        self.services.attach(self.parts)
         graph = self.parts.graph
         if spec.rank == 0:
             for port, address in spec.inputs.items():
