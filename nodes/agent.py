@@ -149,7 +149,7 @@ class Agent(flowrl.Source):
         temperature, top_p = gen.settings(cfg.temperature, cfg.top_p, self.ctx.name)
         return trajectories_to_batch(trajs, n, temperature, top_p,
                                      {"agent_env": cfg.env or cfg.agent, "tokenizer": self.fmt_tokenizer()},
-                                     default_version=ticket.min_policy_version)
+                                     default_version=ticket.min_policy_version, filler=self.fmt.stop_ids[0])
 
     async def episode(self, task, gen, session, min_version, seed):
         cfg = self.config

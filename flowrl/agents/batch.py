@@ -17,6 +17,10 @@ Meta: ``samples_per_prompt``, ``temperature``, ``top_p`` (what the trainer recom
 at), ``finishes`` ({finish: count}) and whatever ``extra_meta`` adds. ``policy_version``: the
 oldest version among the model's tokens (a group is as stale as its oldest token), or
 ``default_version`` when no model token was generated.
+
+An episode that ended before its first prompt (its environment's ``reset`` raised or hung) has no
+tokens; it becomes one ``filler`` token off the loss mask: it keeps its place in its task's group,
+trains on nothing, and its reward (the ``error_reward``) counts in its group's baseline.
 """
 
 from __future__ import annotations
@@ -30,16 +34,17 @@ from flowrl.agents.base import Trajectory
 
 def trajectories_to_batch(trajs: Sequence[Trajectory], samples_per_prompt: int, temperature: float = 1.0,
                           top_p: float = 1.0, extra_meta: dict[str, Any] | None = None, *,
-                          default_version: int = 0):
+                          default_version: int = 0, filler: int = 0):
     import torch
 
     import flowrl
 
     if samples_per_prompt < 1 or len(trajs) % samples_per_prompt:
         raise ValueError(f"{len(trajs)} trajectories do not make groups of samples_per_prompt={samples_per_prompt}")
+    trajs = [t if t.tokens else _filled(t, filler) for t in trajs]
     for i, t in enumerate(trajs):
-        if not (len(t.tokens) == len(t.mask) == len(t.logprobs) == len(t.versions)) or not t.tokens:
-            raise ValueError(f"trajectory {i} is empty or its lists are out of line: {len(t.tokens)} tokens, "
+        if not (len(t.tokens) == len(t.mask) == len(t.logprobs) == len(t.versions)):
+            raise ValueError(f"trajectory {i}'s lists are out of line: {len(t.tokens)} tokens, "
                              f"{len(t.mask)} mask, {len(t.logprobs)} log-probs, {len(t.versions)} versions")
     tokens = flowrl.Ragged.from_sequences([t.tokens for t in trajs], "int64")
     mask = tokens.like(torch.tensor([m for t in trajs for m in t.mask], dtype=torch.bool))
@@ -61,3 +66,9 @@ def trajectories_to_batch(trajs: Sequence[Trajectory], samples_per_prompt: int, 
         meta=meta,
         policy_version=version,
     )
+
+
+def _filled(t: Trajectory, filler: int) -> Trajectory:
+    from dataclasses import replace
+
+    return replace(t, tokens=[int(filler)], mask=[False], logprobs=[0.0], versions=[-1], prompt_len=1)
