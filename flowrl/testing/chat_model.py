@@ -128,3 +128,14 @@ def write_chat_model(path: str | Path, seed: int = 0, *, hidden: int = 64, layer
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     write_chat_tokenizer(out)
     return out
+
+
+if __name__ == "__main__":  # python -m flowrl.testing.chat_model models/hf-chat-tiny [--hidden 128]
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Write a tiny random chat model (ChatML + Hermes tools, one token per character).")
+    ap.add_argument("path")
+    ap.add_argument("--hidden", type=int, default=128, help="width (128: 4 heads of 32, a head size vLLM's CPU build takes)")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    print(write_chat_model(a.path, a.seed, hidden=a.hidden))
