@@ -44,7 +44,9 @@ environment never holds up the other episodes of the ticket (a hung one is left 
 deadline: threads cannot be stopped). An environment may also define ``on_tools(calls, results)``
 (sync or async) -> float: called after each turn of tool calls with the calls and their
 :class:`~flowrl.agents.tools.ToolResult`\\ s, its value is that turn's reward -- how a task shapes
-the reward of calling a tool well (the built-in ``calc`` task does).
+the reward of calling a tool well (the built-in ``calc`` task does); and
+``prepare_call(call) -> ToolCall``, given each parsed call before it runs, to bind it to the
+episode's state (the ``calc`` task fills in an empty expression with its question).
 """
 
 from __future__ import annotations
@@ -184,6 +186,8 @@ async def _loop(traj: Trajectory, env: Env, task: dict[str, Any], gen: Generator
         calls = fmt.tool_calls(text) if tools else []
         if calls:
             results = []
+            if hasattr(env, "prepare_call"):
+                calls = [env.prepare_call(c) for c in calls]
             for i, c in enumerate(calls):
                 ctx = ToolContext.for_session(session, traj.turns - 1, journal, i)
                 results.append(await tools.run(c, ctx))
