@@ -81,7 +81,8 @@ async def train(args) -> list[dict]:
                "entropy": metrics.get("entropy", float("nan")), "finishes": batch.meta["finishes"],
                "mismatch": metrics.get("mismatch_logprob_abs_mean", float("nan"))}
         rows.append(row)
-        print(f"step {row['step']:4d} {row['wall_s']:7.1f}s reward {row['reward']:.3f} turns {row['turns']:.2f} "
+        row["avg10"] = sum(r["reward"] for r in rows[-10:]) / len(rows[-10:])
+        print(f"step {row['step']:4d} {row['wall_s']:7.1f}s reward {row['reward']:.3f} avg10 {row['avg10']:.3f} turns {row['turns']:.2f} "
               f"tools {row['tool_calls']:.2f} model_tok {row['model_tokens']:.1f} "
               f"entropy {row['entropy']:.3f} mismatch {row['mismatch']:.1e} {row['finishes']}", flush=True)
         if args.show and step % args.show == 0:

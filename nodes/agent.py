@@ -64,10 +64,10 @@ class Agent(flowrl.Source):
         """Deadline of one tool call (its result is then an error message; the episode goes on)."""
         error_reward: float = 0.0
         """Reward of an episode that ended on an error (env, rollout) or at its deadline."""
-        temperature: float = Field(1.0, ge=0)
-        """What the model's turns are sampled at, as the rollout's config says (carried in the batch
-        to the trainer)."""
-        top_p: float = Field(1.0, gt=0, le=1)
+        temperature: float | None = Field(None, ge=0)
+        """Only for a generator that does not report what it sampled at (the rollout service does:
+        its own ``temperature`` travels in the batch); None: 1.0."""
+        top_p: float | None = Field(None, gt=0, le=1)
 
         @model_validator(mode="after")
         def _env_or_agent(self):

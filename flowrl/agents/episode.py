@@ -37,7 +37,8 @@ out does not end the episode (see ``flowrl.agents.tools``).
 
 ``Trajectory.info`` holds what the node records: ``env_step_s`` (seconds of each ``env.step``),
 ``turn_s`` ((wall-clock start, seconds) of each turn), ``tool_errors``, ``start_s`` (wall clock),
-``seconds`` (the whole episode) and ``env_info`` (each step's ``info``).
+``seconds`` (the whole episode), ``env_info`` (each step's ``info``), and ``temperature`` /
+``top_p``: what the generator says it sampled at (the rollout's setting; it travels in the batch).
 
 Environments may be sync or ``async``; a sync ``reset``/``step`` runs in a worker thread so a slow
 environment never holds up the other episodes of the ticket (a hung one is left behind at the
@@ -181,6 +182,7 @@ async def _loop(traj: Trajectory, env: Env, task: dict[str, Any], gen: Generator
         traj.logprobs += [float(x) for x in out.logprobs[: len(toks)]]
         traj.versions += [int(v) for v in out.versions[: len(toks)]]
         traj.segments.append(("model", len(toks)))
+        traj.info["temperature"], traj.info["top_p"] = out.temperature, out.top_p  # what the service sampled at
         traj.turns += 1
         text = fmt.text(toks)
         calls = fmt.tool_calls(text) if tools else []
