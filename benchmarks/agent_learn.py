@@ -78,11 +78,13 @@ async def train(args) -> list[dict]:
         row = {"step": step + 1, "wall_s": time.perf_counter() - t0, "reward": float(t["scores"].mean()),
                "turns": float(t["turns"].float().mean()), "tool_calls": float(t["tool_calls"].float().mean()),
                "model_tokens": float(t["loss_mask"].values.sum()) / len(trajs),
-               "entropy": metrics.get("entropy", float("nan")), "finishes": batch.meta["finishes"]}
+               "entropy": metrics.get("entropy", float("nan")), "finishes": batch.meta["finishes"],
+               "mismatch": metrics.get("mismatch_logprob_abs_mean", float("nan"))}
         rows.append(row)
-        print(f"step {row['step']:4d} {row['wall_s']:7.1f}s reward {row['reward']:.3f} turns {row['turns']:.2f} "
+        row["avg10"] = sum(r["reward"] for r in rows[-10:]) / len(rows[-10:])
+        print(f"step {row['step']:4d} {row['wall_s']:7.1f}s reward {row['reward']:.3f} avg10 {row['avg10']:.3f} turns {row['turns']:.2f} "
               f"tools {row['tool_calls']:.2f} model_tok {row['model_tokens']:.1f} "
-              f"entropy {row['entropy']:.3f} {row['finishes']}", flush=True)
+              f"entropy {row['entropy']:.3f} mismatch {row['mismatch']:.1e} {row['finishes']}", flush=True)
         if args.show and step % args.show == 0:
             for traj in trajs[: 2]:
                 print("    ", show(traj), traj.reward, flush=True)

@@ -14,7 +14,7 @@ a prompt group, so ``group_advantages`` normalises within a task). Tensors:
 - ``scores`` [R] float32: the episode's reward; ``turns`` and ``tool_calls`` [R] int64.
 
 Meta: ``samples_per_prompt``, ``temperature``, ``top_p`` (what the trainer recomputes log-probs
-at), ``finishes`` ({finish: count}) and whatever ``extra_meta`` adds. ``policy_version``: the
+at: what the generator reported in each trajectory's ``info``, else the arguments, else 1.0), ``finishes`` ({finish: count}) and whatever ``extra_meta`` adds. ``policy_version``: the
 oldest version among the model's tokens (a group is as stale as its oldest token), or
 ``default_version`` when no model token was generated.
 
@@ -32,8 +32,8 @@ from typing import Any
 from flowrl.agents.base import Trajectory
 
 
-def trajectories_to_batch(trajs: Sequence[Trajectory], samples_per_prompt: int, temperature: float = 1.0,
-                          top_p: float = 1.0, extra_meta: dict[str, Any] | None = None, *,
+def trajectories_to_batch(trajs: Sequence[Trajectory], samples_per_prompt: int, temperature: float | None = None,
+                          top_p: float | None = None, extra_meta: dict[str, Any] | None = None, *,
                           default_version: int = 0, filler: int = 0):
     import torch
 
@@ -46,6 +46,8 @@ def trajectories_to_batch(trajs: Sequence[Trajectory], samples_per_prompt: int, 
         if not (len(t.tokens) == len(t.mask) == len(t.logprobs) == len(t.versions)):
             raise ValueError(f"trajectory {i}'s lists are out of line: {len(t.tokens)} tokens, "
                              f"{len(t.mask)} mask, {len(t.logprobs)} log-probs, {len(t.versions)} versions")
+    temperature = _sampled(trajs, "temperature", temperature)
+    top_p = _sampled(trajs, "top_p", top_p)
     tokens = flowrl.Ragged.from_sequences([t.tokens for t in trajs], "int64")
     mask = tokens.like(torch.tensor([m for t in trajs for m in t.mask], dtype=torch.bool))
     logprobs = tokens.like(torch.tensor([x for t in trajs for x in t.logprobs], dtype=torch.float32))
@@ -72,3 +74,15 @@ def _filled(t: Trajectory, filler: int) -> Trajectory:
     from dataclasses import replace
 
     return replace(t, tokens=[int(filler)], mask=[False], logprobs=[0.0], versions=[-1], prompt_len=1)
+
+
+def _sampled(trajs: Sequence[Trajectory], key: str, given: float | None) -> float:
+    """The sampling setting the generator reported (``info[key]``), else ``given``, else 1.0; one
+    batch, one setting (the trainer recomputes log-probs at it)."""
+    seen = {float(t.info[key]) for t in trajs if key in t.info}
+    if len(seen) > 1:
+        raise ValueError(f"the episodes of one batch were sampled at different {key} values {sorted(seen)}; "
+                         "give every rollout replica the same sampling settings")
+    if seen:
+        return seen.pop()
+    return 1.0 if given is None else float(given)

@@ -5,26 +5,24 @@
     '...*...'                                                                   # doctest: +SKIP
     >>> env = resolve_env("guess")()                  # built-in name, or "pkg.mod:Class"
 
-``calc`` (:class:`CalcEnv`): a tool task. The model is shown ``a*b`` (two 3-digit numbers) and
-must answer the product (its leading digits are read) -- which a model of a few hundred thousand parameters cannot compute, but
-can look up: a turn ``=EXPR`` is a call of the ``calc`` tool (the char format's compact form, see
-``flowrl.agents.chat``), whose answer comes back as the next message; copying it is the answer.
-The whole successful episode, in characters (``$`` = EOS, the model's turns in brackets)::
+``calc`` (:class:`CalcEnv`): a tool task. The model is shown ``a*b%7`` (two random 3-digit
+numbers; the answer is one digit) -- which a model of a few hundred thousand parameters cannot
+compute, but can look up: a turn starting with ``=`` is a call of the ``calc`` tool (the char
+format's compact form, see ``flowrl.agents.chat``); ``=`` alone asks about the question on screen
+(the env's ``prepare_call`` hook fills in the expression), ``=EXPR`` evaluates EXPR. The tool's
+answer comes back as the next message; copying it is the answer. A successful episode, in
+characters (the model's turns in brackets; a turn ends at EOS ``$`` or at ``max_new_tokens``)::
 
-    ^417*382\\n [=417*382$] 159294\\n [159294$]
+    ^417*382%7\n [=$] 3\n [3$]
 
-Reward, shaped so that sampling from scratch finds each skill in turn, and 1.0 only for a
-right answer after a right call:
-
-- ``call_weight`` (0.5) x (1/2 for calling at all + 1/2 x the first call's expression against the
-  question, character by character, a quarter for a digit where a digit belongs:
-  :func:`char_credit`), given through the env's ``on_tools`` hook;
-- ``answer_weight`` (0.5) x the share of the product's digits the answer has right (position by
-  position; extra characters count as wrong) x the call's share of the question (``gate``): the
-  answer is worth what the call it copies was worth, so while the calls are still junk the
-  answers' lucky digits add no noise to the call's signal, and answering without a call scores 0;
-- ``copy_weight`` (0 by default) x the share of the tool's answer the model repeats x the call's
-  share (an optional extra for honest reporting).
+Why this shape: every decision the model must discover by sampling is one character (call, then
+copy the digit the tool gave), so RL from random weights finds it within a few hundred steps on
+a CPU (benchmarks/agent_learn.py); copying a whole 6-digit product (``modulus: null``) is the same
+skill six times over and takes far longer from scratch with a 102-character vocabulary.
+Reward: ``call_weight`` (0.2) for the first call, half of it when its answer is not the
+question's (through the env's ``on_tools`` hook), plus ``answer_weight`` (0.8) x the share of the
+answer's digits right, position by position (extra digits count as wrong). Guessing without the
+tool scores about 0.8 / 7 (``modulus`` 7); 1.0 = called and copied.
 
 ``guess`` (:class:`GuessEnv`): a task that needs the environment's feedback. A hidden digit
 0-9; each model turn is a guess (its first character), the environment answers ``<`` (the
@@ -68,45 +66,43 @@ class CalcEnv:
     tools = ("calc",)
     """Tools the task is meant to be played with (the agent node's default)."""
 
-    def __init__(self, digits: int = 3, call_weight: float = 0.5, copy_weight: float = 0.0,
-                 answer_weight: float = 0.5, gate: bool = True):
+    def __init__(self, digits: int = 3, modulus: int | None = 7, call_weight: float = 0.2,
+                 answer_weight: float = 0.8):
         if digits < 1:
             raise ValueError(f"digits={digits}; operands need at least one digit")
-        self.digits = digits
-        self.call_weight, self.copy_weight, self.answer_weight = call_weight, copy_weight, answer_weight
-        self.gate = gate
-        self.expr, self.answer, self.result, self.call_share = "", "", None, 0.0
+        if modulus is not None and not 2 <= modulus <= 10:
+            raise ValueError(f"modulus={modulus}; give 2..10 (a one-digit answer) or null (the whole product)")
+        self.digits, self.modulus = digits, modulus
+        self.call_weight, self.answer_weight = call_weight, answer_weight
+        self.question, self.answer, self.called = "", "", False
 
     def reset(self, task: dict[str, Any]) -> str:
         rng = _rng(task)
         lo, hi = 10 ** (self.digits - 1), 10**self.digits - 1
         a, b = rng.randint(lo, hi), rng.randint(lo, hi)
-        self.expr, self.answer, self.result, self.call_share = f"{a}*{b}", str(a * b), None, 0.0
-        return self.expr
+        if self.modulus is None:
+            self.question, self.answer = f"{a}*{b}", str(a * b)
+        else:
+            self.question, self.answer = f"{a}*{b}%{self.modulus}", str(a * b % self.modulus)
+        self.called = False
+        return self.question
+
+    def prepare_call(self, call):
+        """``=`` alone (an empty expression) asks about the question on screen."""
+        if call.name == "calc" and not str(call.arguments.get("expr", "")).strip():
+            return type(call)(call.name, {**call.arguments, "expr": self.question}, call.id)
+        return call
 
     def on_tools(self, calls, results) -> float:
-        if self.result is not None:
+        if self.called:
             return 0.0  # only the first call is scored
-        self.result = results[0].content if results[0].ok else ""
-        self.call_share = positional_share(str(calls[0].arguments.get("expr", "")), self.expr)
-        return self.call_weight * (0.5 + 0.5 * char_credit(str(calls[0].arguments.get("expr", "")), self.expr))
+        self.called = True
+        right = results[0].ok and results[0].content.strip() == self.answer
+        return self.call_weight * (1.0 if right else 0.5)
 
     def step(self, text: str) -> Step:
-        got = re.match(r"\s*(\d*)", text).group(1)
-        share = positional_share(got, self.answer)
-        copied = positional_share(got, self.result) if self.result else 0.0
-        gate = self.call_share if self.gate else 1.0
-        return Step(reward=self.answer_weight * share * gate + self.copy_weight * self.call_share * copied, done=True,
-                    info={"answer_share": share})
-
-
-def char_credit(got: str, want: str) -> float:
-    """Like :func:`positional_share`, with a quarter for a character of the right kind (a digit
-    where a digit belongs) at a wrong value: what lets sampling find the shape before the values."""
-    if not want:
-        return float(not got)
-    score = sum(1.0 if a == b else 0.25 * (a.isdigit() == b.isdigit()) for a, b in zip(got, want))
-    return score / max(len(want), len(got))
+        share = positional_share(re.match(r"\s*(\d*)", text).group(1), self.answer)
+        return Step(reward=self.answer_weight * share, done=True, info={"answer_share": share})
 
 
 class GuessEnv:

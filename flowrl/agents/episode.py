@@ -37,14 +37,17 @@ out does not end the episode (see ``flowrl.agents.tools``).
 
 ``Trajectory.info`` holds what the node records: ``env_step_s`` (seconds of each ``env.step``),
 ``turn_s`` ((wall-clock start, seconds) of each turn), ``tool_errors``, ``start_s`` (wall clock),
-``seconds`` (the whole episode) and ``env_info`` (each step's ``info``).
+``seconds`` (the whole episode), ``env_info`` (each step's ``info``), and ``temperature`` /
+``top_p``: what the generator says it sampled at (the rollout's setting; it travels in the batch).
 
 Environments may be sync or ``async``; a sync ``reset``/``step`` runs in a worker thread so a slow
 environment never holds up the other episodes of the ticket (a hung one is left behind at the
 deadline: threads cannot be stopped). An environment may also define ``on_tools(calls, results)``
 (sync or async) -> float: called after each turn of tool calls with the calls and their
 :class:`~flowrl.agents.tools.ToolResult`\\ s, its value is that turn's reward -- how a task shapes
-the reward of calling a tool well (the built-in ``calc`` task does).
+the reward of calling a tool well (the built-in ``calc`` task does); and
+``prepare_call(call) -> ToolCall``, given each parsed call before it runs, to bind it to the
+episode's state (the ``calc`` task fills in an empty expression with its question).
 """
 
 from __future__ import annotations
@@ -206,11 +209,14 @@ async def _loop(traj: Trajectory, env: Env, task: dict[str, Any], gen: Generator
         traj.logprobs += [float(x) for x in out.logprobs[: len(toks)]]
         traj.versions += [int(v) for v in out.versions[: len(toks)]]
         traj.segments.append(("model", len(toks)))
+        traj.info["temperature"], traj.info["top_p"] = out.temperature, out.top_p  # what the service sampled at
         traj.turns += 1
         text = fmt.text(toks)
         calls = fmt.tool_calls(text) if tools else []
         if calls:
             results = []
+            if hasattr(env, "prepare_call"):
+                calls = [env.prepare_call(c) for c in calls]
             for i, c in enumerate(calls):
                 ctx = ToolContext.for_session(session, traj.turns - 1, journal, i)
                 results.append(await tools.run(c, ctx))

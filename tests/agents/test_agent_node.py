@@ -171,3 +171,28 @@ def test_the_learning_benchmark_runs_a_step_of_each_task(capsys):
                      "--n-layers", "1", "--kl", "0.01", "--positions", "rope", "--show", "1"]) == 0
     out = capsys.readouterr().out
     assert out.count("step    2") == 2 and "reward" in out
+
+
+def test_the_reference_node_takes_an_agent_batch_and_the_sampling_temperature_travels_with_it():
+    from flowrl.nodes.reference import Reference
+
+    gen = ScriptedGen([[5, 6], [7]], stop=13)
+    node = agent({"env": "guess", "samples_per_prompt": 2, "max_turns": 3, "max_tokens": 40}, gen)
+    batch = call(node.generate, Ticket(batch_id="b0", index=0, attempt=0, min_policy_version=0, size=1))
+    assert batch.meta["temperature"] == 1.0 and batch.meta["top_p"] == 1.0  # what ScriptedGen's completions say
+    ref = make_node(Reference, {"model": MODEL}, name="reference")
+    out = call(ref.process, batch, "in")
+    assert out.tensors["ref_logprobs"].aligned(batch.tensors["tokens"])
+
+
+def test_a_batch_takes_the_temperature_its_episodes_were_sampled_at():
+    t = Trajectory(tokens=[12, 1], mask=[False, True], logprobs=[0.0, -1.0], versions=[-1, 0], prompt_len=1)
+    hot = Trajectory(**{**t.__dict__, "info": {"temperature": 0.7, "top_p": 0.9}})
+    batch = trajectories_to_batch([hot, hot], 2, extra_meta={"x": 1})
+    assert (batch.meta["temperature"], batch.meta["top_p"], batch.meta["x"]) == (0.7, 0.9, 1)
+    assert trajectories_to_batch([t, t], 2, 0.5, 1.0).meta["temperature"] == 0.5
+    cold = Trajectory(**{**t.__dict__, "info": {"temperature": 0.1}})
+    with pytest.raises(ValueError, match="different temperature"):
+        trajectories_to_batch([hot, cold], 2)
+    with pytest.raises(ValueError, match="groups of samples_per_prompt=2"):
+        trajectories_to_batch([t, t, t], 2)

@@ -6,14 +6,14 @@ import pytest
 
 from flowrl.agents.base import ToolCall
 from flowrl.agents.tools import ToolResult
-from flowrl.agents.envs import CalcEnv, GuessEnv, char_credit, positional_share, resolve_env
+from flowrl.agents.envs import CalcEnv, GuessEnv, positional_share, resolve_env
 
 
 def test_a_task_is_a_pure_function_of_its_seed_and_index():
     assert CalcEnv().reset({"index": 3, "seed": 1}) == CalcEnv().reset({"index": 3, "seed": 1, "sample": 5})
     problems = {CalcEnv().reset({"index": i, "seed": 1}) for i in range(50)}
     assert len(problems) == 50
-    a, b = CalcEnv().reset({"index": 0, "seed": 0}).split("*")
+    a, b = CalcEnv(modulus=None).reset({"index": 0, "seed": 0}).split("*")
     assert len(a) == len(b) == 3
     envs = [GuessEnv(), GuessEnv()]
     for env in envs:
@@ -32,40 +32,37 @@ def test_the_guessing_hidden_digits_cover_zero_to_nine():
 
 def test_a_right_call_and_answer_score_one_and_the_parts_score_as_documented():
     env = CalcEnv()
-    expr = env.reset({"index": 0, "seed": 0})
-    product = str(eval(expr))  # noqa: S307 - the test's own string
-    assert env.on_tools([ToolCall("calc", {"expr": expr})], [ToolResult(product)]) == 0.5
-    assert env.on_tools([ToolCall("calc", {"expr": expr})], [ToolResult(product)]) == 0.0  # only the first call
-    step = env.step(product + "$junk")  # the leading digits are the answer
-    assert step.done and step.reward == 0.5 and step.info["answer_share"] == 1.0
-    # half the answer's digits: half the answer's weight
+    question = env.reset({"index": 0, "seed": 0})
+    a, rest = question.split("*")
+    b, m = rest.split("%")
+    answer = str(int(a) * int(b) % int(m))
+    assert (len(a), len(b), m) == (3, 3, "7") and env.answer == answer
+    call = env.prepare_call(ToolCall("calc", {"expr": ""}, "c0"))  # `=` alone: the question on screen
+    assert call == ToolCall("calc", {"expr": question}, "c0")
+    assert env.prepare_call(ToolCall("calc", {"expr": "1+1"})).arguments == {"expr": "1+1"}
+    assert env.on_tools([call], [ToolResult(answer)]) == pytest.approx(0.2)
+    assert env.on_tools([call], [ToolResult(answer)]) == 0.0  # only the first call
+    step = env.step(answer + "$junk")  # the leading digits are the answer
+    assert step.done and step.reward == pytest.approx(0.8) and step.info["answer_share"] == 1.0
+    assert env.step(answer + "1").reward == pytest.approx(0.4)  # an extra digit counts as wrong
     env.reset({"index": 0, "seed": 0})
-    env.on_tools([ToolCall("calc", {"expr": expr})], [ToolResult(product)])
-    assert env.step(product[:3] + "x").reward == pytest.approx(0.5 * 3 / 6)
-    # no call: the answer is worth nothing (gate); ungated, its share counts
-    env.reset({"index": 0, "seed": 0})
-    assert env.step(product).reward == 0.0
-    ungated = CalcEnv(gate=False)
-    ungated.reset({"index": 0, "seed": 0})
-    assert ungated.step(product).reward == 0.5
-    # a junk call: half the call weight for calling, its answer gated by how much of the question it had
-    env.reset({"index": 0, "seed": 0})
-    junk = "5555555"
-    r = env.on_tools([ToolCall("calc", {"expr": junk})], [ToolResult(junk)])
-    assert r == pytest.approx(0.5 * (0.5 + 0.5 * char_credit(junk, expr))) and r < 0.4
-    assert env.step(product).reward == pytest.approx(0.5 * positional_share(junk, expr))
-    # the copy term rewards repeating the tool's answer, in proportion to the call's share
-    env = CalcEnv(copy_weight=0.2)
-    env.reset({"index": 0, "seed": 0})
-    env.on_tools([ToolCall("calc", {"expr": expr[:4]})], [ToolResult("123")])
-    assert env.step("123").reward == pytest.approx(0.2 * 4 / 7 + 0.5 * 4 / 7 * positional_share("123", product))
+    assert env.on_tools([ToolCall("calc", {"expr": "1"})], [ToolResult("1" if answer != "1" else "2")]) \
+        == pytest.approx(0.1)  # a call that does not answer the question: half
 
 
-def test_shares_count_extra_characters_as_wrong_and_credit_the_right_kind():
+def test_the_whole_product_variant_asks_for_every_digit():
+    env = CalcEnv(modulus=None)
+    question = env.reset({"index": 3, "seed": 0})
+    a, b = question.split("*")
+    assert env.answer == str(int(a) * int(b))
+    assert env.step(env.answer).reward == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="modulus=11"):
+        CalcEnv(modulus=11)
+
+
+def test_shares_count_extra_characters_as_wrong():
     assert positional_share("123", "123") == 1.0 and positional_share("1234", "123") == 0.75
-    assert positional_share("", "12") == 0.0
-    assert char_credit("1*9", "2*9") == pytest.approx((0.25 + 1 + 1) / 3)
-    assert char_credit("a", "2") == 0.0
+    assert positional_share("", "12") == 0.0 and positional_share("", "") == 1.0
 
 
 def test_guessing_answers_lower_higher_or_not_a_digit_until_found_or_out_of_guesses():
