@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flowrl.tasks.agentic import CalcEnv  # noqa: E402
+from flowrl.agents.envs import CalcEnv  # noqa: E402
 
 
 class SlowCalc(CalcEnv):
