@@ -40,7 +40,8 @@ async def train(args) -> list[dict]:
     from flowrl.nodes.advantages import GroupAdvantages
 
     spec = TinyLMSpec(vocab_size=102, d_model=args.d_model, n_layers=args.n_layers, n_heads=4,
-                      max_seq_len=args.max_tokens, positions=args.positions)
+                      max_seq_len=args.max_tokens, positions=args.positions,
+                      tie_embeddings=args.tie)
     engine = build_engine({"type": "builtin", "continuous": True, "max_num_seqs": args.tasks * args.samples},
                           model=spec, seed=args.seed)
     actor = ActorTrainer(build_model(spec, seed=args.seed),  # the same seed: bitwise the engine's weights
@@ -123,6 +124,7 @@ def main(argv=None) -> int:
     p.add_argument("--kl", type=float, default=0.0, help="k3 KL loss against the initial policy (a reference node)")
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--n-layers", type=int, default=2)
+    p.add_argument("--tie", action="store_true", help="tie the input and output embeddings (copying is easier)")
     p.add_argument("--positions", default="learned", choices=("learned", "rope"))
     p.add_argument("--max-turns", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=64)

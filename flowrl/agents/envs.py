@@ -31,7 +31,7 @@ hidden digit is lower), ``>`` (higher) or ``?`` (not a digit). Reward 1 when the
 within 4, blind guessing about a third of the time, so the reward measures how well the model
 uses what the earlier turns revealed::
 
-    ^?\\n [5$] >\\n [8$] <\\n [7$]          -> reward 1
+    ^?\\n [5] >\\n [8] <\\n [7]          -> reward 1   (max_new_tokens: 1, one character a turn)
 
 Both are pure functions of ``task["seed"]``: a replayed ticket gets the same episodes (the agent
 node gives every sample of a task the same task seed, so a GRPO group shares one problem).

@@ -85,13 +85,24 @@ class ToolJournal:
         self.path = Path(path) if path is not None else None
         self._lock = threading.Lock()
         self._entries: dict[tuple, dict[str, Any]] = {}
-        if self.path is not None and self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue  # a torn last line of a crashed writer
-                self._entries[tuple(e["key"])] = e
+        self._read = 0
+        self._load()
+
+    def _load(self) -> None:
+        """Entries other processes (replicas, an earlier life of this one) appended since the last read."""
+        if self.path is None or not self.path.exists():
+            return
+        with self.path.open("rb") as f:
+            f.seek(self._read)
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self._read += end
+        for line in data[:end].decode(errors="replace").splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue  # a torn line of a crashed writer
+            self._entries[tuple(e["key"])] = e
 
     def record(self, key: tuple, name: str, arguments: dict[str, Any], result: str, ok: bool) -> None:
         entry = {"key": list(key), "name": name, "arguments": arguments, "result": result, "ok": ok}
@@ -99,12 +110,14 @@ class ToolJournal:
             self._entries[tuple(key)] = entry
             if self.path is not None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                with self.path.open("a") as f:
+                with self.path.open("a") as f:  # one short append: whole lines from concurrent writers
                     f.write(json.dumps(entry, default=str) + "\n")
 
     def previous(self, batch_id: str, attempt: int, episode: int, turn: int, index: int) -> list[dict[str, Any]]:
-        """Entries of earlier attempts of this call, oldest first."""
+        """Entries of earlier attempts of this call, oldest first (the file is read again first: a
+        replay may run in another replica than the attempt before it)."""
         with self._lock:
+            self._load()
             found = [e for k, e in self._entries.items()
                      if k[0] == batch_id and k[2:] == (episode, turn, index) and k[1] < attempt]
         return sorted(found, key=lambda e: e["key"][1])

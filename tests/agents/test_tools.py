@@ -121,3 +121,9 @@ def test_the_journal_lets_a_tool_tell_a_replay_apart(tmp_path):
     other = ToolContext.for_session("b7:1:4", turn=1, journal=replay.journal)  # another episode: not a replay
     assert run(tools, ToolCall("send", {"to": "b"}), other).content == "sent #2"
     assert sent == ["a", "b"] and len(ToolJournal(path)) == 3
+    # another replica's journal, opened before the first attempt ran, still sees it on a replay
+    early = ToolJournal(tmp_path / "j2.jsonl")
+    first = ToolContext.for_session("b9:0:0", turn=0, journal=ToolJournal(tmp_path / "j2.jsonl"))
+    run(tools, ToolCall("send", {"to": "c"}), first)
+    replay = ToolContext.for_session("b9:1:0", turn=0, journal=early)
+    assert run(tools, ToolCall("send", {"to": "c"}), replay).content == "already sent: sent #3"
