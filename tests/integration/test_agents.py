@@ -36,7 +36,7 @@ def test_the_calc_agent_learns_and_every_trajectory_is_what_the_engine_generated
     rewards = [r["reward_mean"] for r in sorted(result.metrics, key=lambda r: r["step"])]
     assert len(rewards) == steps
     first, last = statistics.mean(rewards[:15]), statistics.mean(rewards[-15:])
-    assert last > first + 0.1, (first, last)
+    assert last > first + 0.15, (first, last)  # graphs/agent-tools.yaml: ~0.1 over steps 1-15, ~0.35 over 56-70
     report = check_run(result.run_dir)
     assert report.ok, report.problems[:3]
     assert report.trajectories == steps * 8 * 8 and report.turns > report.trajectories  # multi-turn episodes
