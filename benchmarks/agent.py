@@ -15,7 +15,8 @@ episode waiting for its environment, not its rollout.
 Columns, over the tickets after the first `--warmup`, from the run's own metrics.jsonl:
 
   episodes/s     episodes finished / wall seconds
-  rollout busy   the rollouts' `rollout_busy` gauge (their engines generating), mean over replicas
+  rollout busy   share of wall time the rollouts are serving at least one request (`compute`
+                 spans), mean over replicas and rows
   req p50 / p95  request latency seen by the agents (`service_latency_s`), ms
   queue          requests in flight at the rollouts (`service_queue`), mean over the rows
 
@@ -61,7 +62,7 @@ def graph_text(agents: int, rollouts: int, steps: int, batch: int, samples: int,
     return f"""\
 name: agent-bench
 vars:
-  model: &model {{type: tiny, vocab_size: 102, d_model: 64, n_layers: 2, n_heads: 4, max_seq_len: 96}}
+  model: &model {{type: tiny, vocab_size: 102, d_model: 128, n_layers: 2, n_heads: 4, max_seq_len: 96}}
 nodes:
   agent:
     kind: agent
@@ -108,9 +109,9 @@ def run_cell(agents: int, rollouts: int, args) -> dict:
     rows = sorted(rows, key=lambda r: r["step"])
     warm = rows[min(args.warmup, len(rows) - 2)]
     last = rows[-1]
-    episodes = sum(r.get("samples", 0) for r in rows if r["step"] > warm["step"])
+    episodes = sum(r.get("episodes", 0) for r in rows if r["step"] > warm["step"])
     wall = last["wall_s"] - warm["wall_s"]
-    busy = [r["rollout_busy"] for r in rows[args.warmup:] if r.get("rollout_busy") is not None]
+    busy = [r["rollout/compute_ratio"] for r in rows[args.warmup:] if r.get("rollout/compute_ratio") is not None]
     queue = [r["service_queue"] for r in rows[args.warmup:] if r.get("service_queue") is not None]
     return {"agents": agents, "rollouts": rollouts, "episodes_per_s": episodes / wall if wall > 0 else 0.0,
             "rollout_busy": sum(busy) / len(busy) if busy else None,
@@ -122,11 +123,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--agents", default="1,2,4")
     ap.add_argument("--rollouts", default="1,2")
-    ap.add_argument("--steps", type=int, default=10, help="tickets per cell")
-    ap.add_argument("--batch", type=int, default=4, help="tasks per ticket")
-    ap.add_argument("--samples", type=int, default=4, help="episodes per task")
+    ap.add_argument("--steps", type=int, default=30, help="tickets per cell")
+    ap.add_argument("--batch", type=int, default=8, help="tasks per ticket")
+    ap.add_argument("--samples", type=int, default=8, help="episodes per task")
     ap.add_argument("--env-step-s", type=float, default=0.02)
-    ap.add_argument("--warmup", type=int, default=2, help="tickets left out (start-up)")
+    ap.add_argument("--warmup", type=int, default=5, help="tickets left out (start-up)")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
