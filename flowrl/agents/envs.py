@@ -39,7 +39,6 @@ node gives every sample of a task the same task seed, so a GRPO group shares one
 
 from __future__ import annotations
 
-import importlib
 import random
 import re
 from typing import Any
@@ -136,13 +135,6 @@ BUILTIN_ENVS = {"calc": CalcEnv, "guess": GuessEnv}
 
 def resolve_env(name: str) -> type:
     """A built-in environment (``calc``, ``guess``) or ``"pkg.mod:Class"``."""
-    if name in BUILTIN_ENVS:
-        return BUILTIN_ENVS[name]
-    module, sep, attr = name.partition(":")
-    if not sep:
-        raise ValueError(f"env {name!r}: give a built-in environment ({', '.join(BUILTIN_ENVS)}) or a class "
-                         "as 'package.module:Class'")
-    cls = getattr(importlib.import_module(module), attr, None)
-    if cls is None:
-        raise ValueError(f"env {name!r}: module {module!r} has no {attr!r}")
-    return cls
+    from flowrl.agents.tools import resolve_named
+
+    return resolve_named(name, BUILTIN_ENVS, "env", "Class")

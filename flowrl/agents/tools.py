@@ -257,18 +257,23 @@ class Tools:
         return ToolResult(out if isinstance(out, str) else json.dumps(out, default=str))
 
 
-def resolve_tool(name: str) -> Callable[..., Any]:
-    """A built-in tool's name (``calc``, ``python``) or ``"pkg.mod:fn"``."""
-    if name in BUILTIN_TOOLS:
-        return BUILTIN_TOOLS[name]
+def resolve_named(name: str, builtins: dict[str, Any], what: str, shape: str) -> Any:
+    """A built-in's name, or ``"pkg.mod:attr"`` imported (``what``: tool / env; ``shape``: function / class)."""
+    if name in builtins:
+        return builtins[name]
     module, sep, attr = name.partition(":")
     if not sep:
-        raise ValueError(f"tool {name!r}: give a built-in tool ({', '.join(BUILTIN_TOOLS)}) or a function "
-                         "as 'package.module:function'")
-    fn = getattr(importlib.import_module(module), attr, None)
-    if not callable(fn):
-        raise ValueError(f"tool {name!r}: module {module!r} has no function {attr!r}")
-    return fn
+        raise ValueError(f"{what} {name!r}: give a built-in {what} ({', '.join(builtins)}) or a {shape} "
+                         f"as 'package.module:{shape}'")
+    found = getattr(importlib.import_module(module), attr, None)
+    if found is None or not callable(found):
+        raise ValueError(f"{what} {name!r}: module {module!r} has no {shape} {attr!r}")
+    return found
+
+
+def resolve_tool(name: str) -> Callable[..., Any]:
+    """A built-in tool's name (``calc``, ``python``) or ``"pkg.mod:fn"``."""
+    return resolve_named(name, BUILTIN_TOOLS, "tool", "function")
 
 
 # --- built-in tools ------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ Every model rejects unknown keys, so a typo fails at load time with the file and
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
@@ -147,11 +147,13 @@ class EdgeSpec(StrictModel):
         return f"{a} -> {b}"
 
 
-class WeightEdgeSpec(StrictModel):
-    """Weights flow from a trainer to its subscribers: `actor -> rollout`."""
+class _Arrow(StrictModel):
+    """`src -> dst`, written as a string: a weight edge or a service."""
 
     src: str
     dst: str
+    _reads: ClassVar[str] = "'src -> dst'"
+    _what: ClassVar[str] = "arrow"
 
     @model_validator(mode="before")
     @classmethod
@@ -159,7 +161,7 @@ class WeightEdgeSpec(StrictModel):
         if isinstance(v, str):
             parts = [p.strip() for p in v.split("->")]
             if len(parts) != 2 or not all(_NAME.match(p) for p in parts):
-                raise ValueError(f"weight edge {v!r} must read 'trainer -> subscriber'")
+                raise ValueError(f"{cls._what} {v!r} must read {cls._reads}")
             return {"src": parts[0], "dst": parts[1]}
         return v
 
@@ -167,33 +169,27 @@ class WeightEdgeSpec(StrictModel):
         return f"{self.src} -> {self.dst}"
 
 
-class ServiceSpec(StrictModel):
+class WeightEdgeSpec(_Arrow):
+    """Weights flow from a trainer to its subscribers: `actor -> rollout`."""
+
+    _reads = "'trainer -> subscriber'"
+    _what = "weight edge"
+
+
+class ServiceSpec(_Arrow):
     """A request/reply path beside the data edges: `agent -> rollout` lets every replica of `agent`
     ask the replicas of `rollout` for completions (sticky per session, least-loaded across
     replicas, retried elsewhere when a replica dies). The server is a node with an async `serve`
     hook (the built-in rollout); the client reaches it as `ctx.services["rollout"]`. Services carry
     no tickets: exactly-once stays with the data edges."""
 
-    src: str
-    dst: str
-
-    @model_validator(mode="before")
-    @classmethod
-    def _parse(cls, v):
-        if isinstance(v, str):
-            parts = [p.strip() for p in v.split("->")]
-            if len(parts) != 2 or not all(_NAME.match(p) for p in parts):
-                raise ValueError(f"service {v!r} must read 'client -> server' (e.g. 'agent -> rollout')")
-            return {"src": parts[0], "dst": parts[1]}
-        return v
+    _reads = "'client -> server' (e.g. 'agent -> rollout')"
+    _what = "service"
 
     @property
     def name(self) -> str:
         """The route's name in wiring orders (`service:<server>`)."""
         return f"service:{self.dst}"
-
-    def __str__(self) -> str:
-        return f"{self.src} -> {self.dst}"
 
 
 class ScheduleSpec(StrictModel):
