@@ -1,7 +1,7 @@
 """Agentic GRPO in one process: the built-in tiny model learns a multi-turn task from random weights.
 
-    python benchmarks/agent_learn.py --env calc --target 0.9
-    python benchmarks/agent_learn.py --env guess --target 0.9 --lr 2e-3
+    python benchmarks/agent_learn.py --env calc      # the settings of graphs/agent-tools.yaml
+    python benchmarks/agent_learn.py --env guess --steps 700 --target 2 --show 100
 
 Exactly the agent node's pieces, without processes: every episode of a step runs concurrently
 (``run_episode``) against an :class:`~flowrl.agents.local.EngineGenerator` over a continuous
@@ -9,8 +9,11 @@ built-in engine (the episodes' turns share its decode batch, as requests to a ro
 do); ``trajectories_to_batch`` lays them out as the agent node emits them; the
 ``group_advantages`` node's code and the actor's trainer train on that batch; the new weights
 are loaded into the engine. One line per step: step, seconds, batch-mean reward, turns and tool
-calls per episode, model tokens per episode, finishes. The settings found here are the ones in
-graphs/agent-tools.yaml.
+calls per episode, model tokens per episode, finishes. The defaults are the settings found here
+(the ones in graphs/agent-tools.yaml): on 2 CPU cores ``--env calc`` reaches a 10-step mean reward
+of 0.9 at step ~280 (about 2 minutes) and holds 0.95-0.99 after; ``--env guess --lr 1e-3
+--entropy 0.01`` at step ~520 (2.5 minutes). Runs are not bitwise repeatable: the continuous
+engine's draws depend on which episodes share an iteration.
 """
 
 from __future__ import annotations
@@ -115,22 +118,22 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--env", default="calc")
     p.add_argument("--env-config", type=json.loads, default={}, help='JSON, e.g. {"call_weight": 0.4}')
-    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--steps", type=int, default=600)
     p.add_argument("--tasks", type=int, default=8, help="tasks per step (the ticket's size)")
     p.add_argument("--samples", type=int, default=8, help="episodes per task (GRPO group)")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--mini-batches", type=int, default=4)
-    p.add_argument("--entropy", type=float, default=0.01)
-    p.add_argument("--kl", type=float, default=0.0, help="k3 KL loss against the initial policy (a reference node)")
+    p.add_argument("--entropy", type=float, default=0.03)
+    p.add_argument("--kl", type=float, default=0.01, help="k3 KL loss against the initial policy (a reference node)")
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--n-layers", type=int, default=2)
     p.add_argument("--tie", action="store_true", help="tie the input and output embeddings (copying is easier)")
     p.add_argument("--positions", default="learned", choices=("learned", "rope"))
     p.add_argument("--max-turns", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--max-new-tokens", type=int, default=12)
+    p.add_argument("--max-new-tokens", type=int, default=1, help="per turn: 1 = one character a turn")
     p.add_argument("--target", type=float, default=0.9, help="stop once the mean over --window steps reaches it")
-    p.add_argument("--window", type=int, default=5)
+    p.add_argument("--window", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--show", type=int, default=0, help="print two episodes every this many steps")
     p.add_argument("--threads", type=int, default=1)
