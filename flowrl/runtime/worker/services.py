@@ -47,11 +47,15 @@ log = logging.getLogger("flowrl.services")
 from flowrl.runtime.protocol.addresses import SERVE_PORT
 from flowrl.runtime.worker.serving import REQUEST_TIMEOUT_S, ServiceServer, _context, _decode, _encode
 
+
 # the client ---------------------------------------------------------------------------------------
 @dataclass
 class _Replica:
+    """One server replica as this client sees it: its socket, whether it is connected, what it holds."""
+
     address: str
     sock: Any
+    mon: Any = None  # the socket's monitor (connected / disconnected events)
     up: bool = False
     load: int = 0
     tasks: list = field(default_factory=list)
@@ -130,8 +134,7 @@ class ServiceClient:
             apply_client(sock, self.curve(key))
         mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         sock.connect(address)
-        rep = _Replica(address, sock)
-        rep.mon = mon
+        rep = _Replica(address, sock, mon)
         self.replicas.append(rep)
         rep.tasks = [self.loop.create_task(self._recv_loop(rep)), self.loop.create_task(self._monitor_loop(rep))]
 
