@@ -54,12 +54,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from flowrl.agents.base import ChatFormat, Env, Generator, ServiceError, Trajectory
+from flowrl.agents.threads import in_thread
 from flowrl.agents.tools import ToolContext, ToolJournal, Tools
 
 
@@ -83,33 +83,10 @@ class EpisodeLimits:
 
 
 async def call(fn, *args: Any) -> Any:
-    """``fn(*args)``: awaited when async, else run in a thread of its own.
-
-    Its own thread, not a pool's: an environment that hangs in a plain method holds its thread
-    until it returns, and a pool of a few threads (asyncio's default has cores + 4) would then make
-    every other episode's environment wait behind it, past their deadlines. The thread is a daemon,
-    so one that never returns does not keep the process from exiting."""
+    """``fn(*args)``: awaited when async, else run in a thread of its own (``flowrl.agents.threads``)."""
     if inspect.iscoroutinefunction(fn):
         return await fn(*args)
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-
-    def settle(result: Any, error: BaseException | None) -> None:
-        if not done.done():
-            done.set_exception(error) if error is not None else done.set_result(result)
-
-    def run() -> None:
-        try:
-            result, error = fn(*args), None
-        except BaseException as e:  # noqa: BLE001 - handed to the episode
-            result, error = None, e
-        try:
-            loop.call_soon_threadsafe(settle, result, error)
-        except RuntimeError:  # the loop is gone (the episode's process is ending)
-            pass
-
-    threading.Thread(target=run, name=f"flowrl-env-{getattr(fn, '__name__', 'call')}", daemon=True).start()
-    out = await done
+    out = await in_thread(fn, *args)
     return await out if inspect.isawaitable(out) else out
 
 

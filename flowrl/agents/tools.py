@@ -22,8 +22,9 @@ calls is ``ToolResult.ok == False``, summed into ``Trajectory.info["tool_errors"
 - an error: the function raised (``error: ValueError: ...``), the tool is unknown, the call did
   not parse (a bad JSON block, see ``flowrl.agents.chat``);
 - a timeout: no answer within ``timeout_s`` (``error: tool calc timed out after 10s``). An
-  ``async`` tool is cancelled; a sync one runs in a worker thread, which cannot be stopped and
-  finishes in the background (give long-running work to the ``python`` tool: its sandbox kills).
+  ``async`` tool is cancelled; a sync one runs in a thread of its own (``flowrl.agents.threads``:
+  a hung call holds no pool the other episodes need), which cannot be stopped and finishes in the
+  background (give long-running work to the ``python`` tool: its sandbox kills).
 
 The journal. A re-issued ticket (a crash replays it with ``attempt + 1``) re-runs its episodes,
 so a tool with effects outside the episode (a write, a purchase, an email) would act twice. A
@@ -61,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.agents.base import ToolCall
+from flowrl.agents.threads import in_thread
 
 
 @dataclass
@@ -247,7 +249,7 @@ class Tools:
             if inspect.iscoroutinefunction(tool.fn):
                 out = await asyncio.wait_for(tool.fn(**kwargs), timeout)
             else:
-                out = await asyncio.wait_for(asyncio.to_thread(tool.fn, **kwargs), timeout)
+                out = await asyncio.wait_for(in_thread(tool.fn, **kwargs), timeout)
         except asyncio.TimeoutError:
             return ToolResult(f"error: tool {tool.name} timed out after {timeout:g}s", ok=False)
         except Exception as e:  # noqa: BLE001 - the model sees the error, the episode goes on

@@ -87,6 +87,34 @@ def test_a_hanging_tool_times_out_into_an_error_message_sync_or_async():
         assert not out.ok and out.content == f"error: tool {name} timed out after 0.2s"
 
 
+@pytest.mark.timeout(30)
+def test_hung_sync_tools_do_not_hold_up_the_other_calls():
+    release = threading.Event()
+
+    def stuck(x: str) -> str:
+        release.wait(20)
+        return x
+
+    def quick(x: str) -> str:
+        return x + "!"
+
+    tools = Tools([stuck, quick], timeout_s=5.0)
+
+    async def many():
+        try:
+            hung = [asyncio.create_task(tools.run(ToolCall("stuck", {"x": "1"}))) for _ in range(32)]
+            await asyncio.sleep(0)  # every stuck call has its thread before the quick one asks
+            out = await asyncio.wait_for(tools.run(ToolCall("quick", {"x": "a"})), 2.0)  # a pool of cores + 4 would be full
+            for t in hung:
+                t.cancel()
+            return out
+        finally:
+            release.set()
+
+    out = anyio.run(many)
+    assert out.ok and out.content == "a!"
+
+
 @pytest.mark.timeout(60)
 def test_the_python_tool_runs_in_the_sandbox_and_a_hang_is_killed_by_its_limits(monkeypatch):
     from flowrl.rewards.sandbox import Limits

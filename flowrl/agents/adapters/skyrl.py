@@ -25,7 +25,6 @@ generated -- so it is only reported in ``info["postprocessed_action"]``.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import importlib
 import json
@@ -35,6 +34,7 @@ from typing import Any
 
 from flowrl.agents.adapters import import_library, some
 from flowrl.agents.base import Step
+from flowrl.agents.threads import in_thread
 
 _NOT_EXTRAS = ("prompt", "env_class")
 
@@ -103,13 +103,13 @@ class SkyRLEnv:
             self.env = self._make(self.row)
             return self.env.init([dict(m) for m in prompt])
 
-        messages, _info = await asyncio.to_thread(start)
+        messages, _info = await in_thread(start)
         return [dict(m) for m in messages]
 
     async def step(self, text: str) -> Step:
         if self.env is None:
             raise RuntimeError("SkyRLEnv.step before reset")
-        out = await asyncio.to_thread(self.env.step, text)
+        out = await in_thread(self.env.step, text)
         done = bool(out["done"])
         info = dict(out.get("metadata") or {})
         if out.get("postprocessed_action") is not None:

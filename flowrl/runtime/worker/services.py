@@ -41,11 +41,10 @@ import zmq
 import zmq.asyncio
 
 from flowrl.agents.base import Completion, ServiceError
-
-log = logging.getLogger("flowrl.services")
-
 from flowrl.runtime.protocol.addresses import SERVE_PORT
 from flowrl.runtime.worker.serving import REQUEST_TIMEOUT_S, ServiceServer, _context, _decode, _encode
+
+log = logging.getLogger("flowrl.services")
 
 
 # the client ---------------------------------------------------------------------------------------
@@ -289,8 +288,6 @@ class Services(dict):
         have = ", ".join(sorted(self)) or "none"
         raise KeyError(f"this node has no service {name!r} (its services: {have}); declare it in the graph: "
                        f"`services: [<this node> -> {name}]`")
-
-
 
 
 class ServiceEnds:
