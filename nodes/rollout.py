@@ -98,29 +98,22 @@ class Rollout(flowrl.Node):
         return self.ends[key]
 
     async def process(self, batch, port):
-        from flowrl.engines import Sampling
-
         cfg = self.config
-        eos, pad = self.end_ids(batch.meta.get("tokenizer"))
-        sampling = Sampling(n=cfg.samples_per_prompt, temperature=cfg.temperature, top_p=cfg.top_p,
-                            max_new_tokens=cfg.max_new_tokens or batch.meta["max_new_tokens"],
-                            eos_id=eos, pad_id=pad, stop_token_ids=tuple(cfg.stop_token_ids))
-        import torch
+        sampling = self.sampling(batch.meta.get("tokenizer"), cfg.samples_per_prompt,
+                                 cfg.max_new_tokens or batch.meta["max_new_tokens"])
 
         index = max(batch.index, 0)
         t0 = time.perf_counter()  # prompts: ragged, or a rectangular [B, P] of whole rows (the engine takes both)
         out = await self.engine.submit(batch.tensors["prompts"], sampling, seed=self.ctx.seed * 1_000_003 + index)
         self.record(out, time.perf_counter() - t0)
-        versions = out.versions
-        if versions is None:  # one version made every token: the one the runtime says we hold
-            versions = out.tokens.like(torch.where(out.loss_mask.values, self.ctx.policy_version, -1))
+        versions = self.versions(out)
         generated = versions.values[out.loss_mask.values]
         # a group is as stale as its oldest token
         version = int(generated.min()) if generated.numel() else self.ctx.policy_version
         tensors = {"tokens": out.tokens, "loss_mask": out.loss_mask, "logprobs": out.logprobs,
                    "prompt_lens": out.prompt_lens, "versions": versions}
         if cfg.layout == "padded":
-            tensors = padded_layout(out, pad)
+            tensors = padded_layout(out, sampling.pad_id)
         return flowrl.Batch(
             tensors={**tensors, "targets": batch.tensors["targets"].repeat_interleave(sampling.n, 0)},
             meta={**batch.meta, "samples_per_prompt": sampling.n, "temperature": sampling.temperature,
@@ -137,31 +130,44 @@ class Rollout(flowrl.Node):
         import torch
 
         from flowrl.agents.base import Completion
-        from flowrl.engines import Sampling
 
         cfg = self.config
-        eos, pad = self.end_ids(request.get("tokenizer"))
-        stop = [int(t) for t in request.get("stop") or ()]
-        if stop:
-            eos, stop = stop[0], stop[1:]
         limit = int(request["max_new_tokens"])
-        sampling = Sampling(n=1, temperature=cfg.temperature, top_p=cfg.top_p,
-                            max_new_tokens=min(limit, cfg.max_new_tokens or limit), eos_id=eos, pad_id=pad,
-                            stop_token_ids=tuple(dict.fromkeys([*cfg.stop_token_ids, *stop])))
+        sampling = self.sampling(request.get("tokenizer"), 1, min(limit, cfg.max_new_tokens or limit),
+                                 [int(t) for t in request.get("stop") or ()])
         prompt = torch.as_tensor(request["prompt"], dtype=torch.int64).reshape(1, -1)
         t0 = time.perf_counter()
         out = await self.engine.submit(flowrl.Ragged.from_padded(prompt), sampling, seed=int(request.get("seed", 0)))
         self.record(out, time.perf_counter() - t0)
-        held = self.ctx.policy_version
         mask = out.loss_mask.values
-        tokens = out.tokens.values[mask]
-        versions = out.versions.values[mask] if out.versions is not None else torch.full_like(tokens, held)
+        tokens, versions = out.tokens.values[mask], self.versions(out).values[mask]
         stopped = len(tokens) > 0 and int(tokens[-1]) in sampling.stops
         if cfg.record_requests:
             self.served(request, prompt[0].tolist(), tokens.tolist())
         return Completion(tokens=tokens.tolist(), logprobs=out.logprobs.values[mask].float().tolist(),
                           versions=versions.tolist(), finish="stop" if stopped else "length",
                           replica=self.ctx.replica, temperature=sampling.temperature, top_p=sampling.top_p)
+
+    def sampling(self, tokenizer: dict | None, n: int, max_new_tokens: int, stop: list[int] = ()):
+        """What to sample, from this node's config: `stop` (a service request's end-of-turn ids, the
+        first of them its EOS) comes on top of the configured stop tokens."""
+        from flowrl.engines import Sampling
+
+        cfg = self.config
+        eos, pad = self.end_ids(tokenizer)
+        if stop:
+            eos, stop = stop[0], stop[1:]
+        return Sampling(n=n, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=max_new_tokens,
+                        eos_id=eos, pad_id=pad, stop_token_ids=tuple(dict.fromkeys([*cfg.stop_token_ids, *stop])))
+
+    def versions(self, out):
+        """The version of every token (aligned; -1 off the response): the engine's, or -- one version
+        made every token -- the one the runtime says we hold."""
+        import torch
+
+        if out.versions is not None:
+            return out.versions
+        return out.tokens.like(torch.where(out.loss_mask.values, self.ctx.policy_version, -1))
 
     def served(self, request: dict, prompt: list[int], tokens: list[int]) -> None:
         """One line of `RUN_DIR/served/`: the engine's own record of what it was asked and gave."""

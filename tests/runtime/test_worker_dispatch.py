@@ -20,12 +20,12 @@ def _recording_parts(calls: list):
 
     return SimpleNamespace(
         orders=SimpleNamespace(ticket=handler("ticket"), enter_epoch=handler("epoch"), progress=handler("progress")),
-        syncs=SimpleNamespace(order=handler("sync")), outputs=SimpleNamespace(rewire=handler("rewire"))), handler
+        syncs=SimpleNamespace(order=handler("sync"))), handler
 
 
 def test_every_order_the_controller_sends_a_node_has_a_handler():
     parts, handler = _recording_parts([])
-    table = handler_table(parts, wire=handler("wire"), stop=handler("stop"))
+    table = handler_table(parts, wire=handler("wire"), stop=handler("stop"), rewire=handler("rewire"))
     to_nodes = {cls for cls in m.message_types().values() if cls.direction == "controller -> node"}
     assert set(table) == to_nodes
 
@@ -33,7 +33,7 @@ def test_every_order_the_controller_sends_a_node_has_a_handler():
 def test_an_order_reaches_its_handler_by_type():
     calls: list = []
     parts, handler = _recording_parts(calls)
-    table = handler_table(parts, wire=handler("wire"), stop=handler("stop"))
+    table = handler_table(parts, wire=handler("wire"), stop=handler("stop"), rewire=handler("rewire"))
     orders = [m.Progress(complete_below=3, steps=10), m.Stop(), m.Disconnect(edge="a -> b", address="ipc://x")]
 
     async def main():

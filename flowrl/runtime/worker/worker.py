@@ -352,12 +352,12 @@ class Worker:
                                         line=info["line"], batch_id=batch_id, traceback=info["traceback"]))
 
 
-def handler_table(parts: Parts, *, wire, stop, rewire=None) -> dict:
+def handler_table(parts: Parts, *, wire, stop, rewire) -> dict:
     """What each control order does, by its type: every `controller -> node` message has one (the
     rule's test: tests/runtime/test_worker_dispatch.py)."""
     return {m.TicketMsg: parts.orders.ticket, m.Sync: parts.syncs.order, m.Epoch: parts.orders.enter_epoch,
-            m.Progress: parts.orders.progress, m.Wire: wire, m.Connect: rewire or parts.outputs.rewire,
-            m.Disconnect: rewire or parts.outputs.rewire, m.Stop: stop}
+            m.Progress: parts.orders.progress, m.Wire: wire, m.Connect: rewire,
+            m.Disconnect: rewire, m.Stop: stop}
 
 
 def main(argv: list[str] | None = None) -> int:
