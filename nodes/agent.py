@@ -135,7 +135,7 @@ class Agent(flowrl.Source):
 
         from flowrl.agents.batch import trajectories_to_batch
 
-        cfg, n, gen = self.config, self.config.samples_per_prompt, Sampled(self.generator())
+        cfg, n, gen = self.config, self.config.samples_per_prompt, self.generator()
         episodes = []
         for i in range(ticket.size):
             for s in range(n):
@@ -146,10 +146,16 @@ class Agent(flowrl.Source):
         self.record(trajs, session_prefix=ticket.batch_id)
         if cfg.record_trajectories:
             self.write_trajectories(trajs, [f"{ticket.batch_id}:{ticket.attempt}:{e}" for e in range(len(trajs))])
-        temperature, top_p = gen.settings(cfg.temperature, cfg.top_p, self.ctx.name)
-        return trajectories_to_batch(trajs, n, temperature, top_p,
-                                     {"agent_env": cfg.env or cfg.agent, "tokenizer": self.fmt_tokenizer()},
-                                     default_version=ticket.min_policy_version, filler=self.fmt.stop_ids[0])
+        batch = trajectories_to_batch(trajs, n, cfg.temperature, cfg.top_p,
+                                      {"agent_env": cfg.env or cfg.agent, "tokenizer": self.fmt_tokenizer()},
+                                      default_version=ticket.min_policy_version, filler=self.fmt.stop_ids[0])
+        for key in ("temperature", "top_p"):  # the rollout's setting came with every answer: one setting
+            mine = getattr(cfg, key)
+            if mine is not None and float(mine) != batch.meta[key]:
+                raise ValueError(f"node `{self.ctx.name}` sets {key}={mine}, but the rollout sampled at "
+                                 f"{key}={batch.meta[key]} (nodes.rollout.config.{key}); delete it from the agent's "
+                                 "config: it comes with every answer")
+        return batch
 
     async def episode(self, task, gen, session, min_version, seed):
         cfg = self.config
@@ -204,29 +210,3 @@ class Agent(flowrl.Source):
                 for turn, (at, sec) in enumerate(t.info.get("turn_s", ())):
                     rec.add_span("turn", at, sec, episode=k, turn=turn)
 
-
-class Sampled:
-    """The node's generator, noting what the answers were sampled at (the rollout's setting)."""
-
-    def __init__(self, gen):
-        self.gen = gen
-        self.seen: set[tuple[float, float]] = set()
-
-    async def complete(self, prompt, **kw):
-        out = await self.gen.complete(prompt, **kw)
-        self.seen.add((float(out.temperature), float(out.top_p)))
-        return out
-
-    def settings(self, temperature: float | None, top_p: float | None, name: str) -> tuple[float, float]:
-        """The temperature and top_p of this ticket's turns (the config's where no turn was generated)."""
-        if len(self.seen) > 1:
-            raise ValueError(f"node `{name}`: one ticket's turns were sampled at different settings {sorted(self.seen)}: "
-                             "give every rollout replica the same temperature and top_p")
-        got_t, got_p = next(iter(self.seen), (temperature if temperature is not None else 1.0,
-                                              top_p if top_p is not None else 1.0))
-        for key, mine, theirs in (("temperature", temperature, got_t), ("top_p", top_p, got_p)):
-            if mine is not None and float(mine) != theirs:
-                raise ValueError(f"node `{name}` sets {key}={mine}, but the rollout sampled at {key}={theirs} "
-                                 f"(nodes.rollout.config.{key}); delete it from the agent's config: it comes "
-                                 "with every answer")
-        return got_t, got_p

@@ -254,6 +254,7 @@ class _Session:
     finish: str | None = None
     error: str | None = None
     inflight: set[asyncio.Task] = field(default_factory=set)
+    sampled: dict[str, float] = field(default_factory=dict)  # what the turns were sampled at (the rollout's)
 
     def end(self, finish: str, error: str | None = None) -> None:
         """Record why the episode ended (the first reason stays)."""
@@ -417,6 +418,11 @@ class Gateway:
         self._counts["forks"] += s.forks
         return s.trajectory()
 
+    def sampled(self, session: str) -> dict[str, float]:
+        """What an open session's model turns were sampled at (the rollout's temperature and top_p;
+        empty before its first turn): the episode's batch carries it to the trainer."""
+        return dict(self._sessions[session].sampled)
+
     def end_session(self, session: str, finish: str, error: str | None = None) -> None:
         """Record why an open session's episode ended (its first reason stays)."""
         self._sessions[session].end(finish, error)
@@ -507,7 +513,9 @@ class Gateway:
             s.end("rollout_error", f"{type(err).__name__}: {err}")
             status = 503 if isinstance(err, ServiceError) else 500
             raise RequestError(status, f"the rollout could not generate: {err}", type="service_unavailable")
-        return task.result()
+        out = task.result()
+        s.sampled = {"temperature": out.temperature, "top_p": out.top_p}  # the batch's, as for environments
+        return out
 
     async def _serve(self, request: Any, handle: Any) -> Any:
         from aiohttp import web

@@ -110,6 +110,7 @@ async def run_agent_episode(fn: AgentFn, task: dict[str, Any], gen: Generator, f
         try:
             if finish != "done":
                 gateway.end_session(session, finish, error)
+            sampled = gateway.sampled(session)  # the batch's temperature and top_p, as for environments
             traj = gateway.close_session(session)
         finally:
             await client.close()
@@ -117,6 +118,7 @@ async def run_agent_episode(fn: AgentFn, task: dict[str, Any], gen: Generator, f
         traj.error = f"{traj.error}; then {error}" if traj.error else error  # the gateway's reason comes first
     traj.reward = reward
     traj.info.update(info)
+    traj.info.update(sampled)
     return traj
 
 

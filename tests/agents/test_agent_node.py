@@ -196,3 +196,9 @@ def test_a_batch_takes_the_temperature_its_episodes_were_sampled_at():
         trajectories_to_batch([hot, cold], 2)
     with pytest.raises(ValueError, match="groups of samples_per_prompt=2"):
         trajectories_to_batch([t, t, t], 2)
+
+
+def test_an_agent_temperature_other_than_the_rollouts_is_an_error():
+    node = agent({"env": "guess", "samples_per_prompt": 2, "max_turns": 2, "temperature": 0.5}, ScriptedGen([[1]], stop=13))
+    with pytest.raises(ValueError, match="the rollout sampled at temperature=1.0"):
+        call(node.generate, Ticket(batch_id="b0", index=0, attempt=0, min_policy_version=0, size=1))

@@ -237,6 +237,7 @@ def test_a_real_engine_over_the_chat_model_serves_an_openai_agent_token_exactly(
     assert traj.mask == [False] * len(prompt) + [True] * len(out1) + [False] * len(env) + [True] * len(out2)
     assert [lp for lp, m in zip(traj.logprobs, traj.mask) if m] == gen.outs[0].logprobs + gen.outs[1].logprobs
     assert traj.info["diverged"] == 0 and traj.info["chains"] == 1
+    assert (traj.info["temperature"], traj.info["top_p"]) == (gen.outs[0].temperature, gen.outs[0].top_p)  # for the batch
     assert seen[0].finish_reason in ("stop", "length", "tool_calls")
 
 
