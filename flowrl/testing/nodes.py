@@ -142,6 +142,45 @@ class Follower(flowrl.Node):
         return batch.replace(policy_version=self.version)
 
 
+class HeldVersion(Follower):
+    """A `Follower` that writes the version it holds to `held_file` whenever one lands."""
+
+    class Config(Follower.Config):
+        held_file: str
+
+    def load_weights(self, tensors, version):
+        super().load_weights(tensors, version)
+        from pathlib import Path
+
+        tmp = Path(self.config.held_file + ".tmp")
+        tmp.write_text(str(version))
+        tmp.replace(self.config.held_file)
+
+
+class TrainsWhileServing(Trainer):
+    """A `Trainer` whose call for a batch returns only once the subscriber (`HeldVersion`) holds the
+    trainer's current version: it finishes only if the publisher serves a sync while a call of its
+    own is running (with `max_staleness >= 1`, the subscriber takes that version between two of its
+    batches, which need nothing newer). Fails after `wait_s` naming what it waited for."""
+
+    class Config(Trainer.Config):
+        held_file: str
+        wait_s: float = 60.0
+
+    async def process(self, batch, port):
+        import time
+        from pathlib import Path
+
+        wanted, held = self.ctx.policy_version, Path(self.config.held_file)
+        deadline = time.monotonic() + self.config.wait_s
+        while not (held.exists() and int(held.read_text() or 0) >= wanted):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the subscriber never took version {wanted} while {batch.batch_id} was in "
+                                   "the trainer: a sync order waits for the call that runs")
+            await anyio.sleep(0.005)  # polls a condition; the order of events does not depend on it
+        await super().process(batch, port)
+
+
 def chain_digest(previous: str, batch) -> str:
     """One link of a hash chain over (batch id, content): equal chains = the same tickets, in the same
     order, each once."""

@@ -9,12 +9,21 @@ an observer is shown the version.
 Every rank of a data-parallel subscriber is a member of the sync group, a collective: the ranks
 join it when their leader says (a `GroupStep`), never while another rank waits for them in a step
 of its own.
+
+A publisher (a trainer) serves its orders beside its calls, on a lane of their own (`serve_lane`),
+not between them: a broadcast reads only the send buckets of the last snapshot (the publisher's
+lock keeps a snapshot and a broadcast apart), so training on the next batch goes on while the
+subscribers take the last version. Queued on the event queue instead, a sync ordered while the
+trainer computes would wait for that call, and the subscribers waiting in it would idle: with
+`max_staleness >= 1` that was a whole training step lost per version.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+import anyio
 
 from flowrl.runtime.protocol import messages as m
 from flowrl.runtime.worker.inputs import Fence
@@ -40,6 +49,9 @@ class WeightSyncs:
         self._released = released  # a subscriber's new version: the batches that waited for it go on
         self._orders: dict = {}  # a data-parallel subscriber's follower: Sync orders by sync epoch
         self._awaiting = None  # ... the sync epoch its leader's step named before the order came
+        # a publisher's orders, served in order beside the node's calls (`serve_lane`)
+        self.beside = weights is not None and shape.publishes and not shape.subscribes
+        self._lane_tx, self._lane_rx = anyio.create_memory_object_stream[m.Sync](64)
 
     def fence(self, sync_epoch: int) -> None:
         """A member died (any thread): stop waiting for the members of an older sync epoch."""
@@ -48,6 +60,9 @@ class WeightSyncs:
 
     async def order(self, order: m.Sync) -> None:
         """A `Sync` order from the controller."""
+        if self.beside:
+            await self._lane_tx.send(order)
+            return
         if self._ranks is not None and self._shape.subscribes:
             if self._ranks.rank > 0:  # kept until the leader's step names this sync epoch
                 self._orders = {e: o for e, o in self._orders.items() if e > order.sync_epoch - 8}
@@ -59,6 +74,17 @@ class WeightSyncs:
                                           marker="sync"):
                 return  # a rank is in a newer recovery epoch: the recovery forms a new sync epoch
         await self.run(order)
+
+    async def serve_lane(self) -> None:
+        """A publisher's sync orders, one at a time and in order, beside the node's calls (the
+        worker runs this in its task group while the process lives)."""
+        async for order in self._lane_rx:
+            await self.run(order)
+
+    def stop(self) -> None:
+        """The process stops: a serve still waiting for its members ends within a quarter second."""
+        if self.beside:
+            self._weights.fence(2**62)
 
     async def join(self, sync_epoch: int) -> None:
         """A follower's part of its leader's sync step (its own `Sync` order may come later)."""
@@ -81,7 +107,8 @@ class WeightSyncs:
         if not self._shape.publishes:
             self._version.set(received)
         await self._report(m.Synced(version=received, sync_epoch=order.sync_epoch, **self._weights.digest()))
-        await self._released(self._version.value)
+        if not self.beside:  # a publisher holds no batches for a version (and runs beside the event queue)
+            await self._released(self._version.value)
         if self._shape.observer:
             with self._runner.occupied(f"observe v{received}"):
                 await self._runner.run(self._runner.node.observe, received)

@@ -179,6 +179,7 @@ class Worker:
 
     async def stop(self, msg: m.Stop) -> None:
         self.stopping = True
+        self.parts.syncs.stop()
     # loops ----------------------------------------------------------------------------------
     async def control_loop(self) -> None:
         while True:
@@ -190,6 +191,9 @@ class Worker:
                 continue
             if isinstance(msg, m.Sync):
                 self.parts.syncs.fence(msg.sync_epoch)  # a member died: stop waiting for the old epoch
+                if self.parts.syncs.beside:  # a publisher serves beside its calls, not after the one running
+                    await self.parts.syncs.order(msg)
+                    continue
             await self.events_tx.send(("ctl", msg))
 
     async def input_loop(self, port: str, rx) -> None:
@@ -289,6 +293,8 @@ class Worker:
                 tg.start_soon(self.faults.timer_loop)
                 if self.services.server is not None:
                     tg.start_soon(self.services.server.run)
+                if parts.syncs.beside:
+                    tg.start_soon(parts.syncs.serve_lane)
                 if parts.shape.stateful and not self.spec.resume_from:
                     await parts.state.save(self.spec.watermark)  # the state every rollback can reach
                 await self.main_loop()
