@@ -26,6 +26,12 @@ from flowrl.placement.plan import Plan, PlanEntry
 from flowrl.placement.requests import Request, colocation_groups, read_request
 
 ROLE_ORDER = {"actor": 0, "critic": 1, "rollout": 2, "reference": 3, "reward": 4}
+CPU_WEIGHT = {"actor": 3.0, "critic": 3.0, "rollout": 1.5, "reference": 1.0}
+"""How much of a shared core a process of each role takes, when CPU cores are time-shared (others: 0.25).
+A trainer's step (forward, backward, optimizer) costs about three forward passes, a rollout's
+generation about one and a half, a reference's one; prompts, rewards and advantages next to
+nothing. Counting processes instead put the reference on the actor's core in graphs/grpo.yaml and
+left the rollout's core two-thirds idle with max_staleness 1."""
 
 
 def _place(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], findings: list[Finding]) -> None:
@@ -39,8 +45,9 @@ def _place(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], findings: 
 
     def take(req: Request, group: list[Device]) -> None:
         req.placed.append(group)
+        weight = CPU_WEIGHT.get(req.role or "", 0.25) if inv.device_type == "cpu" else 1
         for d in group:
-            load[d.host, d.id] = load.get((d.host, d.id), 0) + 1
+            load[d.host, d.id] = load.get((d.host, d.id), 0) + weight
             owner.setdefault((d.host, d.id), set()).add(req.name)
 
     for req in reqs.values():

@@ -95,14 +95,26 @@ def test_env_for_requires_a_port_when_the_plan_defers_it(a100):
         plan.env_for(plan.entries[0])
 
 
-def test_cpu_auto_spreads_nodes_round_robin_and_only_notes_the_sharing():
+def test_cpu_auto_balances_cores_by_what_each_role_costs_and_only_notes_the_sharing():
     plan = make_plan(load_graph(ROOT / "graphs/ppo.yaml"), inventory("laptop-2cpu.yaml"))
     assert plan.ok and not plan.warnings and len(plan.entries) == 6
-    cores = [e.devices[0] for e in plan.entries]
-    assert sorted(cores) == [0, 0, 0, 1, 1, 1]
+    core = {e.node: e.devices[0] for e in plan.entries}
+    assert sorted(core.values()) in ([0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1])
+    assert core["actor"] != core["critic"]  # the two trainers, the heaviest, never share a core here
+    assert core["rollout"] != core["reference"]
     assert {f.code for f in plan.findings} == {"cpu-shared"}
     env = plan.env_for(plan.entries[0], master_port=3)
-    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["FLOWRL_CPU_CORES"] == str(cores[0])
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["FLOWRL_CPU_CORES"] == str(plan.entries[0].devices[0])
+
+
+def test_cpu_auto_keeps_the_actor_core_for_the_actor_in_grpo():
+    """GRPO on two cores: the actor's step is most of the work; the rollout and the reference (one
+    forward pass each) share the other core, so that with max_staleness 1 both cores stay busy."""
+    plan = make_plan(load_graph(ROOT / "graphs/grpo.yaml"), inventory("laptop-2cpu.yaml"))
+    core = {e.node: e.devices[0] for e in plan.entries}
+    assert core["rollout"] == core["reference"] != core["actor"]
+    assert [n for n, c in core.items() if c == core["actor"]] in (["actor"], ["advantages", "actor"],
+                                                                    ["prompts", "actor"], ["reward", "actor"])
 
 
 def test_shipped_ppo_plans_cleanly_on_this_machine():
