@@ -252,41 +252,42 @@ def print_comparison(results: list[dict], threshold: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------- ablation
-ABLATION: dict[str, list[str]] = {
-    "matched (TRL's settings)": [],
-    "AdamW beta2 0.99 (flowrl's default)": ["actor.betas=[0.9, 0.99]"],
-    "constant lr (flowrl's default)": ["actor.lr_decay_steps=null"],
-    "untied embeddings (flowrl's default)": ["model.tie_embeddings=false"],
-    "all three flowrl defaults (the issue's 'same settings')":
-        ["actor.betas=[0.9, 0.99]", "actor.lr_decay_steps=null", "model.tie_embeddings=false"],
-    "loss grpo (seq_mean_token_mean)": ["actor.loss_agg=grpo"],
-    "loss dr_grpo (seq_mean_token_sum_norm, L=7)": ["actor.loss_agg=dr_grpo", "actor.loss_agg_norm_len=7"],
-    "advantages not std-scaled (Dr. GRPO)": ["advantage.normalize_std=false"],
-    "no gradient clipping": ["actor.max_grad_norm=null"],
+ABLATION: dict[str, tuple[str, list[str]]] = {  # name: (what changes from the matched settings, overrides)
+    "matched": ("matched (TRL's settings)", []),
+    "beta2": ("AdamW beta2 0.99 (flowrl's default)", ["actor.betas=[0.9, 0.99]"]),
+    "const-lr": ("constant lr (flowrl's default)", ["actor.lr_decay_steps=null"]),
+    "untied": ("untied embeddings (flowrl's default)", ["model.tie_embeddings=false"]),
+    "flowrl-defaults": ("all three flowrl defaults (the issue's 'same settings')",
+                        ["actor.betas=[0.9, 0.99]", "actor.lr_decay_steps=null", "model.tie_embeddings=false"]),
+    "loss-grpo": ("loss grpo (seq_mean_token_mean)", ["actor.loss_agg=grpo"]),
+    "loss-dr_grpo": ("loss dr_grpo (seq_mean_token_sum_norm, L=7)", ["actor.loss_agg=dr_grpo", "actor.loss_agg_norm_len=7"]),
+    "no-std": ("advantages not std-scaled (Dr. GRPO)", ["advantage.normalize_std=false"]),
+    "no-clip-grad": ("no gradient-norm clipping", ["actor.max_grad_norm=null"]),
 }
-TRL_ABLATION: dict[str, dict] = {
-    "TRL as matched": {},
-    "TRL constant lr": {"lr_scheduler_type": "constant"},
-    "TRL AdamW beta2 0.99": {"adam_beta2": 0.99},
-    "TRL GPT-2 dropout 0.1 (transformers' default)": {"dropout": 0.1},
+TRL_ABLATION: dict[str, tuple[str, dict]] = {  # name: (label, bench_trl keyword arguments)
+    "trl": ("TRL as in the rows", {}),
+    "trl-const-lr": ("TRL constant lr", {"lr_scheduler_type": "constant"}),
+    "trl-beta2": ("TRL AdamW beta2 0.99", {"adam_beta2": 0.99}),
+    "trl-dropout": ("TRL, GPT-2 dropout 0.1 (transformers' default)", {"dropout": 0.1}),
 }
 
 
 def _ablation_job(job: tuple) -> tuple[str, int, int | None, float]:
     kind, name, seed, steps, threshold = job
     if kind == "loop":
-        res = bench_loop(seed=seed, steps=steps, threshold=threshold, overrides=ABLATION[name], stop_at_threshold=True)
+        res = bench_loop(seed=seed, steps=steps, threshold=threshold, overrides=ABLATION[name][1],
+                         stop_at_threshold=True)
     else:
-        res = bench_trl(seed=seed, steps=steps, threshold=threshold, stop_at_threshold=True, **TRL_ABLATION[name])
+        res = bench_trl(seed=seed, steps=steps, threshold=threshold, stop_at_threshold=True, **TRL_ABLATION[name][1])
     return name, seed, res["step_to_threshold"], res["curve"][-1][1]
 
 
 def run_ablation(*, seeds: list[int], steps: int, threshold: float, jobs: int, trl: bool,
-                 variants: list[str] | None = None) -> list[dict]:
+                 variants: list[str] | None = None, trl_variants: list[str] | None = None) -> list[dict]:
     names = variants or list(ABLATION)
+    trl_names = (trl_variants or list(TRL_ABLATION)) if trl else []
     work = [("loop", n, s, steps, threshold) for n in names for s in seeds]
-    if trl:
-        work += [("trl", n, s, steps, threshold) for n in TRL_ABLATION for s in seeds]
+    work += [("trl", n, s, steps, threshold) for n in trl_names for s in seeds]
     if jobs > 1:
         import multiprocessing as mp
 
@@ -301,19 +302,19 @@ def run_ablation(*, seeds: list[int], steps: int, threshold: float, jobs: int, t
             done.append(_ablation_job(job))
             print(f"  {done[-1][0]}, seed {done[-1][1]}: {done[-1][2] or f'>{steps}'} steps", file=sys.stderr, flush=True)
     table = []
-    for name in names + (list(TRL_ABLATION) if trl else []):
+    for name in names + trl_names:
         per_seed = {s: st for n, s, st, _ in done if n == name}
         counted = [per_seed[s] if per_seed[s] is not None else steps + 1 for s in seeds]
-        table.append({"variant": name, "steps_per_seed": [per_seed[s] for s in seeds],
-                      "median_steps": statistics.median(counted),
-                      "overrides": ABLATION.get(name, TRL_ABLATION.get(name))})
+        label, change = ABLATION[name] if name in ABLATION else TRL_ABLATION[name]
+        table.append({"variant": name, "label": label, "steps_per_seed": [per_seed[s] for s in seeds],
+                      "median_steps": statistics.median(counted), "change": change})
     return table
 
 
 def print_ablation(table: list[dict], seeds: list[int], steps: int, threshold: float) -> None:
     base = table[0]["median_steps"]
     head = ["variant", *[f"seed {s}" for s in seeds], "median", "vs matched"]
-    cells = [head] + [[r["variant"], *[str(x) if x is not None else f">{steps}" for x in r["steps_per_seed"]],
+    cells = [head] + [[r["label"], *[str(x) if x is not None else f">{steps}" for x in r["steps_per_seed"]],
                        f"{r['median_steps']:g}", f"{r['median_steps'] / base:.2f}x"] for r in table]
     widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
     print(f"steps to a batch-mean reward of {threshold:g} (cap {steps})")
@@ -335,8 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the results (with reward curves) as JSON")
     parser.add_argument("--ablation", action="store_true", help="the ablation of the one-process loop instead")
     parser.add_argument("--trl-ablation", action="store_true", help="with --ablation: TRL runs with changed settings too")
-    parser.add_argument("--variants", nargs="+", choices=list(ABLATION), metavar="NAME",
+    parser.add_argument("--variants", nargs="+", choices=list(ABLATION),
                         help="with --ablation: only these variants (default all)")
+    parser.add_argument("--trl-variants", nargs="+", choices=list(TRL_ABLATION),
+                        help="with --trl-ablation: only these TRL variants (default all)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="with --ablation (default 0 1 2)")
     parser.add_argument("--jobs", type=int, default=1, help="with --ablation: runs at once, one thread each")
     args = parser.parse_args(argv)
@@ -344,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.ablation:
         table = run_ablation(seeds=args.seeds, steps=steps, threshold=args.threshold, jobs=args.jobs,
-                             trl=args.trl_ablation, variants=args.variants)
+                             trl=args.trl_ablation, variants=args.variants, trl_variants=args.trl_variants)
         print_ablation(table, args.seeds, steps, args.threshold)
         out = {"mode": "ablation", "seeds": args.seeds, "steps": steps, "threshold": args.threshold, "results": table}
     else:
