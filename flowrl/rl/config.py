@@ -8,9 +8,24 @@ Hugging Face model use the usual smaller learning rates (1e-6 .. 1e-5).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+LOSS_AGG_ALIASES = {
+    "dapo": "token_mean",
+    "bnpo": "token_mean",
+    "grpo": "seq_mean_token_mean",
+    "dr_grpo": "seq_mean_token_sum_norm",
+}
+"""TRL's ``GRPOConfig.loss_type`` names (those that are a loss aggregation) -> flowrl's ``loss_agg``.
+
+TRL's ``dapo`` divides by the active tokens of the whole generation batch and ``bnpo`` by those of
+the local micro-batch; a flowrl mini-batch is one optimizer step whose token count is global over
+its micro-batches and ranks, so both are ``token_mean`` here (equal to TRL's ``dapo`` always, and
+to ``bnpo`` with one micro-batch). ``dr_grpo`` needs ``loss_agg_norm_len`` (TRL: ``max_completion_length``).
+"""
 
 
 class _Config(BaseModel):
@@ -18,7 +33,7 @@ class _Config(BaseModel):
 
 
 class OptimConfig(_Config):
-    """AdamW, linear warm-up then constant, gradient-norm clipping; shared by actor and critic."""
+    """AdamW, linear warm-up then constant (or linear decay), gradient-norm clipping; shared by actor and critic."""
 
     lr: float = Field(1e-3, gt=0)
     """Peak learning rate."""
@@ -30,6 +45,11 @@ class OptimConfig(_Config):
     """Decoupled weight decay."""
     warmup_steps: int = Field(0, ge=0)
     """Optimizer steps of linear warm-up from 0 to ``lr``."""
+    lr_decay_steps: int | None = Field(None, ge=1)
+    """None: the learning rate stays at ``lr`` after the warm-up. N: it then falls linearly to 0 at optimizer
+    step N -- the 0-based step ``k >= warmup_steps`` uses ``lr * (N - k) / (N - warmup_steps)``, which is
+    Hugging Face's (and so TRL's) default ``linear`` scheduler with N = ``max_steps`` x optimizer steps per
+    batch (``mini_batches * epochs``); steps past N use 0."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm to this (None: no clipping; the norm is still reported)."""
     epochs: int = Field(1, ge=1)
@@ -39,7 +59,10 @@ class OptimConfig(_Config):
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = \
         "token_mean"
     """How per-token losses become one number; see ``flowrl.rl.losses`` (DAPO's token mean, GRPO's sequence
-    mean, Dr. GRPO's constant-normalised sum) and docs/packing.md."""
+    mean, Dr. GRPO's constant-normalised sum) and docs/packing.md. TRL's ``loss_type`` names are accepted as
+    aliases (``LOSS_AGG_ALIASES``): ``dapo`` and ``bnpo`` = ``token_mean`` (one optimizer step per mini-batch,
+    no gradient accumulation across steps), ``grpo`` = ``seq_mean_token_mean``, ``dr_grpo`` =
+    ``seq_mean_token_sum_norm``."""
     loss_agg_norm_len: int | None = Field(None, ge=1)
     """``seq_mean_token_sum_norm`` (Dr. GRPO): the constant each sequence's token sum is divided by (usually the
     response length cap, ``max_new_tokens``); required by that mode, unused by the others."""
@@ -49,11 +72,21 @@ class OptimConfig(_Config):
     mini-batch. Bounds activation memory; the update does not depend on it (to float rounding). A sequence
     longer than this is an error. None: one micro-batch per mini-batch."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _loss_agg_aliases(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("loss_agg") in LOSS_AGG_ALIASES:
+            data = {**data, "loss_agg": LOSS_AGG_ALIASES[data["loss_agg"]]}
+        return data
+
     @model_validator(mode="after")
     def _norm_len_for_sum_norm(self) -> "OptimConfig":
         if self.loss_agg == "seq_mean_token_sum_norm" and self.loss_agg_norm_len is None:
             raise ValueError("loss_agg=seq_mean_token_sum_norm divides each sequence's token sum by a constant: "
                              "set loss_agg_norm_len (e.g. the rollout's max_new_tokens)")
+        if self.lr_decay_steps is not None and self.lr_decay_steps <= self.warmup_steps:
+            raise ValueError(f"lr_decay_steps={self.lr_decay_steps} must exceed warmup_steps={self.warmup_steps}: the "
+                             "decay runs from the end of the warm-up to step lr_decay_steps")
         return self
 
 

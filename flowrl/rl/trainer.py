@@ -155,9 +155,15 @@ class Trainer:
 
     @property
     def lr(self) -> float:
-        """Learning rate of the next optimizer step."""
-        warm = self.config.warmup_steps
-        return self.config.lr * min(1.0, (self.steps + 1) / warm) if warm else self.config.lr
+        """Learning rate of the next optimizer step (0-based ``k = self.steps``): warm-up ``lr * (k + 1) / W``
+        for ``k < W``, then ``lr``, or with ``lr_decay_steps = N`` ``lr * (N - k) / (N - W)`` (0 from ``N`` on)."""
+        cfg, k = self.config, self.steps
+        warm = cfg.warmup_steps
+        if k < warm:
+            return cfg.lr * (k + 1) / warm
+        if cfg.lr_decay_steps is None:
+            return cfg.lr
+        return cfg.lr * max(0.0, (cfg.lr_decay_steps - k) / (cfg.lr_decay_steps - warm))
 
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer, shuffling RNG and counters: everything the next update depends on.

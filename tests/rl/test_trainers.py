@@ -108,3 +108,30 @@ def test_the_critic_learns_returns_and_resumes_exactly():
         old = again.values(gen.tokens, P)
         again.train_step(tokens=gen.tokens, prompt_len=P, response_mask=mask, returns=returns, old_values=old)
     assert all(torch.equal(x, y) for x, y in zip(critic.model.state_dict().values(), again.model.state_dict().values()))
+
+
+def test_linear_decay_falls_from_the_end_of_the_warmup_to_zero():
+    actor = ActorTrainer(build_model(SPEC, seed=0), ActorConfig(lr=1e-3, warmup_steps=2, lr_decay_steps=6), seed=0)
+    lrs = [_actor_step(actor, _batch(actor.model), torch.randn(16))["lr"] for _ in range(8)]
+    assert lrs == pytest.approx([5e-4, 1e-3, 1e-3, 7.5e-4, 5e-4, 2.5e-4, 0.0, 0.0])
+
+
+def test_linear_decay_is_the_schedule_trl_uses_by_default():
+    """TRL's GRPOTrainer takes Hugging Face's `linear` scheduler over max_steps (no warm-up by default)."""
+    transformers = pytest.importorskip("transformers")
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=1e-3)
+    sched = transformers.get_linear_schedule_with_warmup(opt, num_warmup_steps=0, num_training_steps=5)
+    expected = []
+    for _ in range(6):
+        expected.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    actor = ActorTrainer(build_model(SPEC, seed=0), ActorConfig(lr=1e-3, lr_decay_steps=5), seed=0)
+    lrs = [_actor_step(actor, _batch(actor.model), torch.randn(16))["lr"] for _ in range(6)]
+    assert lrs == pytest.approx(expected)
+
+
+def test_lr_decay_must_end_after_the_warmup():
+    with pytest.raises(ValueError, match="lr_decay_steps=4 must exceed warmup_steps=4"):
+        ActorConfig(warmup_steps=4, lr_decay_steps=4)
