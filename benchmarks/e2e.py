@@ -82,14 +82,18 @@ def bench_single_process(*, seed: int, steps: int, threshold: float, threads: in
                      extra={"threads": threads, "config": cfg.model_dump(mode="json")})
 
 
-def bench_flowrl(*, seed: int, steps: int, threshold: float, k: int, run_dir: Path, timeout_s: float,
-                 launcher: str = "local") -> dict:
+def bench_flowrl(*, seed: int, steps: int, threshold: float, k: int | None, run_dir: Path, timeout_s: float,
+                 launcher: str = "local", graph: Path = GRAPH) -> dict:
+    """``flowrl run graph`` for ``steps``; ``k``: its max_staleness (None: the graph's own)."""
     from flowrl.testing import run_graph
+    from flowrl.graph import load_graph
 
+    if k is None:
+        k = load_graph(graph).schedule.max_staleness
     overrides = [f"seed={seed}", f"schedule.steps={steps}", f"schedule.max_staleness={k}",
                  "schedule.checkpoint_every=0", f"launcher.type={launcher}"]
     launched = time.time()
-    result = run_graph(GRAPH, run_dir, overrides=overrides, timeout_s=timeout_s, cwd=ROOT)
+    result = run_graph(graph, run_dir, overrides=overrides, timeout_s=timeout_s, cwd=ROOT)
     wall = time.time() - launched
     if result.exit_code != 0:
         raise RuntimeError(f"flowrl run (k={k}) exited {result.exit_code}; run directory {run_dir}\n"

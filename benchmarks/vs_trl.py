@@ -40,7 +40,6 @@ step counts, and repeat before trusting a 10 % difference in seconds.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -48,11 +47,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import e2e  # noqa: E402  (the flowrl runs, the summary and the table are e2e's)
+from flowrl.graph import load_graph  # noqa: E402
 
 MATCHED_GRAPH = ROOT / "graphs" / "grpo-matched.yaml"
 DEFAULT_GRAPH = ROOT / "graphs" / "grpo.yaml"
@@ -187,28 +187,17 @@ def bench_loop(*, seed: int, steps: int, threshold: float, overrides: list[str] 
                          extra={"threads": 1, "overrides": list(overrides)})
 
 
-@contextlib.contextmanager
-def _graph(path: Path) -> Iterator[None]:
-    # e2e.bench_flowrl runs the graph named by its module constant GRAPH; point it at `path` meanwhile.
-    saved = e2e.GRAPH
-    e2e.GRAPH = path
-    try:
-        yield
-    finally:
-        e2e.GRAPH = saved
-
-
-def bench_graph(*, graph: Path, label: str, seed: int, steps: int, threshold: float, k: int, run_dir: Path,
+def bench_graph(*, graph: Path, label: str, seed: int, steps: int, threshold: float, k: int | None, run_dir: Path,
                 timeout_s: float) -> dict:
-    """``flowrl run GRAPH`` for ``steps`` at ``max_staleness=k`` (e2e's flowrl run, another graph). The matched
-    graph's lr decay is stretched to ``steps`` (a copy of the file next to the run directory)."""
+    """``flowrl run GRAPH`` for ``steps`` at ``max_staleness=k`` (None: the graph's own; e2e's flowrl run). The
+    matched graph's lr decay is stretched to ``steps`` (a copy of the file next to the run directory)."""
     if graph == MATCHED_GRAPH:
         text = graph.read_text()
         assert "lr_decay_steps: 700" in text, "graphs/grpo-matched.yaml must set lr_decay_steps: 700"
         graph = run_dir.parent / f"{run_dir.name}.yaml"
         graph.write_text(text.replace("lr_decay_steps: 700", f"lr_decay_steps: {steps}"))
-    with _graph(graph):
-        res = e2e.bench_flowrl(seed=seed, steps=steps, threshold=threshold, k=k, run_dir=run_dir, timeout_s=timeout_s)
+    res = e2e.bench_flowrl(seed=seed, steps=steps, threshold=threshold, k=k, run_dir=run_dir, timeout_s=timeout_s,
+                           graph=graph)
     return {**res, "run": label, "graph": label.split()[1]}
 
 
@@ -230,7 +219,8 @@ def run_rows(rows: list[str], *, seed: int, steps: int, threshold: float, timeou
                 res = bench_graph(graph=MATCHED_GRAPH, label=f"flowrl grpo-matched.yaml (k={k})", k=k,
                                   run_dir=runs / f"vs-trl-{row}-{stamp}", timeout_s=timeout_s, **common)
             else:
-                res = bench_graph(graph=DEFAULT_GRAPH, label="flowrl grpo.yaml (default, k=0)", k=0,
+                k = load_graph(DEFAULT_GRAPH).schedule.max_staleness
+                res = bench_graph(graph=DEFAULT_GRAPH, label=f"flowrl grpo.yaml (default, k={k})", k=None,
                                   run_dir=runs / f"vs-trl-{row}-{stamp}", timeout_s=timeout_s, **common)
             results.append(res)
             e2e._progress(res)
