@@ -37,6 +37,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from flowrl.metrics.stacks import register_compute_thread
+from flowrl.metrics.threads import thread_cpu_clock
+
 COLLECTIVE_MODULES = ("torch/distributed/", "torch\\distributed\\")
 
 
@@ -46,8 +49,11 @@ class ComputeThread:
     def __init__(self, name: str = "compute") -> None:
         self._loop = asyncio.new_event_loop()
         self.running: str | None = None  # the hook in flight (read by dumps)
+        self.in_compute = False  # inside a `compute` span (runner.py): the CPU sampler leaves it alone
         self._thread = threading.Thread(target=self._serve, name=f"flowrl-compute-{name}", daemon=True)
         self._thread.start()
+        self.cpu_s = thread_cpu_clock(self._thread.ident) or (lambda: 0.0)  # this thread's CPU seconds
+        register_compute_thread(self._thread.ident, lambda: self.in_compute)
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
