@@ -72,6 +72,9 @@ _compute_flags: dict[int, Callable[[], bool]] = {}
 def register_compute_thread(ident: int | None, in_compute: Callable[[], bool]) -> None:
     """The runtime's compute thread and how to tell that it is inside a `compute` span (then its
     CPU is the node's, counted exactly by the span, and the sampler leaves it alone)."""
+    alive = {t.ident for t in threading.enumerate()}
+    for gone in [i for i in _compute_flags if i not in alive]:  # ended threads' idents get reused
+        del _compute_flags[gone]
     if ident is not None:
         _compute_flags[ident] = in_compute
 

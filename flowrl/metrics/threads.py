@@ -14,7 +14,7 @@ How: /proc/self/task/<tid>/schedstat gives each thread's time on a CPU in nanose
 field, the scheduler's own sum); /proc/self/task/<tid>/stat (10 ms ticks) where schedstat is
 missing. A read of a dozen threads costs ~0.3 ms; the runtime reads every ~0.5 s. A thread that
 ends between two reads loses its last interval from the per-thread sums; the process total
-(`os.times()`, which keeps the time of ended threads) does not, and the report counts the
+(`time.process_time()`, which keeps the time of ended threads) does not, and the report counts the
 difference as `other`.
 
 Python thread names live only inside Python (3.11 does not give them to the OS), so a role comes
@@ -107,9 +107,9 @@ def _task_cpu_s(tasks: str, tid: int) -> float | None:
 
 
 def process_cpu_s() -> float:
-    """This process's CPU seconds, every thread it ever had included."""
-    t = os.times()
-    return t.user + t.system
+    """This process's CPU seconds, every thread it ever had included (CLOCK_PROCESS_CPUTIME_ID:
+    ns, where os.times() counts 10 ms ticks)."""
+    return time.process_time()
 
 
 class ThreadCpu:
@@ -162,7 +162,7 @@ class ThreadCpu:
             pass  # a restricted /proc: the role still comes from the Python name
 
     def read(self) -> tuple[dict[str, float], float]:
-        total = process_cpu_s()
+        before = process_cpu_s()
         roles = self.roles()
         first = self._last_total is None
         out: dict[str, float] = {}
@@ -176,6 +176,7 @@ class ThreadCpu:
                 delta = cpu - self._last.get(tid, 0.0)  # a thread new since the last read: all of it
                 if delta > 0:
                     out[role] = out.get(role, 0.0) + delta
+        total = (before + process_cpu_s()) / 2  # the thread reads lie in between
         self._last = seen
         self._comm = {t: c for t, c in self._comm.items() if t in roles}
         d_total = 0.0 if first else max(0.0, total - self._last_total)
