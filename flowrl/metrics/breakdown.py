@@ -95,8 +95,8 @@ def process_breakdown(sums: dict[str, float]) -> dict[str, Any]:
     return {"compute_s": compute, "framework_s": framework, "cpu_s": compute + framework,
             "process_cpu_s": sums.get("process", 0.0),
             "categories_s": {c: categories.get(c, 0.0) for c in CATEGORIES},
-            "threads_s": {"compute_in_span": in_span, **{f"{r}": v for r, v in by_role.items()},
-                          **({"torch": threads["torch"]} if "torch" in threads else {})},
+            "threads_s": {"compute_in_span": in_span, "torch": threads.get("torch", 0.0),
+                          **{("compute_outside" if r == "compute" else r): v for r, v in by_role.items()}},
             "sampled": bool(sampled)}
 
 

@@ -19,6 +19,7 @@ The recorder is thread-safe; every call is a dict update under a lock.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
@@ -229,7 +230,11 @@ class Recorder:
             from flowrl.metrics.threads import ThreadCpu
 
             self._cpu = ThreadCpu()
-            interval = interval_from_env()
+            try:
+                interval = interval_from_env()
+            except ValueError as e:  # a typo in the switch must not end the node: sample without it
+                logging.getLogger(__name__).warning("%s; the CPU stack sampler stays off", e)
+                interval = None
             if interval is not None:
                 self._stacks = StackSampler(interval).start()
         roles, total = self._cpu.read()
