@@ -13,9 +13,9 @@ What the numbers are (per process; a node's replicas add up; ms per step = sum /
     framework  every other CPU second of the process: the event loop's thread, the compute thread
                outside spans (weight snapshots and landing, checkpoints), heartbeat, ZeroMQ IO
                and gloo threads, the stack sampler, threads that ended. By category: the Python
-               threads' CPU is split as the stack sampler saw it (stacks.py), the others by what
+               threads' CPU is split as sampled (loopprof.py, stacks.py), the others by what
                they are (ZeroMQ IO -> transport, gloo -> weight_sync, heartbeat -> control,
-               sampler -> metrics); with the sampler off their CPU goes to control / other
+               sampler -> metrics); unsampled, the event loop is control, the rest other
     idle       wall time minus CPU: one core's worth of time the process left unused
     wait_input share of wall time in `wait_input` spans (from trace.json), a part of idle when
                the process is otherwise quiet
@@ -97,7 +97,7 @@ def process_breakdown(sums: dict[str, float]) -> dict[str, Any]:
             "categories_s": {c: categories.get(c, 0.0) for c in CATEGORIES},
             "threads_s": {"compute_in_span": in_span, "torch": threads.get("torch", 0.0),
                           **{("compute_outside" if r == "compute" else r): v for r, v in by_role.items()}},
-            "sampled": bool(sampled)}
+            "sampled": bool(sampled), "sampled_s": {r: dict(c) for r, c in sampled.items()}}
 
 
 def cpu_breakdown(rows: list[dict[str, Any]], uses: dict | None = None) -> dict[str, Any] | None:
@@ -130,6 +130,9 @@ def cpu_breakdown(rows: list[dict[str, Any]], uses: dict | None = None) -> dict[
             "compute_pct": 100 * b["compute_s"] / cpu if cpu > 0 else 0.0,
             "framework_pct": 100 * b["framework_s"] / cpu if cpu > 0 else 0.0,
             "process_cpu_ms": b["process_cpu_s"] * per,
+            # what the sampler attributed, before scaling (UNSEEN: found at rest); the seen part
+            # against the thread's CPU says how many looks the split rests on
+            "sampled_ms": {r: {c: v * per for c, v in cs.items()} for r, cs in b["sampled_s"].items()},
         }
         nodes[node] = entry
         for k in ("compute_s", "framework_s", "cpu_s"):
@@ -177,6 +180,6 @@ def breakdown_table(b: dict[str, Any], order: list[str] | None = None) -> list[s
     lines.append(f"framework share of all CPU: {t['framework_pct']:.1f}% "
                  f"({_ms(t['framework_ms'])} of {_ms(t['cpu_ms'])} ms per step)")
     if not b["sampled"]:
-        lines.append("framework by thread only (the stack sampler was off: FLOWRL_CPU_SAMPLER=1 "
-                     "splits the event loop's time by category)")
+        lines.append("framework by thread only: nothing was sampled (FLOWRL_CPU_SAMPLER=0, or no "
+                     "loop profiler on this platform), so the event loop's CPU is all control")
     return lines

@@ -95,6 +95,7 @@ class Recorder:
         self._sampler = None
         self._cpu = None  # ThreadCpu, from the first sample_cpu()
         self._stacks = None  # StackSampler, when FLOWRL_CPU_SAMPLER allows
+        self._loop_prof = None  # LoopProfiler, on the main thread unless FLOWRL_CPU_SAMPLER=0
         self._cpu_at = 0.0
 
     # --- recording ----------------------------------------------------------------------------
@@ -217,28 +218,23 @@ class Recorder:
 
     def sample_cpu(self, min_interval_s: float = 0.2) -> None:
         """CPU seconds since the previous call, per thread role (`cpu_thread_s{thread}`) and for
-        the whole process (`cpu_process_s`), and, with the stack sampler on (FLOWRL_CPU_SAMPLER,
-        started by the first call), split by category (`cpu_sampled_s{thread, category}`):
-        per-node sums that `flowrl report` turns into the CPU-per-step table (metrics/cpu.py).
-        The first call sets the baseline; calls closer than `min_interval_s` do nothing."""
+        the whole process (`cpu_process_s`), and split by category as sampled
+        (`cpu_sampled_s{thread, category}`: the event loop's by the loop profiler, which the
+        first call starts when made on the main thread; the other threads' with
+        FLOWRL_CPU_SAMPLER=1): per-node sums that `flowrl report` turns into its CPU-per-step
+        table (breakdown.py). The first call sets the baseline; calls closer than
+        `min_interval_s` do nothing."""
         now = time.monotonic()
         if now - self._cpu_at < min_interval_s:
             return
         self._cpu_at = now
         if self._cpu is None:
-            from flowrl.metrics.stacks import StackSampler, interval_from_env
-            from flowrl.metrics.threads import ThreadCpu
-
-            self._cpu = ThreadCpu()
-            try:
-                interval = interval_from_env()
-            except ValueError as e:  # a typo in the switch must not end the node: sample without it
-                logging.getLogger(__name__).warning("%s; the CPU stack sampler stays off", e)
-                interval = None
-            if interval is not None:
-                self._stacks = StackSampler(interval).start()
+            self._start_cpu_sampling()
         roles, total = self._cpu.read()
         sampled = self._stacks.drain() if self._stacks is not None else {}
+        if self._loop_prof is not None and threading.current_thread() is threading.main_thread():
+            for category, seconds in self._loop_prof.drain().items():
+                sampled[("loop", category)] = sampled.get(("loop", category), 0.0) + seconds
         with self._lock:
             for role, seconds in roles.items():
                 self._get(CPU_THREAD_METRIC, Sum, True, {"thread": role}).add(seconds)
@@ -247,11 +243,34 @@ class Recorder:
             for (role, category), seconds in sampled.items():
                 self._get(CPU_SAMPLED_METRIC, Sum, True, {"category": category, "thread": role}).add(seconds)
 
+    def _start_cpu_sampling(self) -> None:
+        from flowrl.metrics.loopprof import LoopProfiler
+        from flowrl.metrics.stacks import SAMPLED_ROLES, StackSampler, sampling_from_env
+        from flowrl.metrics.threads import ThreadCpu
+
+        self._cpu = ThreadCpu()
+        try:
+            loop, interval = sampling_from_env()
+        except ValueError as e:  # a typo in the switch must not end the node: sample without it
+            logging.getLogger(__name__).warning("%s; CPU sampling stays off", e)
+            loop, interval = False, None
+        roles = SAMPLED_ROLES
+        if loop and threading.current_thread() is threading.main_thread():  # the event loop's thread
+            prof = LoopProfiler()
+            if prof.start():
+                self._loop_prof = prof
+                roles = tuple(r for r in roles if r != "loop")
+        if interval is not None:
+            self._stacks = StackSampler(interval, roles=roles).start()
+
     def close(self) -> None:
-        """Stop the stack sampler's thread (if one runs)."""
+        """Stop the stack sampler's thread and the loop profiler (if they run)."""
         if self._stacks is not None:
             self._stacks.stop()
             self._stacks = None
+        if self._loop_prof is not None:
+            self._loop_prof.stop()
+            self._loop_prof = None
 
     # --- shipping -----------------------------------------------------------------------------
     def drain(self) -> dict[str, Any]:

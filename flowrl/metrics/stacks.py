@@ -13,8 +13,14 @@ span (the node's own work, measured exactly elsewhere: `register_compute_thread`
 therefore CPU seconds, not sample counts; the report scales them to each thread's exact CPU
 (threads.py), so the sampler only decides the split.
 
-Cost: measured on graphs/grpo.yaml (docs/observability.md, "Where the cycles go"); the sampler's
-own thread is the `sampler` role of the per-thread accounting, so every report shows it.
+Limits: to read a stack the sampler must hold the GIL, and it gets it where the sampled thread
+gives it up (a system call, a lock, every 5 ms at most), so short bursts of Python work are seen
+at their socket calls or not at all. The event loop's thread, whose work comes in such bursts, is
+sampled by the loop profiler instead (loopprof.py, on by default); this thread samples the compute
+thread outside spans and other Python threads, whose work (snapshots, broadcasts) runs longer.
+Cost: each look is a thread wake-up (~50-80 us on a 2-core VM), ~2% of graphs/grpo.yaml's CPU,
+so it runs only with FLOWRL_CPU_SAMPLER=1; its own thread is the `sampler` role of the per-thread
+accounting, so every report shows what it cost.
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 from flowrl.metrics.threads import SAMPLER_NAME, python_role, thread_cpu_clock
 
@@ -66,17 +74,19 @@ RULES: tuple[tuple[str, tuple[str, ...] | None, str], ...] = (
     ("/flowrl/runtime/", None, "control"),
 )
 
-_compute_flags: dict[int, Callable[[], bool]] = {}
+_compute_threads: dict[int, weakref.ref] = {}
 
 
-def register_compute_thread(ident: int | None, in_compute: Callable[[], bool]) -> None:
-    """The runtime's compute thread and how to tell that it is inside a `compute` span (then its
-    CPU is the node's, counted exactly by the span, and the sampler leaves it alone)."""
+def register_compute_thread(ident: int | None, thread: Any) -> None:
+    """The runtime's compute thread (`ComputeThread`): its `in_compute` says that it is inside a
+    `compute` span (then its CPU is the node's, counted exactly by the span, and the sampler
+    leaves it alone) and `left_compute_cpu` its CPU clock where the last span ended (so a look
+    after a span counts only what came after it)."""
     alive = {t.ident for t in threading.enumerate()}
-    for gone in [i for i in _compute_flags if i not in alive]:  # ended threads' idents get reused
-        del _compute_flags[gone]
+    for gone in [i for i in _compute_threads if i not in alive]:  # ended threads' idents get reused
+        del _compute_threads[gone]
     if ident is not None:
-        _compute_flags[ident] = in_compute
+        _compute_threads[ident] = weakref.ref(thread)
 
 
 def _norm(path: str) -> str:
@@ -124,29 +134,34 @@ class Classifier:
         return default
 
 
-def interval_from_env(env: dict[str, str] | None = None) -> float | None:
-    """FLOWRL_CPU_SAMPLER: unset, "0" or "off" = off (the default: it costs ~2% of a run's CPU,
-    see the module docstring); "1" = on, every DEFAULT_INTERVAL_S; a number greater than 1 = on,
-    every that many milliseconds."""
+def sampling_from_env(env: dict[str, str] | None = None) -> tuple[bool, float | None]:
+    """(loop profiler on, thread sampler interval or None) from FLOWRL_CPU_SAMPLER:
+    unset = the loop profiler only (loopprof.py: ~0.1% of the run's CPU), "0"/"off" = neither,
+    "1"/"on" = both, the sampler thread every DEFAULT_INTERVAL_S; a number greater than 1 = both,
+    the sampler thread every that many milliseconds (it costs ~2% of the run's CPU)."""
     raw = (os.environ if env is None else env).get(ENV, "").strip().lower()
+    if raw == "":
+        return True, None
+    if raw in ("0", "off", "false", "no"):
+        return False, None
     if raw in ("1", "on", "true", "yes"):
-        return DEFAULT_INTERVAL_S
-    if raw in ("", "0", "off", "false", "no"):
-        return None
+        return True, DEFAULT_INTERVAL_S
     try:
         ms = float(raw)
     except ValueError:
-        raise ValueError(f"{ENV}={raw!r}: use 0 (off), 1 (on, every {DEFAULT_INTERVAL_S * 1e3:g} ms) "
-                         f"or the sampling interval in milliseconds (e.g. 10)") from None
-    return max(ms, 1.0) / 1e3
+        raise ValueError(f"{ENV}={raw!r}: use 0 (off), 1 (on, the sampler thread every "
+                         f"{DEFAULT_INTERVAL_S * 1e3:g} ms) or the sampler thread's interval in "
+                         f"milliseconds (e.g. 10); unset = the event loop's profiler only") from None
+    return True, max(ms, 1.0) / 1e3
 
 
 class StackSampler:
     """A daemon thread attributing the CPU of this process's Python threads to CATEGORIES."""
 
     def __init__(self, interval_s: float = DEFAULT_INTERVAL_S, rescan_s: float = 1.0,
-                 max_interval_s: float = 0.08):
+                 max_interval_s: float = 0.08, roles: tuple[str, ...] = SAMPLED_ROLES):
         self.interval_s = interval_s
+        self.roles = roles  # without "loop" where the loop profiler (loopprof.py) samples it
         self._max_interval_s = max(interval_s, max_interval_s)
         self._rescan_s = rescan_s
         self._lock = threading.Lock()
@@ -172,16 +187,17 @@ class StackSampler:
             out, self._acc = dict(self._acc), defaultdict(float)
         return out
 
-    def _targets(self) -> dict[int, tuple[str, Callable[[], float], Callable[[], bool] | None]]:
+    def _targets(self) -> dict[int, tuple[str, Callable[[], float], Any]]:
         me = threading.get_ident()
         out = {}
         for t in threading.enumerate():
             role = python_role(t.name)
-            if t.ident is None or t.ident == me or role not in SAMPLED_ROLES:
+            if t.ident is None or t.ident == me or role not in self.roles:
                 continue
             clock = thread_cpu_clock(t.ident)
             if clock is not None:
-                out[t.ident] = (role, clock, _compute_flags.get(t.ident))
+                ref = _compute_threads.get(t.ident)
+                out[t.ident] = (role, clock, ref() if ref is not None else None)
         return out
 
     def _run(self) -> None:
@@ -196,10 +212,15 @@ class StackSampler:
                 last = {i: last.get(i, clock()) for i, (_, clock, _) in targets.items()}
             self.ticks += 1
             frames = None
-            for ident, (role, clock, in_compute) in targets.items():
-                cpu = clock()  # read in a compute span too, so the span's CPU never lands outside it
+            for ident, (role, clock, compute) in targets.items():
+                cpu = clock()
+                if compute is not None:
+                    if compute.in_compute:  # the node's own work: the span counts it exactly
+                        last[ident] = cpu
+                        continue
+                    last[ident] = max(last[ident], compute.left_compute_cpu)  # not the span's tail
                 delta, last[ident] = cpu - last[ident], cpu
-                if delta <= 0 or (in_compute is not None and in_compute()):
+                if delta <= 0:
                     continue
                 if frames is None:
                     frames = sys._current_frames()

@@ -84,17 +84,15 @@ class NodeRunner:
         """The `compute` span: while at least one call is in the node (calls that overlap, with
         `concurrency`, make one span, so the busy ratio says how much of the time the node works)."""
         if self._in_calls == 0:
-            self._since = (time.time(), time.perf_counter(), self._compute.cpu_s())
-            self._compute.in_compute = True
+            self._since = (time.time(), time.perf_counter(), self._compute.enter_compute())
         self._in_calls += 1
         try:
             yield
         finally:
             self._in_calls -= 1
             if self._in_calls == 0:
-                self._compute.in_compute = False
                 self._recorder.add_span("compute", self._since[0], time.perf_counter() - self._since[1],
-                                        cpu_s=self._compute.cpu_s() - self._since[2], batch_id=batch_id)
+                                        cpu_s=self._compute.leave_compute() - self._since[2], batch_id=batch_id)
 
     async def serve(self, request_id: str, hook: Callable[..., Any], *args: Any) -> Any:
         """A service request into the node (`serve`): busy and `compute` like a call, no batch faults."""
