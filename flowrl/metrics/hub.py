@@ -83,7 +83,7 @@ class MetricsHub:
 
     def __init__(self, run_dir: str | os.PathLike, *, devices: int = 1,
                  clock: Callable[[], float] = time.time, max_trace_events: int = 1_000_000,
-                 ratio_window_s: float = 5.0, sinks: list | None = None):
+                 ratio_window_s: float = 5.0, sinks: list | None = None, cpu: bool = False):
         if devices < 1:
             raise ValueError(f"devices={devices}: throughput is tokens / (step time x devices), "
                              f"so pass the number of devices the run uses (>= 1)")
@@ -113,6 +113,7 @@ class MetricsHub:
         self._move_old_trace()
         self.trace = TraceWriter(self.run_dir / "trace.json", int(self.t0 * 1e6), max_trace_events)
         self.recorder = Recorder("controller", 0, clock=clock)  # the controller's own spans
+        self.cpu = cpu  # account the controller's CPU per thread at each step (`flowrl run` does)
         # TensorBoard / W&B (metrics.sinks); by default those the run's graph.yaml asks for
         self.sinks = list(sinks) if sinks is not None else sinks_for_run(self.run_dir)
 
@@ -308,6 +309,8 @@ class MetricsHub:
             if self._closed:
                 raise RuntimeError(f"end_step(step={step}) after MetricsHub.close(); the run "
                                    f"directory {self.run_dir} is already finalised")
+            if self.cpu:
+                self.recorder.sample_cpu()
             self.ingest(self.recorder.drain())
             now = self._clock() if now is None or now < self._last_end else now
             step_time = max(now - self._last_end, 1e-9)
@@ -388,6 +391,7 @@ class MetricsHub:
             if self._closed:
                 return
             self._closed = True
+            self.recorder.close()
             try:
                 self.ingest(self.recorder.drain())
             finally:

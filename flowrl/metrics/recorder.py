@@ -19,6 +19,7 @@ The recorder is thread-safe; every call is a dict update under a lock.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
@@ -33,6 +34,10 @@ from flowrl.metrics.kinds import (Gauge, Histogram, Max, Mean, Min, Reduction, S
 
 WIRE_VERSION = 1
 SPAN_METRIC = "span_s"
+#: CPU seconds: per thread role (label `thread`), of the whole process, of the compute thread
+#: inside spans (label `span`), and split by the stack sampler (labels `thread`, `category`).
+CPU_THREAD_METRIC, CPU_PROCESS_METRIC = "cpu_thread_s", "cpu_process_s"
+SPAN_CPU_METRIC, CPU_SAMPLED_METRIC = "span_cpu_s", "cpu_sampled_s"
 #: Span names the runtime uses; the report classifies time by them.
 RUNTIME_SPANS = ("wait_input", "compute", "wait_credit", "weight_sync")
 #: The node is occupied in these spans (the rest is waiting); weight_snapshot is the trainer
@@ -88,6 +93,10 @@ class Recorder:
         self._seq = 0
         self._since = clock()  # start of the window the next drain covers
         self._sampler = None
+        self._cpu = None  # ThreadCpu, from the first sample_cpu()
+        self._stacks = None  # StackSampler, when FLOWRL_CPU_SAMPLER allows
+        self._loop_prof = None  # LoopProfiler, on the main thread unless FLOWRL_CPU_SAMPLER=0
+        self._cpu_at = 0.0
 
     # --- recording ----------------------------------------------------------------------------
     def _get(self, name: str, cls: type[Reduction], per_node: bool, labels: dict, **init) -> Reduction:
@@ -153,14 +162,19 @@ class Recorder:
                 self._account(name, t1 - entry[1])
                 self._push_span(name, start_wall, t1 - t0, args)
 
-    def add_span(self, name: str, start_s: float, duration_s: float, **args: Any) -> None:
-        """Record a span measured elsewhere (epoch start seconds, duration seconds)."""
+    def add_span(self, name: str, start_s: float, duration_s: float, *, cpu_s: float | None = None,
+                 **args: Any) -> None:
+        """Record a span measured elsewhere (epoch start seconds, duration seconds); `cpu_s`: the
+        CPU seconds its thread used inside it (counted as `span_cpu_s`, shown in the trace)."""
         check_name(name)
         if duration_s < 0:
             raise ValueError(f"span {name!r} has negative duration {duration_s}; spans must end "
                              f"after they start")
         with self._lock:
             self._account(name, duration_s)
+            if cpu_s is not None and cpu_s >= 0:
+                self._get(SPAN_CPU_METRIC, Sum, True, {"span": name}).add(cpu_s)
+                args = {**args, "cpu_ms": round(cpu_s * 1e3, 2)}
             self._push_span(name, start_s, duration_s, args)
 
     def _account(self, name: str, seconds: float) -> None:
@@ -201,6 +215,62 @@ class Recorder:
             self.gauge(name, value, per_node=True, **labels)
             out["/".join([name, *labels.values()])] = value
         return out
+
+    def sample_cpu(self, min_interval_s: float = 0.2) -> None:
+        """CPU seconds since the previous call, per thread role (`cpu_thread_s{thread}`) and for
+        the whole process (`cpu_process_s`), and split by category as sampled
+        (`cpu_sampled_s{thread, category}`: the event loop's by the loop profiler, which the
+        first call starts when made on the main thread; the other threads' with
+        FLOWRL_CPU_SAMPLER=1): per-node sums that `flowrl report` turns into its CPU-per-step
+        table (breakdown.py). The first call sets the baseline; calls closer than
+        `min_interval_s` do nothing."""
+        now = time.monotonic()
+        if now - self._cpu_at < min_interval_s:
+            return
+        self._cpu_at = now
+        if self._cpu is None:
+            self._start_cpu_sampling()
+        roles, total = self._cpu.read()
+        sampled = self._stacks.drain() if self._stacks is not None else {}
+        if self._loop_prof is not None and threading.current_thread() is threading.main_thread():
+            for category, seconds in self._loop_prof.drain().items():
+                sampled[("loop", category)] = sampled.get(("loop", category), 0.0) + seconds
+        with self._lock:
+            for role, seconds in roles.items():
+                self._get(CPU_THREAD_METRIC, Sum, True, {"thread": role}).add(seconds)
+            if total > 0:
+                self._get(CPU_PROCESS_METRIC, Sum, True, {}).add(total)
+            for (role, category), seconds in sampled.items():
+                self._get(CPU_SAMPLED_METRIC, Sum, True, {"category": category, "thread": role}).add(seconds)
+
+    def _start_cpu_sampling(self) -> None:
+        from flowrl.metrics.loopprof import LoopProfiler
+        from flowrl.metrics.stacks import SAMPLED_ROLES, StackSampler, sampling_from_env
+        from flowrl.metrics.threads import ThreadCpu
+
+        self._cpu = ThreadCpu()
+        try:
+            loop, interval = sampling_from_env()
+        except ValueError as e:  # a typo in the switch must not end the node: sample without it
+            logging.getLogger(__name__).warning("%s; CPU sampling stays off", e)
+            loop, interval = False, None
+        roles = SAMPLED_ROLES
+        if loop and threading.current_thread() is threading.main_thread():  # the event loop's thread
+            prof = LoopProfiler()
+            if prof.start():
+                self._loop_prof = prof
+                roles = tuple(r for r in roles if r != "loop")
+        if interval is not None:
+            self._stacks = StackSampler(interval, roles=roles).start()
+
+    def close(self) -> None:
+        """Stop the stack sampler's thread and the loop profiler (if they run)."""
+        if self._stacks is not None:
+            self._stacks.stop()
+            self._stacks = None
+        if self._loop_prof is not None:
+            self._loop_prof.stop()
+            self._loop_prof = None
 
     # --- shipping -----------------------------------------------------------------------------
     def drain(self) -> dict[str, Any]:

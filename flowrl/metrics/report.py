@@ -1,7 +1,7 @@
 """`flowrl report RUN_DIR`: a finished (or crashed) run as pictures and a short diagnosis.
 
     make_report("runs/ppo-001")   # -> RUN_DIR/report/{reward,throughput,timeline,staleness,
-                                  #    losses}.png and summary.txt
+                                  #    losses}.png, summary.txt and cpu.json (the CPU per step)
 
 Inputs are only metrics.jsonl and trace.json (either may be missing or cut short by a crash).
 matplotlib is the `report` extra and loads here, on first use, with its Agg canvas (no display,
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.metrics.analysis import diagnose, node_utilisation, ordered, utilisation_table
+from flowrl.metrics.breakdown import breakdown_table, cpu_breakdown
 from flowrl.metrics.trace import load_trace
 
 
@@ -107,6 +108,13 @@ def summary_text(run_dir: Path, rows: list[dict[str, Any]], events: list[dict[st
         for u in ordered(uses, order):
             out.append(f"idle ratio {u.node}: {100 * u.idle:.0f}%")
         out.append("")
+    cpu = cpu_breakdown(rows, uses)
+    if cpu is not None:
+        out += breakdown_table(cpu, order)
+    else:
+        out.append("CPU per step: this run has no CPU accounting (metrics.jsonl has no "
+                   "cpu_thread_s columns; runs record it since the CPU breakdown was added)")
+    out.append("")
     out.append(f"bottleneck: {bottleneck or 'unknown'}")
     out.append(f"suggestion: {advice}")
     return "\n".join(out) + "\n"
@@ -132,6 +140,11 @@ def make_report(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = 
     out.mkdir(parents=True, exist_ok=True)
     order = node_order(run_dir)
     written = report_plots.write_plots(out, rows, events, order)
+    breakdown = cpu_breakdown(rows, node_utilisation(events))
+    if breakdown is not None:  # a run from before the CPU accounting: summary.txt says so
+        cpu = out / "cpu.json"
+        cpu.write_text(json.dumps(breakdown, indent=1), encoding="utf-8")
+        written.append(cpu)
     summary = out / "summary.txt"
     summary.write_text(summary_text(run_dir, rows, events, order), encoding="utf-8")
     return [*written, summary]

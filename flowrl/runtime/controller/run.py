@@ -100,7 +100,7 @@ def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=N
     run_dir = run_dir.resolve()  # node processes get absolute paths; the run directory can move later
     (run_dir / "graph.yaml").write_text(dump_graph(spec))
     (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
-    hub = MetricsHub(run_dir, devices=graph_summary(spec, plan)["devices"] or 1)
+    hub = MetricsHub(run_dir, devices=graph_summary(spec, plan)["devices"] or 1, cpu=True)
     server = None
     if metrics_port is not None:
         from flowrl.metrics import serve_prometheus

@@ -37,6 +37,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from flowrl.metrics.stacks import register_compute_thread
+from flowrl.metrics.threads import thread_cpu_clock
+
 COLLECTIVE_MODULES = ("torch/distributed/", "torch\\distributed\\")
 
 
@@ -46,8 +49,23 @@ class ComputeThread:
     def __init__(self, name: str = "compute") -> None:
         self._loop = asyncio.new_event_loop()
         self.running: str | None = None  # the hook in flight (read by dumps)
+        self.in_compute = False  # inside a `compute` span (runner.py): the CPU sampler leaves it alone
+        self.left_compute_cpu = 0.0  # this thread's CPU seconds when the last span ended
         self._thread = threading.Thread(target=self._serve, name=f"flowrl-compute-{name}", daemon=True)
         self._thread.start()
+        self.cpu_s = thread_cpu_clock(self._thread.ident) or (lambda: 0.0)  # this thread's CPU seconds
+        register_compute_thread(self._thread.ident, self)
+
+    def enter_compute(self) -> float:
+        """A `compute` span begins (runner.py); returns this thread's CPU seconds now."""
+        self.in_compute = True
+        return self.cpu_s()
+
+    def leave_compute(self) -> float:
+        """The span ends; returns this thread's CPU seconds now (the sampler starts from there)."""
+        self.left_compute_cpu = self.cpu_s()
+        self.in_compute = False
+        return self.left_compute_cpu
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)

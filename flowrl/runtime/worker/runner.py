@@ -34,7 +34,7 @@ class NodeRunner:
         self._busy: dict[int, tuple[str, float]] = {}  # what keeps the node busy, by mark (several calls at once)
         self._marks = 0
         self._in_calls = 0  # calls in the node now; the `compute` span runs while there is one
-        self._since = (0.0, 0.0)  # (wall, perf counter) when the first of them began
+        self._since = (0.0, 0.0, 0.0)  # (wall, perf counter, compute thread CPU) when the first of them began
         self._calls = 0  # calls into the node so far: the step that faults count
         self._failed_on: str | None = None
 
@@ -84,7 +84,7 @@ class NodeRunner:
         """The `compute` span: while at least one call is in the node (calls that overlap, with
         `concurrency`, make one span, so the busy ratio says how much of the time the node works)."""
         if self._in_calls == 0:
-            self._since = (time.time(), time.perf_counter())
+            self._since = (time.time(), time.perf_counter(), self._compute.enter_compute())
         self._in_calls += 1
         try:
             yield
@@ -92,7 +92,7 @@ class NodeRunner:
             self._in_calls -= 1
             if self._in_calls == 0:
                 self._recorder.add_span("compute", self._since[0], time.perf_counter() - self._since[1],
-                                        batch_id=batch_id)
+                                        cpu_s=self._compute.leave_compute() - self._since[2], batch_id=batch_id)
 
     async def serve(self, request_id: str, hook: Callable[..., Any], *args: Any) -> Any:
         """A service request into the node (`serve`): busy and `compute` like a call, no batch faults."""

@@ -221,6 +221,7 @@ class Worker:
         recorder, labels = self.parts.recorder, self.parts.input_labels
         while True:
             recorder.sample_process()
+            recorder.sample_cpu()  # CPU per thread and category: `flowrl report`'s CPU per step
             for port, rx in self.receivers.items():
                 stats = rx.statistics()
                 recorder.gauge("queue_depth", stats.queued, across="sum", edge=labels[port])
