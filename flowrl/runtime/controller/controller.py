@@ -251,6 +251,7 @@ class Controller:
         if msg.epoch == self.book.epoch:
             self.scheduler.set_version(msg.version)
             await self.sync.order(msg.version, recovering=self.recovery.active)
+            await self.flush()  # the tickets this version lets out go now, not at the next tick
 
     async def on_synced(self, proc: Proc, msg: m.Synced) -> None:
         self.sync.synced(proc, msg)
