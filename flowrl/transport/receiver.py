@@ -133,6 +133,7 @@ class Receiver(TaskOwner):
         self._c = dict(received=0, received_bytes=0, acked=0, rejected=0, peers_lost=0, shm=0, shm_bytes=0,
                        reclaimed=0)
         self._rejects: dict[str, int] = {}
+        self._now = time.monotonic()  # when the messages being handled arrived
         self._shm_refused: set[int] = set()  # producer processes whose shared memory failed us
 
     # ------------------------------------------------------------------------------- public API
@@ -192,7 +193,7 @@ class Receiver(TaskOwner):
     async def ack(self, batch: Batch) -> None:
         """Done with `batch`: its credit returns and its producer stops holding it. Idempotent."""
         d = batch._delivery
-        if not isinstance(d, _Delivery):
+        if type(d) is not _Delivery:
             raise ValueError(f"ack() needs a Batch returned by recv(); {batch.batch_id!r} has no delivery tag "
                              "(batches made by select/split/replace/concat carry none)")
         if d.done:
@@ -248,6 +249,7 @@ class Receiver(TaskOwner):
 
     # ------------------------------------------------------------------------------- incoming
     def _on_messages(self, msgs: list) -> None:
+        self._now = time.monotonic()  # when these arrived (one clock read per drain, not per batch)
         for msg in msgs:
             try:
                 self._handle(msg)
@@ -374,7 +376,7 @@ class Receiver(TaskOwner):
                     self._refuse_shm(peer, e)
                 raise DecodeError(e.reason, f"shared memory of batch {header.get('batch_id')!r:.60}: {e}") from None
         batch = codec.decode_data(header, views, self._limits, _Delivery(rid, seq, size), region)
-        peer.max_seq, peer.last_data = seq, time.monotonic()
+        peer.max_seq, peer.last_data = seq, self._now
         self._pool.on_data(rid, size)
         if self._blocked:
             self._blocked.discard(rid)
