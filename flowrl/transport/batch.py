@@ -80,7 +80,7 @@ class Batch:
         route = (index, min_version, epoch, drop)
         if route != _NO_ROUTE:
             _check_route(route)
-        meta = meta.copy() if type(meta) is dict else _own_dict(meta, "meta must be a dict")
+        meta = {} if meta is _DEFAULT else meta.copy() if type(meta) is dict else _own_dict(meta, "meta must be a dict")
         tensors = tensors.copy() if type(tensors) is dict else _own_dict(tensors, "tensors must be a dict name -> array")
         _fill(self, tensors, meta, batch_id, attempt, policy_version, _leading_dim(tensors), None, route)
 

@@ -182,7 +182,8 @@ def decode_data(header: dict, views: list, limits: wire.DecodeLimits, delivery: 
         wire.check_json(meta, limits.max_depth)
     if type(descs) is not list or len(descs) > limits.max_tensors:
         raise DecodeError("bad_field", f"tensors must be a list of at most max_tensors={limits.max_tensors}")
-    used = [False] * len(views)
+    nviews = len(views)
+    used = [False] * nviews
     tensors: dict[str, Any] = {}
     n = None
     shared: dict = {}  # inline offsets bytes -> offsets already decoded and checked (aligned tensors)
@@ -194,23 +195,26 @@ def decode_data(header: dict, views: list, limits: wire.DecodeLimits, delivery: 
             name, dtype, lib, shape = desc.get("name"), desc.get("dtype"), desc.get("lib"), desc.get("shape")
             spec = _FAST_SPECS.get((dtype, lib)) if type(dtype) is str and type(lib) is str else None
             if spec is not None and type(name) is str and 0 < len(name) <= wire.MAX_STR and type(shape) is list \
-                    and len(shape) == 1 and type(d := shape[0]) is int and d >= 0 and d * spec[0] == len(data):
+                    and len(shape) == 1 and type(samples := shape[0]) is int and samples >= 0 \
+                    and samples * spec[0] == len(data):
                 if len(desc) == 5:
                     t = _frombuffer(bytearray(data), spec[1])  # writable, like a received frame
                 elif len(desc) == 6:
-                    t = _fast_ragged(name, desc.get("offsets"), data, spec[1], d, shared)
+                    t = _fast_ragged(name, desc.get("offsets"), data, spec[1], samples, shared)
+                    if t is not None:
+                        samples = len(t.offsets) - 1
         if t is None:
             name, t = _decode_tensor(desc, views, used, limits, region, shared)
+            samples = t.num_samples if type(t) is Ragged else (t.shape[0] if t.shape else None)
         if name in tensors:
             raise DecodeError("bad_field", f"tensor name {name!r} appears twice")
         tensors[name] = t
-        samples = t.num_samples if type(t) is Ragged else (t.shape[0] if t.shape else None)
         if samples is not None:
             if n is None:
                 n = samples
             elif samples != n:
                 raise DecodeError("batch_invalid", f"tensor {name!r} has {samples} samples, others {n}")
-    if len(views) > 1 and not all(used[1:]):
+    if nviews > 1 and not all(used[1:]):
         raise DecodeError("stray_frame", f"frames {[i for i, u in enumerate(used) if i and not u]} are not "
                                          "referenced by any tensor")
     return Batch._trusted(tensors, meta, batch_id, attempt, policy_version, int(n or 0), delivery, route)
@@ -241,11 +245,14 @@ def _fast_ragged(name: str, sub: Any, data: bytes, np_dtype: np.dtype, total: in
     offsets = shared.get(key)
     if offsets is None:
         offsets = _frombuffer(bytearray(odata), _LE_INT64)
-        problem = offsets_problem(values, offsets)
-        if problem:
-            raise DecodeError("bad_offsets", f"ragged tensor {name!r}: {problem}")
+        # 1-d int64 of k >= 1 entries over 1-d values: what is left to check is start, end and order
+        if offsets.item(0) != 0 or offsets.item(-1) != total or (k > 2 and _count_nonzero(offsets[1:] < offsets[:-1])):
+            raise DecodeError("bad_offsets", f"ragged tensor {name!r}: {offsets_problem(values, offsets)}")
         shared[key] = offsets
     return Ragged(values, offsets, check=False)
+
+
+_count_nonzero = np.count_nonzero
 
 
 def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits,

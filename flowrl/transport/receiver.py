@@ -277,12 +277,16 @@ class Receiver(TaskOwner):
         header = wire.unpack_header(views[0], self._limits)
         if header["kind"] != wire.BUNDLE:
             return self._dispatch(rid, header, views, size, msg)
-        start, blob = 0, views[-1]
+        start, blob, limits, unpack = 0, views[-1], self._limits, wire.unpack_header
         for size in wire.bundle_parts(header, len(views), blob.nbytes):
             part = blob[start:start + size]
             start += size
             try:
-                self._dispatch(rid, wire.unpack_header(part, self._limits), [part], size, msg)
+                header = unpack(part, limits)
+                if header["kind"] == wire.DATA:  # (_dispatch's first case, without the call: per batch)
+                    self._on_data(rid, header, [part], size)
+                else:
+                    self._dispatch(rid, header, [part], size, msg)
             except DecodeError as e:  # this part only: the others of the bundle are fine
                 self._reject(e.reason, str(e), rid)
 
