@@ -17,6 +17,8 @@ import numpy as np
 
 from flowrl.transport import wire
 from flowrl.transport.batch import _NO_ROUTE, Batch, _check_route
+
+_trusted_batch = Batch._trusted
 from flowrl.transport.dtypes import ITEMSIZE, NUMPY_DTYPES, NUMPY_NAMES, dtype_name, torch_dtype, torch_module
 from flowrl.transport.errors import DecodeError
 from flowrl.transport.ragged import Ragged, offsets_problem
@@ -217,7 +219,7 @@ def decode_data(header: dict, views: list, limits: wire.DecodeLimits, delivery: 
     if nviews > 1 and not all(used[1:]):
         raise DecodeError("stray_frame", f"frames {[i for i, u in enumerate(used) if i and not u]} are not "
                                          "referenced by any tensor")
-    return Batch._trusted(tensors, meta, batch_id, attempt, policy_version, int(n or 0), delivery, route)
+    return _trusted_batch(tensors, meta, batch_id, attempt, policy_version, int(n or 0), delivery, route)
 
 
 _SPECS: dict[tuple, tuple] = {(d, lib): (ITEMSIZE[d], NUMPY_DTYPES.get(d)) for d in ITEMSIZE
