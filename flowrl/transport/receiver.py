@@ -562,6 +562,10 @@ class Receiver(TaskOwner):
         out, self._outbox = self._outbox, []
         for rid, payload in out:
             self._pump.send([rid, payload])
+        # written now, not corked until the turn of the loop ends: statuses carry credit, and a
+        # consumer that works through a drain of batches in one turn would otherwise hand its
+        # producers the first quarter of their credit at once and the rest only at its end
+        self._pump.flush()
 
     def _notify(self) -> None:
         self._changed.set()
