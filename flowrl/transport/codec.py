@@ -16,15 +16,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from flowrl.transport import wire
-from flowrl.transport.batch import _NO_ROUTE, Batch, _check_route
-
-_trusted_batch = Batch._trusted
+from flowrl.transport.batch import Batch, _check_route
 from flowrl.transport.dtypes import ITEMSIZE, NUMPY_DTYPES, NUMPY_NAMES, dtype_name, torch_dtype, torch_module
 from flowrl.transport.errors import DecodeError
 from flowrl.transport.ragged import Ragged, offsets_problem
 
 INLINE_MAX_BYTES = 8192
 """Default: tensors of at most this many bytes are copied into the header instead of own frames."""
+_trusted_batch = Batch._trusted  # (looked up once: the decoder makes one per message)
 
 _DATA_KEYS = frozenset({"v", "kind", "batch_id", "attempt", "policy_version", "meta", "tensors"})
 _DATA_OPTIONAL = frozenset({"env", "shm", "route"})
