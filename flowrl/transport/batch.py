@@ -80,8 +80,8 @@ class Batch:
         route = (index, min_version, epoch, drop)
         if route != _NO_ROUTE:
             _check_route(route)
-        meta = _own_dict(meta, "meta must be a dict")
-        tensors = _own_dict(tensors, "tensors must be a dict name -> array")
+        meta = {} if meta is _DEFAULT else meta.copy() if type(meta) is dict else _own_dict(meta, "meta must be a dict")
+        tensors = tensors.copy() if type(tensors) is dict else _own_dict(tensors, "tensors must be a dict name -> array")
         _fill(self, tensors, meta, batch_id, attempt, policy_version, _leading_dim(tensors), None, route)
 
     @classmethod
@@ -215,21 +215,33 @@ def _check_route(route: tuple) -> None:
         raise ValueError(f"drop must be None or a str of at most {MAX_DROP_CHARS} chars, got {drop!r:.80}")
 
 
+def _setter(name: str):
+    """The slot's own setter: half the cost of `object.__setattr__(b, name, v)`, which looks the
+    slot up by name each time (a batch is built per message on hot paths)."""
+    return Batch.__dict__[name].__set__
+
+
+(_set_tensors, _set_meta, _set_batch_id, _set_attempt, _set_policy_version, _set_index, _set_min_version,
+ _set_epoch, _set_drop, _set_n, _set_delivery) = map(_setter, (
+    "tensors", "meta", "batch_id", "attempt", "policy_version", "index", "min_version", "epoch", "drop", "_n",
+    "_delivery"))
+
+
 def _fill(b: Batch, tensors: dict, meta: dict, batch_id: str, attempt: int, policy_version: int, n: int,
           delivery: Any, route: tuple) -> None:
     """Set every field of a (frozen) batch."""
-    setattr_ = object.__setattr__
-    setattr_(b, "tensors", tensors)
-    setattr_(b, "meta", meta)
-    setattr_(b, "batch_id", batch_id)
-    setattr_(b, "attempt", attempt)
-    setattr_(b, "policy_version", policy_version)
-    setattr_(b, "index", route[0])
-    setattr_(b, "min_version", route[1])
-    setattr_(b, "epoch", route[2])
-    setattr_(b, "drop", route[3])
-    setattr_(b, "_n", n)
-    setattr_(b, "_delivery", delivery)
+    _set_tensors(b, tensors)
+    _set_meta(b, meta)
+    _set_batch_id(b, batch_id)
+    _set_attempt(b, attempt)
+    _set_policy_version(b, policy_version)
+    index, min_version, epoch, drop = route
+    _set_index(b, index)
+    _set_min_version(b, min_version)
+    _set_epoch(b, epoch)
+    _set_drop(b, drop)
+    _set_n(b, n)
+    _set_delivery(b, delivery)
 
 
 def _own_dict(value: Any, what: str) -> dict:

@@ -16,13 +16,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from flowrl.transport import wire
-from flowrl.transport.batch import _NO_ROUTE, Batch, _check_route
+from flowrl.transport.batch import Batch, _check_route
 from flowrl.transport.dtypes import ITEMSIZE, NUMPY_DTYPES, NUMPY_NAMES, dtype_name, torch_dtype, torch_module
 from flowrl.transport.errors import DecodeError
 from flowrl.transport.ragged import Ragged, offsets_problem
 
 INLINE_MAX_BYTES = 8192
 """Default: tensors of at most this many bytes are copied into the header instead of own frames."""
+_trusted_batch = Batch._trusted  # (looked up once: the decoder makes one per message)
 
 _DATA_KEYS = frozenset({"v", "kind", "batch_id", "attempt", "policy_version", "meta", "tensors"})
 _DATA_OPTIONAL = frozenset({"env", "shm", "route"})
@@ -72,34 +73,42 @@ def prepare(batch: Batch, inline_max: int = INLINE_MAX_BYTES) -> Prepared:
     for name, t in batch.tensors.items():
         offsets = None
         if type(t) is Ragged:  # values as a tensor; offsets in a nested descriptor, inline or a frame
-            offsets, _ = _host_array(t.offsets)
+            offsets = t.offsets
+            offsets = offsets if type(offsets) is np.ndarray and offsets.flags.c_contiguous \
+                and offsets.dtype is _LE_INT64 else _host_array(offsets)[0]
             t = t.values
-        if type(t) is np.ndarray and t.flags.c_contiguous and t.dtype.byteorder != ">":
-            arr, lib, dtype = t, "numpy", NUMPY_NAMES.get(t.dtype) or dtype_name(t)  # the common case
+        if type(t) is np.ndarray and (dtype := _FAST_NAMES.get(t.dtype)) is not None and t.flags.c_contiguous:
+            arr, lib = t, "numpy"  # the common case: native little-endian, C-contiguous, allowed
         else:
             arr, lib = _host_array(t)
             dtype = dtype_name(t)
         nbytes = arr.nbytes
+        # shapes travel as msgpack arrays: a tuple packs as one, without a list made per tensor
         if nbytes <= inline_max:
-            desc = {"name": name, "dtype": dtype, "shape": list(t.shape), "lib": lib, "data": arr.tobytes()}
+            desc = {"name": name, "dtype": dtype, "shape": t.shape, "lib": lib, "data": arr.tobytes()}
         else:
             buffers.append(arr)
             payload += nbytes
-            desc = {"name": name, "dtype": dtype, "shape": list(t.shape), "lib": lib, "frame": len(buffers)}
+            desc = {"name": name, "dtype": dtype, "shape": t.shape, "lib": lib, "frame": len(buffers)}
         if offsets is not None:
             if offsets.nbytes <= inline_max:
-                desc["offsets"] = {"shape": [len(offsets)], "data": offsets.tobytes()}
+                desc["offsets"] = {"shape": offsets.shape, "data": offsets.tobytes()}
             else:
                 buffers.append(offsets)
                 payload += offsets.nbytes
-                desc["offsets"] = {"shape": [len(offsets)], "frame": len(buffers)}
+                desc["offsets"] = {"shape": offsets.shape, "frame": len(buffers)}
         descs.append(desc)
     header = {"v": wire.SCHEMA_VERSION, "kind": wire.DATA, "batch_id": batch.batch_id, "attempt": batch.attempt,
               "policy_version": batch.policy_version, "meta": batch.meta, "tensors": descs}
-    route = batch.route
-    if route != _NO_ROUTE:
-        header["route"] = list(route)
+    if batch.index != -1 or batch.min_version or batch.epoch or batch.drop is not None:
+        header["route"] = list(batch.route)
     return Prepared(batch, header, buffers, payload)
+
+
+_LE_INT64 = np.dtype("<i8")  # the int64 singleton on a little-endian host (checked with `is`)
+_FAST_NAMES = {dt: name for dt, name in NUMPY_NAMES.items()
+               if dt.byteorder in (("=", "|", "<") if np.little_endian else ("|", "<"))}
+"""numpy dtypes whose bytes go on the wire as they are (native order on a little-endian host)."""
 
 
 def encode(batch: Batch, inline_max: int = INLINE_MAX_BYTES) -> list:
@@ -174,30 +183,77 @@ def decode_data(header: dict, views: list, limits: wire.DecodeLimits, delivery: 
         wire.check_json(meta, limits.max_depth)
     if type(descs) is not list or len(descs) > limits.max_tensors:
         raise DecodeError("bad_field", f"tensors must be a list of at most max_tensors={limits.max_tensors}")
-    used = [False] * len(views)
+    nviews = len(views)
+    used = [False] * nviews
     tensors: dict[str, Any] = {}
     n = None
     shared: dict = {}  # inline offsets bytes -> offsets already decoded and checked (aligned tensors)
     for desc in descs:
-        name, t = _decode_tensor(desc, views, used, limits, region, shared)
+        # the common case first: a 1-d numpy tensor inline, plain (5 keys) or ragged with inline offsets
+        # (6); anything else, or anything off in it, takes the exhaustive path, which decides
+        t = None
+        if type(desc) is dict and type(data := desc.get("data")) is bytes:
+            name, dtype, lib, shape = desc.get("name"), desc.get("dtype"), desc.get("lib"), desc.get("shape")
+            spec = _FAST_SPECS.get((dtype, lib)) if type(dtype) is str and type(lib) is str else None
+            if spec is not None and type(name) is str and 0 < len(name) <= wire.MAX_STR and type(shape) is list \
+                    and len(shape) == 1 and type(samples := shape[0]) is int and samples >= 0 \
+                    and samples * spec[0] == len(data):
+                if len(desc) == 5:
+                    t = _frombuffer(bytearray(data), spec[1])  # writable, like a received frame
+                elif len(desc) == 6:
+                    t = _fast_ragged(name, desc.get("offsets"), data, spec[1], samples, shared)
+                    if t is not None:
+                        samples = len(t.offsets) - 1
+        if t is None:
+            name, t = _decode_tensor(desc, views, used, limits, region, shared)
+            samples = t.num_samples if type(t) is Ragged else (t.shape[0] if t.shape else None)
         if name in tensors:
             raise DecodeError("bad_field", f"tensor name {name!r} appears twice")
         tensors[name] = t
-        samples = t.num_samples if type(t) is Ragged else (t.shape[0] if t.shape else None)
         if samples is not None:
             if n is None:
                 n = samples
             elif samples != n:
                 raise DecodeError("batch_invalid", f"tensor {name!r} has {samples} samples, others {n}")
-    if len(views) > 1 and not all(used[1:]):
+    if nviews > 1 and not all(used[1:]):
         raise DecodeError("stray_frame", f"frames {[i for i, u in enumerate(used) if i and not u]} are not "
                                          "referenced by any tensor")
-    return Batch._trusted(tensors, meta, batch_id, attempt, policy_version, int(n or 0), delivery, route)
+    return _trusted_batch(tensors, meta, batch_id, attempt, policy_version, int(n or 0), delivery, route)
 
 
 _SPECS: dict[tuple, tuple] = {(d, lib): (ITEMSIZE[d], NUMPY_DTYPES.get(d)) for d in ITEMSIZE
                                 for lib in ("numpy", "torch") if lib == "torch" or d in NUMPY_DTYPES}
 """(wire dtype, lib) -> (itemsize, numpy dtype or None): the combinations a descriptor may name."""
+
+
+_FAST_SPECS: dict[tuple, tuple] = {(d, "numpy"): spec for (d, lib), spec in _SPECS.items()
+                                    if lib == "numpy" and d != "bool"}
+"""The (wire dtype, lib) pairs of decode_data's fast path: numpy, and no byte values to check."""
+_frombuffer = np.frombuffer
+
+
+def _fast_ragged(name: str, sub: Any, data: bytes, np_dtype: np.dtype, total: int, shared: dict) -> Ragged | None:
+    """A ragged tensor whose values (`data`: `total` checked values of `np_dtype`) and offsets are
+    inline, or None when its offsets descriptor is not the plain `{shape: [k], data: bin}` (the
+    exhaustive path then decides)."""
+    if type(sub) is not dict or len(sub) != 2 or type(odata := sub.get("data")) is not bytes:
+        return None
+    shape = sub.get("shape")
+    if type(shape) is not list or len(shape) != 1 or type(k := shape[0]) is not int or k * 8 != len(odata) or k < 1:
+        return None
+    values = _frombuffer(bytearray(data), np_dtype)
+    key = ("numpy", odata, total)  # aligned tensors share one offsets array, checked once
+    offsets = shared.get(key)
+    if offsets is None:
+        offsets = _frombuffer(bytearray(odata), _LE_INT64)
+        # 1-d int64 of k >= 1 entries over 1-d values: what is left to check is start, end and order
+        if offsets.item(0) != 0 or offsets.item(-1) != total or (k > 2 and _count_nonzero(offsets[1:] < offsets[:-1])):
+            raise DecodeError("bad_offsets", f"ragged tensor {name!r}: {offsets_problem(values, offsets)}")
+        shared[key] = offsets
+    return Ragged(values, offsets, check=False)
+
+
+_count_nonzero = np.count_nonzero
 
 
 def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits,

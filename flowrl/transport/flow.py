@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Hashable
 
 
-@dataclass
+@dataclass(slots=True)
 class Account:
     """Credit state of one producer link. `lim`, `recv`, `ret` are cumulative, as on the wire."""
 
@@ -117,8 +117,8 @@ class CreditPool:
         return not a.need or (a.unused_m >= 1 and a.unused_b >= a.need)
 
     def can_accept(self, key: Hashable, nbytes: int) -> bool:
-        a = self.accounts[key]
-        return a.open and a.unused_m >= 1 and a.unused_b >= nbytes
+        a = self.accounts[key]  # (unused_m >= 1 and unused_b >= nbytes, written out: called per message)
+        return a.open and a.lim_m - a.recv_m - a.ret_m >= 1 and a.lim_b - a.recv_b - a.ret_b >= nbytes
 
     def on_data(self, key: Hashable, nbytes: int) -> None:
         a = self.accounts[key]

@@ -278,7 +278,8 @@ def offsets_problem(values: Any, offsets: Any) -> str | None:
     """What is wrong with `offsets` for `values`, or None (used by Ragged, Batch and the decoder)."""
     if type(offsets) is np.ndarray and type(values) is np.ndarray:  # the common case, checked in a few us
         if offsets.dtype == np.int64 and offsets.ndim == 1 and offsets.shape[0] >= 1 and values.ndim >= 1 \
-                and offsets[0] == 0 and offsets[-1] == values.shape[0] and not (offsets[1:] < offsets[:-1]).any():
+                and offsets[0] == 0 and offsets[-1] == values.shape[0] \
+                and not np.count_nonzero(offsets[1:] < offsets[:-1]):  # (count_nonzero: a third of .any())
             return None
     elif is_torch(values) and is_torch(offsets):
         o = offsets.detach().cpu().numpy() if offsets.dtype == torch_module().int64 else offsets

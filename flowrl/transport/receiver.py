@@ -133,6 +133,7 @@ class Receiver(TaskOwner):
         self._c = dict(received=0, received_bytes=0, acked=0, rejected=0, peers_lost=0, shm=0, shm_bytes=0,
                        reclaimed=0)
         self._rejects: dict[str, int] = {}
+        self._now = time.monotonic()  # when the messages being handled arrived
         self._shm_refused: set[int] = set()  # producer processes whose shared memory failed us
 
     # ------------------------------------------------------------------------------- public API
@@ -192,7 +193,7 @@ class Receiver(TaskOwner):
     async def ack(self, batch: Batch) -> None:
         """Done with `batch`: its credit returns and its producer stops holding it. Idempotent."""
         d = batch._delivery
-        if not isinstance(d, _Delivery):
+        if type(d) is not _Delivery:
             raise ValueError(f"ack() needs a Batch returned by recv(); {batch.batch_id!r} has no delivery tag "
                              "(batches made by select/split/replace/concat carry none)")
         if d.done:
@@ -248,6 +249,7 @@ class Receiver(TaskOwner):
 
     # ------------------------------------------------------------------------------- incoming
     def _on_messages(self, msgs: list) -> None:
+        self._now = time.monotonic()  # when these arrived (one clock read per drain, not per batch)
         for msg in msgs:
             try:
                 self._handle(msg)
@@ -275,12 +277,16 @@ class Receiver(TaskOwner):
         header = wire.unpack_header(views[0], self._limits)
         if header["kind"] != wire.BUNDLE:
             return self._dispatch(rid, header, views, size, msg)
-        start, blob = 0, views[-1]
+        start, blob, limits, unpack = 0, views[-1], self._limits, wire.unpack_header
         for size in wire.bundle_parts(header, len(views), blob.nbytes):
             part = blob[start:start + size]
             start += size
             try:
-                self._dispatch(rid, wire.unpack_header(part, self._limits), [part], size, msg)
+                header = unpack(part, limits)
+                if header["kind"] == wire.DATA:  # (_dispatch's first case, without the call: per batch)
+                    self._on_data(rid, header, [part], size)
+                else:
+                    self._dispatch(rid, header, [part], size, msg)
             except DecodeError as e:  # this part only: the others of the bundle are fine
                 self._reject(e.reason, str(e), rid)
 
@@ -374,7 +380,7 @@ class Receiver(TaskOwner):
                     self._refuse_shm(peer, e)
                 raise DecodeError(e.reason, f"shared memory of batch {header.get('batch_id')!r:.60}: {e}") from None
         batch = codec.decode_data(header, views, self._limits, _Delivery(rid, seq, size), region)
-        peer.max_seq, peer.last_data = seq, time.monotonic()
+        peer.max_seq, peer.last_data = seq, self._now
         self._pool.on_data(rid, size)
         if self._blocked:
             self._blocked.discard(rid)
@@ -556,6 +562,10 @@ class Receiver(TaskOwner):
         out, self._outbox = self._outbox, []
         for rid, payload in out:
             self._pump.send([rid, payload])
+        # written now, not corked until the turn of the loop ends: statuses carry credit, and a
+        # consumer that works through a drain of batches in one turn would otherwise hand its
+        # producers the first quarter of their credit at once and the rest only at its end
+        self._pump.flush()
 
     def _notify(self) -> None:
         self._changed.set()

@@ -75,6 +75,7 @@ class Sender(TaskOwner):
         self._lingering: list = []  # shared memory of lost links, kept open a while (see _close_link)
         self._c = dict(sent=0, sent_bytes=0, acked=0, resent=0, returned=0, rejected=0, peers_lost=0,
                        credit_waits=0, credit_wait_s=0.0, shm=0, shm_bytes=0)
+        self._inline_max, self._shm_min = self.config.inline_max_bytes, self.config.shm_min_bytes  # read per batch
 
     # ------------------------------------------------------------------------------- public API
     async def connect(self, address: str, *, wait: bool = True, curve: CurveConfig | None = None) -> None:
@@ -118,12 +119,13 @@ class Sender(TaskOwner):
         Raises BrokenChannel when no replica was live for `peer_timeout_s` (the batch stays yours),
         ValueError when it is larger than the consumer accepts, ChannelClosed after
         `end_of_stream()` / `aclose()`."""
-        if not isinstance(batch, Batch):
+        if type(batch) is not Batch and not isinstance(batch, Batch):
             raise TypeError(f"send() takes a Batch, got {type(batch).__name__}")
-        self._check_open()
-        prepared = codec.prepare(batch, self.config.inline_max_bytes)
+        if self._state != "open":
+            self._check_open()
+        prepared = codec.prepare(batch, self._inline_max)
         entry = None
-        if not self._order.locked() and not self._pending:
+        if not self._pending and not self._order.locked():
             # nothing is queued ahead: if a link has credit, send without awaiting (order is kept)
             self._seq += 1
             entry = Entry(self._seq, prepared)
@@ -237,7 +239,8 @@ class Sender(TaskOwner):
         """The least loaded live link with credit for `entry`: (link, frames, size, fits anywhere)."""
         links = self._links
         if len(links) == 1:
-            live = [lk for lk in links.values() if lk.live]
+            (lk,) = links.values()
+            live = (lk,) if lk.live else ()
         else:
             live = sorted((lk for lk in links.values() if lk.live), key=lambda lk: len(lk.unacked))
         fits = not live
@@ -250,9 +253,9 @@ class Sender(TaskOwner):
             if size > lk.cap_b or size > lk.max_msg:
                 continue
             fits = True
-            shm_size = self._shm_bound(lk, prepared, len(frames[0]))
+            shm_size = self._shm_bound(lk, prepared, len(frames[0])) if prepared.payload_bytes >= self._shm_min else 0
             need = shm_size or size
-            if lk.avail_m >= 1 and lk.avail_b >= need:
+            if lk.lim_m - lk.sent_m - lk.ret_m >= 1 and lk.lim_b - lk.sent_b - lk.ret_b >= need:  # avail_m, avail_b
                 if shm_size:
                     ref = lk.arena.put(prepared.buffers)
                     if ref is not None:
@@ -298,7 +301,9 @@ class Sender(TaskOwner):
     def _transmit(self, link: Link, entry: Entry, frames: list, size: int, resend: bool) -> None:
         """Hand `entry` to `link`. From here the channel owns it: if the write fails, losing the
         link moves it (with the link's other unacknowledged entries) back to pending."""
-        self._pending.pop(entry.seq, None)
+        if resend:
+            self._pending.pop(entry.seq, None)
+            self._c["resent"] += 1
         link.sent_m += 1
         link.unacked[link.sent_m] = entry  # acknowledged by the link's sequence number (_pick)
         link.sent_b += size
@@ -306,9 +311,9 @@ class Sender(TaskOwner):
         if link.need:
             for lk in self._links.values():  # no longer waiting; the next hellos say so
                 lk.need = 0
-        self._c["sent"] += 1
-        self._c["sent_bytes"] += size
-        self._c["resent"] += resend
+        c = self._c
+        c["sent"] += 1
+        c["sent_bytes"] += size
         link.pump.send(frames)
 
     async def _drain_pending(self) -> None:

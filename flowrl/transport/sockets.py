@@ -128,11 +128,13 @@ class Pump:
         it) drops that message and calls `on_send_error(error, frames)`."""
         if self.closed:
             return
-        self._out.append(frames)
-        if not self._wrote_this_turn or len(self._out) >= CORK_MESSAGES:
+        out = self._out
+        out.append(frames)
+        if not self._wrote_this_turn or len(out) >= CORK_MESSAGES:
             self._wrote_this_turn = True
             self.flush()
-        self._schedule()
+        if not self._scheduled:
+            self._schedule()
 
     def flush(self) -> None:
         out, self._out = self._out, []

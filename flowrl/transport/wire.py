@@ -117,8 +117,9 @@ def bundle_parts(header: dict, frames: int, blob_bytes: int) -> list[int]:
     if type(parts) is not list or not 0 < len(parts) <= MAX_BUNDLE_PARTS:
         raise DecodeError("bundle_parts", f"a bundle has 1..{MAX_BUNDLE_PARTS} parts, this one "
                                           f"{len(parts) if type(parts) is list else parts!r:.20}")
-    if any(type(n) is not int or n < 1 for n in parts):
-        raise DecodeError("bad_field", "bundle parts must be a non-empty list of ints >= 1")
+    for n in parts:  # (a loop, not any(genexpr): no generator resumed per part)
+        if type(n) is not int or n < 1:
+            raise DecodeError("bad_field", "bundle parts must be a non-empty list of ints >= 1")
     if sum(parts) != blob_bytes:
         raise DecodeError("bad_field", f"bundle parts add up to {sum(parts)} bytes, frame 1 has {blob_bytes}")
     return parts
@@ -126,7 +127,7 @@ def bundle_parts(header: dict, frames: int, blob_bytes: int) -> list[int]:
 
 def unpack_header(buf: Any, limits: DecodeLimits) -> dict:
     """Frame 0 -> header map, after the size, msgpack, version and kind checks."""
-    size = len(buf) if not isinstance(buf, memoryview) else buf.nbytes
+    size = buf.nbytes if type(buf) is memoryview else len(buf)
     if size > limits.max_header_bytes:
         raise DecodeError("header_too_large", f"header of {size} bytes exceeds max_header_bytes="
                                               f"{limits.max_header_bytes}")
@@ -134,12 +135,12 @@ def unpack_header(buf: Any, limits: DecodeLimits) -> dict:
         header = msgpack.unpackb(buf, raw=False, strict_map_key=True, use_list=True)
     except Exception as e:  # noqa: BLE001 - any malformed input is one error type
         raise DecodeError("bad_msgpack", f"frame 0 is not a msgpack map ({type(e).__name__}: {e})") from None
-    if not isinstance(header, dict):
+    if type(header) is not dict:
         raise DecodeError("bad_header", f"frame 0 holds a {type(header).__name__}, not a map")
     v = header.get("v")
     if type(v) is not int or v != SCHEMA_VERSION:  # True == 1 and 1.0 == 1 in Python: not on the wire
         raise DecodeError("bad_version", f"schema version {v!r:.20}; this side speaks {SCHEMA_VERSION}")
-    if header.get("kind") not in (DATA, HELLO, STATUS, BUNDLE):
+    if header.get("kind") not in (DATA, HELLO, STATUS, BUNDLE):  # (a tuple: compares, never hashes a hostile value)
         raise DecodeError("bad_kind", f"unknown message kind {header.get('kind')!r}")
     return header
 
@@ -287,8 +288,11 @@ class Status:
         if nonce is not None and (type(nonce) is not bytes or len(nonce) != NONCE_BYTES):
             raise DecodeError("bad_field", f"status nonce must be {NONCE_BYTES} bytes of bin")
         acks = h["acks"]
-        if type(acks) is not list or any(type(a) is not int or a < 0 for a in acks):
+        if type(acks) is not list:
             raise DecodeError("bad_field", "status acks must be a list of non-negative ints")
+        for a in acks:  # one per acknowledged batch: a loop, not any(genexpr)
+            if type(a) is not int or a < 0:
+                raise DecodeError("bad_field", "status acks must be a list of non-negative ints")
         freed = h.get("freed", [])
         if type(freed) is not list or len(freed) > MAX_FREED or any(type(b) is not str for b in freed):
             raise DecodeError("bad_field", f"status freed must be a list of at most {MAX_FREED} block ids")

@@ -1,0 +1,154 @@
+"""The per-message fast paths must decide exactly what the exhaustive paths decide.
+
+`codec.decode_data` takes a 1-d inline numpy tensor (plain, or ragged with inline offsets) without the
+exhaustive per-field checks, and `codec.prepare` takes native, C-contiguous numpy arrays without
+converting them. Here every mutation of a descriptor is decoded twice, with the fast path and with it
+switched off, and both must agree: the same `DecodeError` reason, or the same tensors. On a live
+link, a schema that changes from one message to the next is checked anew each time.
+"""
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flowrl.transport import Batch, DecodeError, Ragged, codec, decode, encode
+from tests.transport.helpers import wait_until
+from tests.transport.test_hostile import Raw, bound, pack
+
+pytestmark = pytest.mark.timeout(60)
+
+OFFSETS = np.array([0, 2, 2, 5], dtype=np.int64)
+
+
+def header_of(batch: Batch) -> dict:
+    frames = encode(batch)
+    assert len(frames) == 1  # everything inline: the fast path's case
+    return msgpack.unpackb(bytes(frames[0]))
+
+
+def outcome(h: dict, fast: bool, monkeypatch) -> tuple:
+    """('error', reason) or ('ok', [(name, kind, dtype, values, offsets)]) of decoding header `h`."""
+    with monkeypatch.context() as m:
+        if not fast:
+            m.setattr(codec, "_FAST_SPECS", {})  # no (dtype, lib) qualifies: everything goes the long way
+        try:
+            b = decode([pack(h)])
+        except DecodeError as e:
+            return "error", e.reason
+    out = []
+    for name, t in b.tensors.items():
+        if type(t) is Ragged:
+            out.append((name, "ragged", t.values.dtype.str, t.values.tolist(), t.offsets.tolist()))
+        else:
+            out.append((name, type(t).__name__, t.dtype.str, t.tolist(), None))
+    return "ok", (out, b.num_samples)
+
+
+odd_values = st.sampled_from([None, True, 1.5, -1, 0, 3, 2 ** 63, "", "x" * 300, "int64", "numpy", [], [1], {}, b"\x00"])
+fields = st.sampled_from(["name", "dtype", "lib", "shape", "data", "offsets", "extra"])
+mutations = st.lists(st.tuples(fields, st.one_of(
+    odd_values,
+    st.sampled_from(["int64", "float32", "bool", "bfloat16", "float16", "x", "torch ", "jax"]),
+    st.lists(st.integers(-2, 8), max_size=3),
+    st.binary(max_size=48),
+    st.sampled_from(["delete"]),
+    st.fixed_dictionaries({"shape": st.lists(st.integers(-1, 6), max_size=2)},
+                          optional={"data": st.binary(max_size=48), "frame": st.integers(0, 2), "x": st.none()}),
+)), min_size=0, max_size=3)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ragged=st.booleans(), which=st.integers(0, 1), changes=mutations,
+       offsets_bytes=st.sampled_from([None, [0, 2, 2, 5], [1, 2, 2, 5], [0, 2, 2, 4], [0, 3, 2, 5], [0, 5], [0], []]))
+def test_a_mutated_descriptor_is_decided_alike_with_and_without_the_fast_path(ragged, which, changes, offsets_bytes,
+                                                                           monkeypatch):
+    values = np.arange(5, dtype=np.int64)
+    t = Ragged(values, OFFSETS) if ragged else values
+    other = Ragged(np.linspace(0, 1, 5).astype(np.float32), OFFSETS) if ragged else np.ones(5, np.float32)
+    h = header_of(Batch(tensors={"a": t, "b": other}, batch_id="b1"))
+    desc = h["tensors"][which]
+    if offsets_bytes is not None and "offsets" in desc:
+        desc["offsets"]["data"] = np.array(offsets_bytes, dtype=np.int64).tobytes()
+        desc["offsets"]["shape"] = [len(offsets_bytes)]
+    for key, value in changes:
+        if value == "delete":
+            desc.pop(key, None)
+        else:
+            desc[key] = value
+    assert outcome(h, True, monkeypatch) == outcome(h, False, monkeypatch)
+
+
+@pytest.mark.parametrize("offsets", [[1, 2, 2, 5], [0, 2, 2, 4], [0, 2, 2, 6], [0, 3, 2, 5], [0, 2, 6, 5], [0, 5, 5, 5, 5]])
+def test_offsets_that_do_not_describe_the_values_are_refused_on_the_fast_path(offsets, monkeypatch):
+    h = header_of(Batch(tensors={"r": Ragged(np.arange(5), OFFSETS)}, batch_id="b1"))
+    h["tensors"][0]["offsets"] = {"shape": [len(offsets)], "data": np.array(offsets, np.int64).tobytes()}
+    expected = ("error", "bad_offsets") if len(offsets) == 4 else ("ok", ([("r", "ragged", "<i8", [0, 1, 2, 3, 4], offsets)], 4))
+    assert outcome(h, True, monkeypatch) == outcome(h, False, monkeypatch) == expected
+
+
+def test_the_fast_path_takes_the_common_tensors_and_they_come_out_right():
+    tokens = Ragged(np.arange(5, dtype=np.int64), OFFSETS)
+    b = decode(encode(Batch(tensors={"tokens": tokens, "logprobs": tokens.like(np.ones(5, np.float32)),
+                                     "reward": np.array([1.0, 0.5, 0.0], np.float32)}, batch_id="x")))
+    assert b.num_samples == 3 and b.tensors["reward"].tolist() == [1.0, 0.5, 0.0]
+    assert b.tensors["tokens"].values.tolist() == [0, 1, 2, 3, 4] and b.tensors["tokens"].offsets.tolist() == [0, 2, 2, 5]
+    assert b.tensors["logprobs"].offsets is b.tensors["tokens"].offsets  # aligned: one array, checked once
+    b.tensors["reward"][0] = 7.0  # writable, like a received frame
+    assert b.tensors["reward"].flags.writeable and b.tensors["tokens"].values.flags.writeable
+
+
+def test_two_decodes_of_the_same_bytes_share_no_memory():
+    frames = encode(Batch(tensors={"x": np.arange(3), "r": Ragged(np.arange(5), OFFSETS)}, batch_id="x"))
+    a, b = decode(frames), decode(frames)
+    a.tensors["x"][0] = 99
+    a.tensors["r"].offsets[1] = 1
+    assert b.tensors["x"][0] == 0 and b.tensors["r"].offsets[1] == 2
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.arange(6, dtype=">i4"),                       # not the host's byte order
+    lambda: np.arange(12, dtype=np.int64)[::2],              # not contiguous
+    lambda: np.arange(6, dtype=np.int64).reshape(6, 1),      # 2-d
+    lambda: np.array([True, False] * 3),                     # bool: its bytes are checked
+    lambda: Ragged(np.arange(5), np.array([0, 1, 1, 3, 5, 5, 5], dtype="q")),  # offsets as C long long
+], ids=["big-endian", "strided", "2-d", "bool", "longlong-offsets"])
+def test_tensors_outside_the_fast_paths_still_round_trip(make):
+    t = make()
+    got = decode(encode(Batch(tensors={"t": t}, batch_id="x"))).tensors["t"]
+    if type(t) is Ragged:
+        assert got.values.tolist() == t.values.tolist() and got.offsets.tolist() == t.offsets.tolist()
+    else:
+        assert got.tolist() == t.tolist() and got.dtype == t.dtype.newbyteorder("=")
+
+
+@pytest.mark.anyio
+async def test_a_schema_that_changes_between_messages_on_one_link_is_checked_each_time(tmp_path):
+    def frames(seq: int, inc: str, tensors: dict, lie=None) -> list[bytes]:
+        h = header_of(Batch(tensors=tensors, batch_id=f"m{seq}"))
+        h["env"] = {"inc": inc, "seq": seq}
+        if lie:
+            lie(h)
+        return [pack(h)]
+
+    def lying_shape(h):
+        h["tensors"][0]["shape"] = [3]  # the data holds 4 values
+
+    def bad_offsets(h):
+        h["tensors"][0]["offsets"]["data"] = np.array([0, 3, 2, 5], np.int64).tobytes()
+
+    async with bound(tmp_path) as (rx, address):
+        raw = Raw(address)
+        inc = (await raw.join()).inc
+        raw.send(*frames(1, inc, {"x": np.arange(4)}))
+        raw.send(*frames(2, inc, {"y": np.ones(3, np.float32), "r": Ragged(np.arange(5), OFFSETS)}))
+        raw.send(*frames(3, inc, {"x": np.arange(4)}, lie=lying_shape))
+        raw.send(*frames(4, inc, {"r": Ragged(np.arange(5), OFFSETS)}, lie=bad_offsets))
+        raw.send(*frames(5, inc, {"x": np.arange(4, dtype=np.int16)}))
+        got = [await rx.recv() for _ in range(3)]
+        await wait_until(lambda: rx.statistics().rejected == 2)
+        assert [b.batch_id for b in got] == ["m1", "m2", "m5"]
+        assert got[2].tensors["x"].dtype == np.int16 and got[1].tensors["r"].offsets.tolist() == [0, 2, 2, 5]
+        assert rx.statistics().rejected_by_reason == {"size_mismatch": 1, "bad_offsets": 1}
+        raw.close()
