@@ -75,3 +75,50 @@ def test_a_follower_joins_a_sync_when_its_leaders_step_names_it_in_either_order(
         kit.close()
 
     anyio.run(main)
+
+
+class HeldWeights(Weights):
+    """A publisher's `sync` that waits until the test lets it go (a serve waiting for its members)."""
+
+    def __init__(self):
+        super().__init__()
+        self.started, self.go = anyio.Event(), anyio.Event()
+
+    async def sync(self, order, version, runner):
+        self.started.set()
+        await self.go.wait()
+        return await super().sync(order, version, runner)
+
+
+def test_a_publisher_serves_in_order_beside_its_calls_but_never_during_a_rollback():
+    """Orders go to the lane and return at once; the lane serves them one by one; a rollback
+    (`apart`) waits for the serve under way, and a serve ordered meanwhile waits for the rollback."""
+    async def main():
+        weights = HeldWeights()
+        kit = await build(shape(sink=True, stateful=True, publishes=True), weights=weights)
+        assert kit.syncs.beside
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kit.syncs.serve_lane)
+            with anyio.fail_after(5):
+                await kit.syncs.order(_sync(1, sync_epoch=1))  # handed over, not served here
+                await kit.syncs.order(_sync(2, sync_epoch=1))
+                await weights.started.wait()
+                assert weights.rounds == []  # the first serve is waiting for its members
+                order_of_events = []
+
+                async def rollback():
+                    async with kit.syncs.apart():
+                        order_of_events.append(("rollback", list(weights.rounds)))
+
+                tg.start_soon(rollback)
+                await anyio.wait_all_tasks_blocked()
+                assert order_of_events == []  # the rollback waits for the serve under way
+                weights.go.set()
+                while len(weights.rounds) < 2:
+                    await anyio.sleep(0.01)
+            assert order_of_events == [("rollback", [1])]  # between the two serves, not during one
+            assert [type(r).__name__ for r in kit.reports] == ["Synced", "Synced"]
+            tg.cancel_scope.cancel()
+        kit.close()
+
+    anyio.run(main)

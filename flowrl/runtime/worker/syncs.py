@@ -20,7 +20,9 @@ trainer computes would wait for that call, and the subscribers waiting in it wou
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -51,7 +53,9 @@ class WeightSyncs:
         self._awaiting = None  # ... the sync epoch its leader's step named before the order came
         # a publisher's orders, served in order beside the node's calls (`serve_lane`)
         self.beside = weights is not None and shape.publishes and not shape.subscribes
-        self._lane_tx, self._lane_rx = anyio.create_memory_object_stream[m.Sync](64)
+        # unbounded: the control loop hands orders over and never waits (an order is a few numbers)
+        self._lane_tx, self._lane_rx = anyio.create_memory_object_stream[m.Sync](math.inf)
+        self._serving = anyio.Lock()  # held by a serve of the lane, and through a rollback (`apart`)
 
     def fence(self, sync_epoch: int) -> None:
         """A member died (any thread): stop waiting for the members of an older sync epoch."""
@@ -79,7 +83,19 @@ class WeightSyncs:
         """A publisher's sync orders, one at a time and in order, beside the node's calls (the
         worker runs this in its task group while the process lives)."""
         async for order in self._lane_rx:
-            await self.run(order)
+            async with self._serving:
+                await self.run(order)
+
+    @contextlib.asynccontextmanager
+    async def apart(self) -> AsyncIterator[None]:
+        """Around a rollback (`Epoch` order): no serve runs meanwhile. The trainer reports `recovered`
+        before it restores and snapshots the checkpoint's weights, and the controller orders the
+        next sync at once: served beside the rollback, it would send the weights from before it."""
+        if not self.beside:
+            yield
+            return
+        async with self._serving:
+            yield
 
     def stop(self) -> None:
         """The process stops: a serve still waiting for its members ends within a quarter second."""

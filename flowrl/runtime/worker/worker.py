@@ -362,7 +362,11 @@ class Worker:
 def handler_table(parts: Parts, *, wire, stop, rewire) -> dict:
     """What each control order does, by its type: every `controller -> node` message has one (the
     rule's test: tests/runtime/test_worker_dispatch.py)."""
-    return {m.TicketMsg: parts.orders.ticket, m.Sync: parts.syncs.order, m.Epoch: parts.orders.enter_epoch,
+    async def enter_epoch(msg: m.Epoch) -> None:  # a trainer serves no sync while it rolls back
+        async with parts.syncs.apart():
+            await parts.orders.enter_epoch(msg)
+
+    return {m.TicketMsg: parts.orders.ticket, m.Sync: parts.syncs.order, m.Epoch: enter_epoch,
             m.Progress: parts.orders.progress, m.Wire: wire, m.Connect: rewire,
             m.Disconnect: rewire, m.Stop: stop}
 
