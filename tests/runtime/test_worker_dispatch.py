@@ -20,7 +20,7 @@ def _recording_parts(calls: list):
 
     return SimpleNamespace(
         orders=SimpleNamespace(ticket=handler("ticket"), enter_epoch=handler("epoch"), progress=handler("progress")),
-        syncs=SimpleNamespace(order=handler("sync"))), handler
+        syncs=SimpleNamespace(order=handler("sync"), apart_from=lambda h: h)), handler
 
 
 def test_every_order_the_controller_sends_a_node_has_a_handler():

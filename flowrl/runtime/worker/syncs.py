@@ -79,6 +79,21 @@ class WeightSyncs:
                 return  # a rank is in a newer recovery epoch: the recovery forms a new sync epoch
         await self.run(order)
 
+    def arrived(self, order: m.Sync) -> bool:
+        """The control loop got `order` (its thread, before the event queue): older epochs are fenced
+        at once, and a publisher's order goes straight to its lane (True: nothing more to do)."""
+        self.fence(order.sync_epoch)  # a member died: stop waiting for the old epoch
+        if self.beside:  # served beside the node's calls, not after the one running
+            self._lane_tx.send_nowait(order)
+        return self.beside
+
+    def apart_from(self, handler: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+        """`handler` (the `Epoch` order's) run `apart` from every serve."""
+        async def run(msg) -> None:
+            async with self.apart():
+                await handler(msg)
+        return run
+
     async def serve_lane(self) -> None:
         """A publisher's sync orders, one at a time and in order, beside the node's calls (the
         worker runs this in its task group while the process lives)."""

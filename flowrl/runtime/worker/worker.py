@@ -189,11 +189,8 @@ class Worker:
             except m.ControlError as e:
                 log.warning("dropped bad control message: %s", e)
                 continue
-            if isinstance(msg, m.Sync):
-                self.parts.syncs.fence(msg.sync_epoch)  # a member died: stop waiting for the old epoch
-                if self.parts.syncs.beside:  # a publisher serves beside its calls, not after the one running
-                    await self.parts.syncs.order(msg)
-                    continue
+            if isinstance(msg, m.Sync) and self.parts.syncs.arrived(msg):  # a trainer serves beside its calls
+                continue
             await self.events_tx.send(("ctl", msg))
 
     async def input_loop(self, port: str, rx) -> None:
@@ -362,11 +359,8 @@ class Worker:
 def handler_table(parts: Parts, *, wire, stop, rewire) -> dict:
     """What each control order does, by its type: every `controller -> node` message has one (the
     rule's test: tests/runtime/test_worker_dispatch.py)."""
-    async def enter_epoch(msg: m.Epoch) -> None:  # a trainer serves no sync while it rolls back
-        async with parts.syncs.apart():
-            await parts.orders.enter_epoch(msg)
-
-    return {m.TicketMsg: parts.orders.ticket, m.Sync: parts.syncs.order, m.Epoch: enter_epoch,
+    return {m.TicketMsg: parts.orders.ticket, m.Sync: parts.syncs.order,
+            m.Epoch: parts.syncs.apart_from(parts.orders.enter_epoch),  # a trainer serves no sync meanwhile
             m.Progress: parts.orders.progress, m.Wire: wire, m.Connect: rewire,
             m.Disconnect: rewire, m.Stop: stop}
 
