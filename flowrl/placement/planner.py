@@ -26,12 +26,25 @@ from flowrl.placement.plan import Plan, PlanEntry
 from flowrl.placement.requests import Request, colocation_groups, read_request
 
 ROLE_ORDER = {"actor": 0, "critic": 1, "rollout": 2, "reference": 3, "reward": 4}
-CPU_WEIGHT = {"actor": 3.0, "critic": 3.0, "rollout": 1.5, "reference": 1.0}
-"""How much of a shared core a process of each role takes, when CPU cores are time-shared (others: 0.25).
-A trainer's step (forward, backward, optimizer) costs about three forward passes, a rollout's
-generation about one and a half, a reference's one; prompts, rewards and advantages next to
-nothing. Counting processes instead put the reference on the actor's core in graphs/grpo.yaml and
-left the rollout's core two-thirds idle with max_staleness 1."""
+CPU_WEIGHT = {"actor": 3.0, "critic": 3.0, "rollout": 1.5, "reference": 1.0, "reward": 0.25}
+"""How much of a shared core a process of each role takes when CPU cores are time-shared. A trainer's
+step (forward, backward, optimizer) costs about three forward passes, a rollout's generation about one
+and a half, a reference's one, a reward next to nothing. Counting processes instead put the reference
+on the actor's core in graphs/grpo.yaml and left the rollout's core two-thirds idle with max_staleness 1."""
+
+
+def cpu_weight(cls: type | None) -> float:
+    """A node class's CPU weight: its role's; without one, by its shape (a node that publishes weights
+    trains, one that subscribes generates), else 1 (a user's node of unknown cost), and 0.25 for the
+    built-in helpers that do next to nothing (prompts, advantages)."""
+    role = getattr(cls, "role", None)
+    if role in CPU_WEIGHT:
+        return CPU_WEIGHT[role]
+    if getattr(cls, "publishes_weights", False):
+        return CPU_WEIGHT["actor"]
+    if getattr(cls, "subscribes_weights", False):
+        return CPU_WEIGHT["rollout"]
+    return 0.25 if getattr(cls, "__module__", "").startswith("flowrl.nodes.") else 1.0
 
 
 def _place(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], findings: list[Finding]) -> None:
@@ -45,7 +58,7 @@ def _place(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], findings: 
 
     def take(req: Request, group: list[Device]) -> None:
         req.placed.append(group)
-        weight = CPU_WEIGHT.get(req.role or "", 0.25) if inv.device_type == "cpu" else 1
+        weight = req.cpu_weight if inv.device_type == "cpu" else 1
         for d in group:
             load[d.host, d.id] = load.get((d.host, d.id), 0) + weight
             owner.setdefault((d.host, d.id), set()).add(req.name)
@@ -129,6 +142,7 @@ def make_plan(spec: GraphSpec, inventory: Inventory, classes: dict[str, type] | 
     for name, node in spec.nodes.items():
         req = read_request(name, node, getattr(classes.get(name), "role", None), inventory, findings)
         if req is not None:
+            req.cpu_weight = cpu_weight(classes.get(name))
             reqs[name] = req
     findings += rules_graph.check(spec, classes)
     findings += rules_tokens.check(spec, classes)

@@ -40,6 +40,8 @@ class Request:
     placed: list[list[Device]] = field(default_factory=list)
     short: bool = False
     """It had to share devices because too few were free (already reported)."""
+    cpu_weight: float = 1.0
+    """How much of a time-shared CPU core one of its processes takes (planner.py, `cpu_weight`)."""
 
 
 def colocation_groups(spec: GraphSpec) -> dict[str, str]:

@@ -154,3 +154,23 @@ def test_graph_built_in_python_plans_too(a100):
 def test_explicit_lists_and_graph_overrides_combine(a100):
     g = graph("  actor: {kind: R:Actor, devices: [0, 1]}")
     assert devices_of(make_plan(g, a100), "actor") == [0, 1]
+
+
+def test_cpu_weight_comes_from_the_role_or_else_from_what_the_node_does():
+    """A user's node without a built-in role is weighed by its shape: one that publishes weights
+    trains (a trainer's weight), one that subscribes generates; else it counts as one process."""
+    import flowrl
+    from flowrl.placement.planner import CPU_WEIGHT, cpu_weight
+
+    class MyTrainer(flowrl.Node):
+        publishes_weights = True
+
+    class MySampler(flowrl.Node):
+        subscribes_weights = True
+
+    class MyScorer(flowrl.Node):
+        pass
+
+    assert cpu_weight(MyTrainer) == CPU_WEIGHT["actor"] > cpu_weight(MySampler) == CPU_WEIGHT["rollout"]
+    assert cpu_weight(MyScorer) == 1.0
+    assert cpu_weight(None) == 1.0

@@ -64,8 +64,7 @@ class WeightSyncs:
 
     async def order(self, order: m.Sync) -> None:
         """A `Sync` order from the controller."""
-        if self.beside:
-            await self._lane_tx.send(order)
+        if self.arrived(order):  # a publisher's: to its lane (the control loop hands them over itself)
             return
         if self._ranks is not None and self._shape.subscribes:
             if self._ranks.rank > 0:  # kept until the leader's step names this sync epoch
