@@ -59,6 +59,11 @@ class NodeSpec(StrictModel):
     """Compute dtype of the node; nodes that exchange tensors must agree."""
     colocate_with: list[str] = Field(default_factory=list)
     """Nodes this one may share devices with (declares intended colocation)."""
+    take_turns: bool = False
+    """With `colocate_with`: the colocated nodes take turns on their devices (a hybrid engine:
+    generate, then train) instead of running side by side. The one waiting releases its memory
+    (engine sleep, trainer offload), and `flowrl check` counts the larger turn, not the sum. One
+    member saying so makes its whole colocation group take turns."""
     model_size: Union[int, float, str, None] = None
     """Parameters of the node's model for `flowrl check`'s memory model, when its config cannot say
     (e.g. the model folder is on the cluster, not here): `72B`, `7.6B`, `500M` or a number. Read as

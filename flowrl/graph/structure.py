@@ -148,6 +148,9 @@ def check_structure(spec: GraphSpec, located=None) -> dict[str, type]:
             if other not in spec.nodes:
                 problems.append(_p(located, ("nodes", name, "colocate_with"), f"colocate_with names unknown node {other!r}",
                                    f"nodes are {', '.join(spec.nodes)}"))
+        if node.take_turns and not node.colocate_with and not any(name in n.colocate_with for n in spec.nodes.values()):
+            problems.append(_p(located, ("nodes", name, "take_turns"), f"node {name!r} takes turns with no one",
+                               "declare the nodes it shares its devices with: `colocate_with: [actor]`"))
         try:
             classes[name].Config.model_validate(node.config)
         except ValidationError as e:
