@@ -32,7 +32,7 @@ def test_json_output_has_the_contract_shape():
     r = flowrl("examples/gpu/ppo-a100x8.yaml", "--inventory", INV + "a100x8-nvlink.yaml", "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert set(data) == {"plan", "findings"} and data["findings"] == []
+    assert set(data) == {"plan", "findings", "memory"} and data["findings"] == []
     entry = data["plan"][0]
     for key in ("node", "replica", "rank", "host", "devices", "local_devices"):
         assert key in entry

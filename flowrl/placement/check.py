@@ -15,6 +15,7 @@ import json
 import sys
 
 from flowrl.graph.errors import GraphError
+from flowrl.placement.devices import GIB
 from flowrl.placement.findings import ids_text
 from flowrl.placement.plan import Plan
 
@@ -51,6 +52,7 @@ def render(plan: Plan, graph: str, console) -> None:
                       end_section=False)
         last = (e.node, e.replica)
     console.print(table)
+    _memory(plan, multi_host, console)
     if plan.findings:
         import textwrap
 
@@ -67,6 +69,21 @@ def render(plan: Plan, graph: str, console) -> None:
     n_info = len(plan.findings) - n_err - n_warn
     verdict = "[bold red]errors found[/]" if n_err else "[bold green]ok[/]"
     console.print(f"\n{len(plan.entries)} processes; {n_err} error(s), {n_warn} warning(s), {n_info} note(s): {verdict}")
+
+
+def _memory(plan: Plan, multi_host: bool, console) -> None:
+    """Per set of GPUs: what the memory model puts there, `max(a, b) turns` for nodes taking turns."""
+    if not plan.memory:
+        return
+    console.print("\n[bold]memory per GPU[/] [dim](flowrl's estimate: docs/placement.md, memory model)[/]")
+    for row in plan.memory:
+        where = f" on {row['host']}" if multi_host else ""
+        cap, used = row["capacity_bytes"], row["bytes"]
+        summed = (f" (summed: {row['summed_bytes'] / GIB:,.1f} GiB)"
+                  if row["turns"] and row["summed_bytes"] != used else "")
+        text = f"{row['text']} = {used / GIB:,.1f} GiB" if row.get("shared", True) else row["text"]
+        console.print(f"  GPU {ids_text(row['devices'])}{where}: {text} of "
+                      f"{cap / GIB:,.0f} GiB ({used / cap:.0%}){summed}", markup=False)
 
 
 def check_graph(graph: str, overrides=(), inventory: str | None = None) -> Plan:

@@ -31,10 +31,12 @@ CODES: dict[str, tuple[Severity, str, str]] = {
     "replica-split": ("error", "mesh", "an explicit device list does not split evenly over the replicas"),
     "mesh-mismatch": ("error", "mesh", "the mesh shape's product differs from the devices per replica"),
     "mixed-memory": ("warning", "memory", "one group holds GPUs of different memory sizes"),
-    "device-busy": ("warning", "busy", "a planned GPU is used by a foreign job (error when the memory left is less than the plan needs)"),
+    "device-busy": ("warning", "busy", "a planned GPU is used by a foreign job (error when the memory left is less than the plan "
+                    "needs, or a trainer's need leaves under 10% of the card)"),
     "nvlink-missed": ("warning", "topology", "a group has fewer NVLink links than an available group of that size"),
     "pcie-split": ("warning", "topology", "a group without NVLink spans PCIe root complexes although one root could hold it"),
-    "dtype-mismatch": ("warning", "dtype", "an edge carries compute-dtype tensors into a node computing in another dtype"),
+    "dtype-mismatch": ("warning", "dtype", "an edge carries compute-dtype tensors into a node computing in another dtype "
+                       "(error between float16 and bfloat16 nodes, on any edge)"),
     "bf16-unsupported": ("error", "dtype", "bfloat16 on a GPU below compute capability 8.0"),
     "rank-layout": ("error", "hosts", "a multi-host group has an uneven or interleaved torchrun rank layout"),
     "tp-across-hosts": ("warning", "hosts", "the tensor-parallel (last) dimension of a multi-dimensional mesh crosses hosts"),
@@ -44,6 +46,7 @@ CODES: dict[str, tuple[Severity, str, str]] = {
     "concurrency-unsupported": ("error", "replicas", "concurrency > 1 on a stateful node or on a node with several ranks per replica"),
     "memory-exceeded": ("error", "memory", "the memory model puts more on a GPU than it has (weights, gradients, Adam, activations)"),
     "memory-headroom": ("warning", "memory", "the memory model puts more than 90% of a GPU's memory on it"),
+    "model-size-unknown": ("warning", "memory", "a node's model size cannot be learned here (folder elsewhere, no `model_size`)"),
     "token-budget": ("warning", "tokens", "a node packs micro-batches of fewer tokens than the longest sequence the graph allows"),
 }
 

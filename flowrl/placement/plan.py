@@ -64,6 +64,10 @@ class Plan:
     device_type: str = "cpu"
     inventory: str = ""
     """One line saying which inventory was planned on (for the check header)."""
+    memory: list[dict] = field(default_factory=list)
+    """What the memory model puts on each GPU, one row per set of GPUs holding the same load
+    (flowrl/placement/turns.py `memory_lines`): host, devices, text, bytes, summed_bytes,
+    capacity_bytes, turns. Empty on CPU."""
 
     def __post_init__(self):
         self.findings = sort_findings(self.findings)
@@ -92,7 +96,8 @@ class Plan:
 
     def to_json(self) -> dict:
         """`flowrl check --json` and RUN_DIR/plan.json (DESIGN.md section 10)."""
-        return {"plan": [e.to_json() for e in self.entries], "findings": [f.to_json() for f in self.findings]}
+        return {"plan": [e.to_json() for e in self.entries], "findings": [f.to_json() for f in self.findings],
+                "memory": self.memory}
 
     def env_for(self, entry: PlanEntry, master_port: int | None = None) -> dict[str, str]:
         """Environment variables for `entry`'s process, to set before anything touches CUDA."""
@@ -122,4 +127,4 @@ class Plan:
         findings = [Finding(code=f["code"], node=f["node"], message=f["message"], devices=tuple(f["devices"]),
                             host=f.get("host"), severity=f["severity"]) for f in data["findings"]]
         kinds = {e.device_type for e in entries}
-        return cls(entries, findings, device_type="cuda" if "cuda" in kinds else "cpu")
+        return cls(entries, findings, device_type="cuda" if "cuda" in kinds else "cpu", memory=data.get("memory", []))

@@ -24,6 +24,7 @@ from flowrl.placement.findings import Finding, dedupe
 from flowrl.placement.groups import Key, pick_cores, pick_gpus
 from flowrl.placement.plan import Plan, PlanEntry
 from flowrl.placement.requests import Request, colocation_groups, read_request
+from flowrl.placement.turns import device_loads, memory_lines
 
 ROLE_ORDER = {"actor": 0, "critic": 1, "rollout": 2, "reference": 3, "reward": 4}
 CPU_WEIGHT = {"actor": 3.0, "critic": 3.0, "rollout": 1.5, "reference": 1.0, "reward": 0.25}
@@ -148,9 +149,11 @@ def make_plan(spec: GraphSpec, inventory: Inventory, classes: dict[str, type] | 
     findings += rules_tokens.check(spec, classes)
     _place(spec, inventory, reqs, findings)
     needs = rules_memory.needs(spec, inventory, reqs, classes)
-    findings += rules_sharing.check(spec, inventory, reqs, rules_memory.per_device(reqs, needs))
+    loads = device_loads(spec, inventory, reqs, needs)
+    findings += rules_memory.unsized(spec, inventory, reqs, classes)
+    findings += rules_sharing.check(spec, inventory, reqs, loads)
     findings += rules_hardware.check(spec, inventory, reqs)
     findings += rules_layout.check(spec, inventory, reqs)
-    findings += rules_memory.check(spec, inventory, reqs, needs)
+    findings += rules_memory.check(spec, inventory, reqs, needs, loads)
     entries = [e for name in spec.nodes if name in reqs for e in _entries(inventory, reqs[name])]
-    return Plan(entries, dedupe(findings), inventory.device_type, inventory.describe())
+    return Plan(entries, dedupe(findings), inventory.device_type, inventory.describe(), memory_lines(loads))

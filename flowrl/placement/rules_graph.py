@@ -6,7 +6,11 @@ takes, replicas of stateful nodes.
   dtype, so bf16 on A100s next to fp16 on V100s is fine. A node class whose output ports carry
   tensors in its compute dtype (hidden states, logits) says so with
   `compute_dtype_outputs = ("out",)`; an edge from such a port into a node computing in another
-  dtype is worth a warning: an op mixing the two fails unless the consumer casts.
+  dtype is worth a warning: an op mixing the two fails unless the consumer casts. Between a
+  float16 and a bfloat16 node, any edge (data or `weights:`) of nodes with a role is an error: the
+  two formats round differently and bf16's range does not fit fp16's (weights or hidden states
+  above 65,504 become inf), so samples and log-probs of one are trained on under the other's
+  numerics (a training-inference mismatch that grows), or weights arrive broken.
 - `no-weight-subscriber`: a node class with `publishes_weights` and no `weights:` edge from it, in a
   graph with no node that takes weights: it trains a policy that nobody samples with.
 - `unfed-subscriber`: a node that takes weights (`subscribes_weights`, a rollout) with no `weights:`
@@ -27,24 +31,53 @@ from flowrl.graph.spec import GraphSpec
 from flowrl.placement.findings import Finding
 
 
+HALF = {"float16", "bfloat16"}
+
+
+def _half_pair(spec: GraphSpec, classes: dict[str, type], src: str, dst: str) -> bool:
+    """Both ends hold a model (have a role or trade weights) and compute in different half formats."""
+    def modeled(name: str) -> bool:
+        cls = classes.get(name)
+        return bool(getattr(cls, "role", None) or getattr(cls, "publishes_weights", False)
+                    or getattr(cls, "subscribes_weights", False))
+    a, b = spec.nodes[src].dtype, spec.nodes[dst].dtype
+    return {a, b} == HALF and modeled(src) and modeled(dst)
+
+
+def _half_finding(edge, kind: str, a: str, b: str, src: str, dst: str) -> Finding:
+    return Finding("dtype-mismatch", dst,
+                   f"{kind} {edge}: `{src}` computes in {a} and `{dst}` in {b}. The two half formats round "
+                   "differently and bfloat16's range does not fit float16's (values above 65,504 become inf), so "
+                   "what one samples or sends is used under the other's numerics: log-prob ratios drift and "
+                   "synced weights can overflow. Fix: give both nodes the same `dtype:` — `float16` on both "
+                   "(runs on every GPU; needs loss scaling to train), `bfloat16` on both (GPUs of compute "
+                   "capability 8.0+), or `float32` on the node whose GPUs lack bfloat16", severity="error")
+
+
 def _dtypes(spec: GraphSpec, classes: dict[str, type]) -> list[Finding]:
     out = []
     for edge in spec.edges:
         if edge.src not in spec.nodes or edge.dst not in spec.nodes:
+            continue
+        a, b = spec.nodes[edge.src].dtype, spec.nodes[edge.dst].dtype
+        if _half_pair(spec, classes, edge.src, edge.dst):
+            out.append(_half_finding(edge, "edge", a, b, edge.src, edge.dst))
             continue
         cls = classes.get(edge.src)
         ports = tuple(getattr(cls, "compute_dtype_outputs", ()) or ())
         outputs = tuple(getattr(cls, "outputs", ()) or ())
         port = edge.src_port or (outputs[0] if len(outputs) == 1 else None)
         if port not in ports:
-            continue  # int64 / bool / float32 tensors: any compute dtype on either side is fine
-        a, b = spec.nodes[edge.src].dtype, spec.nodes[edge.dst].dtype
+            continue  # int64 / bool / float32 tensors: fp32 next to a half format is fine
         if a != b:
             out.append(Finding("dtype-mismatch", edge.dst,
                                f"edge {edge}: `{edge.src}` sends its `{port}` tensors in its compute dtype {a}, but "
                                f"`{edge.dst}` computes in {b}; an op that mixes them fails (`expected scalar type ...`) "
                                f"unless `{edge.dst}` casts its inputs. Fix: give both nodes the same `dtype:` (e.g. "
                                f"`dtype: {a}` on `{edge.dst}`), or cast the inputs in `{edge.dst}`"))
+    for w in spec.weights:
+        if w.src in spec.nodes and w.dst in spec.nodes and _half_pair(spec, classes, w.src, w.dst):
+            out.append(_half_finding(w, "weights edge", spec.nodes[w.src].dtype, spec.nodes[w.dst].dtype, w.src, w.dst))
     return out
 
 

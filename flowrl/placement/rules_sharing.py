@@ -4,9 +4,12 @@ The rules from the field (seeds 3 and 4):
 - actor and critic never share a GPU (both train at once, each needs the card's memory);
 - reference and reward may share with each other (forward passes only), not with actor or critic;
 - any other undeclared sharing of a GPU is worth a warning; `colocate_with` declares it intended;
-- a GPU already used by a foreign job slows both down (a warning), and is an OOM waiting to happen
-  when what is left is less than the plan puts there (an error; the memory model's estimate, or
-  half the card without one). A process under 256 MiB (an MPS daemon) does not make a GPU busy.
+- a GPU already used by a foreign job slows both down (a warning); the memory that job holds counts
+  against what the plan may put there. It is an OOM waiting to happen (an error) when what is left
+  is less than the plan puts there (the memory model's estimate, the larger turn for nodes that
+  take turns; half the card without one), and for a trainer already when its GPU would be more
+  than 90% full: the other job's use is a snapshot and grows, a trainer's peaks do too. A process
+  under 256 MiB (an MPS daemon) does not make a GPU busy.
 On a CPU-only machine cores are time-shared by design: sharing is only a note.
 """
 
@@ -16,6 +19,7 @@ from itertools import combinations
 
 from flowrl.graph.spec import GraphSpec
 from flowrl.placement.devices import GIB, Inventory
+from flowrl.placement.memory import HEADROOM
 from flowrl.placement.findings import Finding, ids_text
 from flowrl.placement.requests import Request, colocated
 
@@ -53,8 +57,9 @@ def _owners(reqs: dict[str, Request]) -> dict[tuple[str, int], list[str]]:
     return out
 
 
-def check(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], planned: dict | None = None) -> list[Finding]:
-    """`planned`: (host, id) -> {node: bytes} from the memory model (decides when busy is an error)."""
+def check(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], loads: dict | None = None) -> list[Finding]:
+    """`loads`: (host, id) -> DeviceLoad from the memory model (flowrl/placement/turns.py; decides
+    when busy is an error)."""
     out: list[Finding] = []
     owners = _owners(reqs)
     if inv.device_type == "cpu":
@@ -87,12 +92,17 @@ def check(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], planned: di
         host = inv.host(busy[0].host)
         idle = [d.id for d in host.visible_devices() if not d.busy]
         procs = "; ".join(f"GPU {d.id}: {', '.join(p.describe() for p in d.processes)}" for d in busy)
-        short = _short_of_memory(busy, planned or {})
+        short = _short_of_memory(busy, loads or {}, req.role in TRAINERS)
         if short:
-            d, free, need = short
+            d, free, load = short
+            need = load.total if load else 0
+            planned = f"{load.text(foreign=False)} = {need / GIB:.1f} GiB" if load and len(load.nodes) > 1 else \
+                f"{need / GIB:.1f} GiB"
             verdict = (f"GPU {d.id} has {free / GIB:.1f} GiB left of {d.memory_gib:.0f} GiB"
-                       + (f" but the plan puts {need / GIB:.1f} GiB there" if need else ", less than half the card")
-                       + "; it would run out of memory")
+                       + (f" and the plan puts {planned} there" if need else ", less than half the card")
+                       + ("; it would run out of memory" if need > free or not need else
+                          f"; the trainer would leave less than {HEADROOM:.0%} of the card for its peaks and the "
+                          "other job's growth, and run out of memory"))
         else:
             verdict = "there is memory left for the plan, but both jobs will slow each other down"
         out.append(Finding("device-busy", req.name,
@@ -102,16 +112,19 @@ def check(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], planned: di
     return out
 
 
-def _short_of_memory(busy, planned: dict) -> tuple | None:
-    """The first busy GPU whose memory left is below what the plan puts there (the memory model's
-    estimate; half the card when there is none): (device, free bytes, planned bytes)."""
+def _short_of_memory(busy, loads: dict, trainer: bool) -> tuple | None:
+    """The first busy GPU where what the plan puts does not fit in what the other job left (the
+    memory model's estimate; half the card when there is none), or for a trainer leaves under
+    HEADROOM of the card: (device, free bytes, DeviceLoad or None)."""
     for d in busy:
         if not d.memory_bytes:
             continue
         free = d.memory_bytes - d.foreign_bytes
-        need = sum(planned.get((d.host, d.id), {}).values())
-        if (need and need > free) or (not need and free < d.memory_bytes / 2):
-            return d, free, need
+        load = loads.get((d.host, d.id))
+        need = load.total if load else 0
+        limit = free - HEADROOM * d.memory_bytes if trainer else free
+        if (need and need > limit) or (not need and free < d.memory_bytes / 2):
+            return d, free, load
     return None
 
 

@@ -136,7 +136,7 @@ def test_core_outside_the_affinity_set_is_not_visible():
 def test_plan_json_has_the_contract_shape_and_reads_back(a100):
     plan = plan_of("  actor: {kind: R:Actor, devices: [0, 1], mesh: [2]}\n  critic: {kind: R:Critic, devices: [1]}", a100)
     data = plan.to_json()
-    assert set(data) == {"plan", "findings"}
+    assert set(data) == {"plan", "findings", "memory"}
     for key in ("node", "replica", "rank", "host", "devices", "local_devices"):
         assert key in data["plan"][0]
     assert set(data["findings"][0]) >= {"severity", "code", "node", "devices", "message"}

@@ -197,7 +197,7 @@ def test_a_trainer_nobody_samples_from_is_a_warning_and_a_subscriber_without_wei
     assert codes(plan) == {("unfed-subscriber", "gen")} and "weights: [trainer -> gen]" in plan.errors[0].message
 
 
-def test_bf16_on_a100_next_to_fp16_on_v100_passes(tmp_path):
+def test_bf16_on_a100_next_to_fp16_on_v100_is_an_error_and_fp16_on_both_passes(tmp_path):
     inv = inventory("""
 hosts:
   - {name: a100, nvswitch: true, gpu_defaults: {name: A100, memory_gb: 80, compute_capability: "8.0"},
@@ -205,14 +205,19 @@ hosts:
   - {name: v100, nvswitch: true, gpu_defaults: {name: V100, memory_gb: 32, compute_capability: "7.0"},
      gpus: [{id: 0}, {id: 1}, {id: 2}, {id: 3}]}
 """)
-    spec = graph("""\
+    text = """\
   prompts: {kind: prompts}
   rollout: {kind: rollout, host: v100, devices: 1, replicas: 3, dtype: float16}
   reward: {kind: reward, host: v100}
-  reference: {kind: reference, host: a100, devices: [2, 3], dtype: bfloat16}
+  reference: {kind: reference, host: a100, devices: [2, 3], dtype: %s}
   advantages: {kind: group_advantages}
-  actor: {kind: actor, host: a100, devices: [0, 1], dtype: bfloat16}
-""", "edges: [prompts -> rollout, rollout -> reward, reward -> reference, reference -> advantages, advantages -> actor]\n"
-     "weights: [actor -> rollout]\n")
-    plan = make_plan(spec, inv)
-    assert plan.ok and not plan.warnings, [f.message for f in plan.findings]
+  actor: {kind: actor, host: a100, devices: [0, 1], dtype: %s}
+"""
+    edges = ("edges: [prompts -> rollout, rollout -> reward, reward -> reference, reference -> advantages, "
+             "advantages -> actor]\nweights: [actor -> rollout]\n")
+    mixed = make_plan(graph(text % ("bfloat16", "bfloat16"), edges), inv)
+    assert codes(mixed) == {("dtype-mismatch", "rollout")} and not mixed.ok  # the weights edge, bf16 -> fp16
+    message = mixed.errors[0].message
+    assert "actor -> rollout" in message and "65,504" in message and "`float16` on both" in message
+    aligned = make_plan(graph(text % ("float16", "float16"), edges), inv)
+    assert aligned.ok and not aligned.warnings, [f.message for f in aligned.findings]
