@@ -160,3 +160,20 @@ def test_graph_files_in_utf_16_load_and_latin_1_is_exit_2_with_the_fix(tmp_path)
     latin.write_bytes(text.replace("name: ppo", "name: café").encode("latin-1"))
     r = flowrl(str(latin))
     assert r.returncode == 2 and "save the file as UTF-8" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_check_shows_colocated_memory_as_the_larger_turn_and_says_when_even_that_is_too_much():
+    fits = flowrl("examples/wrong/turns-too-big.yaml", "nodes.actor.model_size=7B", "nodes.rollout.model_size=7B",
+                  "--inventory", INV + "a100x8-nvlink.yaml")
+    assert fits.returncode == 0, fits.stdout + fits.stderr
+    assert ("GPU 0, 1: max(rollout 32.0 GiB, actor 53.2 GiB) turns + 1.0 GiB asleep (CUDA context) = 54.2 GiB of 80 GiB "
+            "(68%) (summed: 85.2 GiB)") in fits.stdout
+    summed = flowrl("examples/wrong/turns-too-big.yaml", "nodes.actor.model_size=7B", "nodes.rollout.model_size=7B",
+                    "nodes.rollout.take_turns=false", "--inventory", INV + "a100x8-nvlink.yaml", "--json")
+    assert summed.returncode == 1
+    (error,) = [f for f in json.loads(summed.stdout)["findings"] if f["severity"] == "error"]
+    assert error["code"] == "memory-exceeded" and error["node"] == "actor" and error["devices"] == [0, 1]
+    assert "rollout 32.0 GiB + actor 53.2 GiB = 85.2 GiB" in error["message"] and "take_turns: true" in error["message"]
+    too_big = flowrl("examples/wrong/turns-too-big.yaml", "--inventory", INV + "a100x8-nvlink.yaml")
+    assert too_big.returncode == 1 and "memory-exceeded" in too_big.stdout
+    assert "max(rollout 32.0 GiB, actor 105.3 GiB) turns" in too_big.stdout

@@ -78,3 +78,12 @@ class Engine(_Alone):
 
     class Config(flowrl.NodeConfig):
         gpu_memory_utilization: float = 0.9
+
+
+class ModelActor(_Alone):
+    """A trainer whose config names its model (`model: {type: hf, path: ...}`), as the built-in actor's does."""
+
+    role = "actor"
+
+    class Config(flowrl.NodeConfig):
+        model: dict = {"type": "tiny"}
