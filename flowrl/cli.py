@@ -20,7 +20,8 @@ EXIT_INTERNAL = 70
 EXIT_CODES = f"""exit codes:
   0   ok (check: no errors in the plan; run: reached its configured end)
   1   check: the plan has errors; run: the run failed
-  2   the graph, an override or the inventory cannot be used (file:line: key: what and fix)
+  2   the graph, an override or the inventory cannot be used (file:line: key: what and fix),
+      or the command needs an optional extra that is not installed (it names the pip install)
   {EXIT_INTERNAL}  internal error: a flowrl bug; the traceback is saved to a file the message names
 """
 
@@ -99,14 +100,56 @@ def internal_error(command: str, exc: BaseException, run_dir: str | None = None)
     return EXIT_INTERNAL
 
 
+EXIT_EXTRA = 2
+"""A command needs an optional extra that is not installed: like unusable input, the fix is the user's."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command in ("check", "run"):
-        try:
-            return _dispatch(args)
-        except Exception as e:  # noqa: BLE001 - every exception that gets here is a flowrl bug
-            return internal_error(args.command, e, getattr(args, "run_dir", None) or getattr(args, "resume", None))
-    return _dispatch(args)
+    try:
+        return _dispatch(args)
+    except ImportError as e:  # an optional package missing, anywhere below the command
+        if _extra_missing(args.command, e):
+            return EXIT_EXTRA
+        if args.command not in ("check", "run"):
+            raise
+        return internal_error(args.command, e, getattr(args, "run_dir", None) or getattr(args, "resume", None))
+    except Exception as e:  # noqa: BLE001 - every exception that gets here is a flowrl bug
+        if args.command not in ("check", "run"):
+            raise
+        return internal_error(args.command, e, getattr(args, "run_dir", None) or getattr(args, "resume", None))
+
+
+def _extra_missing(command: str | None, exc: ImportError) -> bool:
+    """Name the extra and its install command for an ImportError of an optional package; False
+    for any other ImportError (a bug)."""
+    from flowrl.placement.extras import extra_for, install
+
+    found = extra_for(exc)
+    if found is None:
+        return False
+    module, extra = found
+    why = f" ({module} is not installed)" if module else f" ({str(exc).splitlines()[0][:200]})"
+    print(f"flowrl {command} needs the '{extra}' extra{why}: {install(extra)}", file=sys.stderr)
+    return True
+
+
+def _run_preflight(args) -> int | None:
+    """Before `flowrl run` starts anything: every extra the graph uses is installed (the node
+    processes would fail on the import otherwise). None when fine or when the graph cannot be
+    loaded here (run_main reports that)."""
+    from flowrl.graph import load_graph
+    from flowrl.graph.errors import GraphError
+    from flowrl.placement.extras import missing
+
+    try:
+        spec = load_graph(args.graph, list(args.overrides or []))
+    except GraphError:
+        return None
+    lost = missing(spec)
+    for need in lost:
+        print(need.text("flowrl run"), file=sys.stderr)
+    return EXIT_EXTRA if lost else None
 
 
 def _dispatch(args) -> int:
@@ -127,6 +170,8 @@ def _dispatch(args) -> int:
             return 2
         if args.resume and args.graph and "=" in args.graph:
             args.overrides, args.graph = [args.graph, *args.overrides], None
+        if args.graph and not args.resume and (code := _run_preflight(args)) is not None:
+            return code
         from flowrl.runtime.controller.run import run_main
 
         return run_main(args)

@@ -47,6 +47,7 @@ CODES: dict[str, tuple[Severity, str, str]] = {
     "memory-exceeded": ("error", "memory", "the memory model puts more on a GPU than it has (weights, gradients, Adam, activations)"),
     "memory-headroom": ("warning", "memory", "the memory model puts more than 90% of a GPU's memory on it"),
     "model-size-unknown": ("warning", "memory", "a node's model size cannot be learned here (folder elsewhere, no `model_size`)"),
+    "extra-missing": ("info", "extras", "the graph uses an optional extra (vLLM, transformers, peft, ray, ...) not installed here"),
     "token-budget": ("warning", "tokens", "a node packs micro-batches of fewer tokens than the longest sequence the graph allows"),
 }
 

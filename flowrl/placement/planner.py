@@ -18,8 +18,10 @@ from __future__ import annotations
 from math import prod
 
 from flowrl.graph.spec import GraphSpec
-from flowrl.placement import rules_graph, rules_hardware, rules_layout, rules_memory, rules_sharing, rules_tokens
+from flowrl.placement import extras, rules_graph, rules_hardware, rules_layout, rules_memory, rules_sharing, rules_tokens
+from flowrl.placement.cpu import CpuInventory
 from flowrl.placement.devices import Device, Inventory
+from flowrl.placement.nvml import NvmlInventory
 from flowrl.placement.findings import Finding, dedupe
 from flowrl.placement.groups import Key, pick_cores, pick_gpus
 from flowrl.placement.plan import Plan, PlanEntry
@@ -146,6 +148,7 @@ def make_plan(spec: GraphSpec, inventory: Inventory, classes: dict[str, type] | 
             req.cpu_weight = cpu_weight(classes.get(name))
             reqs[name] = req
     findings += rules_graph.check(spec, classes)
+    findings += extras.notes(spec, local=isinstance(inventory, (NvmlInventory, CpuInventory)))
     findings += rules_tokens.check(spec, classes)
     _place(spec, inventory, reqs, findings)
     needs = rules_memory.needs(spec, inventory, reqs, classes)
