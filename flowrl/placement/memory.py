@@ -18,7 +18,8 @@ The model (what the field's rules of thumb say, e.g. ZeRO's paper and verl's siz
   node without one) with activation checkpointing: a hidden state per layer in the compute dtype for trainers, plus fp32 logits
   (tokens x vocab) for anything that computes log-probabilities;
 - **overhead**: the CUDA context and allocator reserve, `CONTEXT_BYTES` per process.
-A device's need is the sum over the processes placed on it (colocated nodes add up).
+A device's need is the sum over the processes placed on it (colocated nodes add up), except
+colocated nodes that take turns: their larger turn (flowrl/placement/turns.py).
 """
 
 from __future__ import annotations
