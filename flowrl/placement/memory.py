@@ -9,6 +9,8 @@ The model (what the field's rules of thumb say, e.g. ZeRO's paper and verl's siz
   and gradients in the compute dtype (2 + 2) plus an fp32 master copy and two fp32 moments
   (4 + 4 + 4); in float32, weights 4 + gradients 4 + moments 8 = 16 as well. FSDP (and tensor
   parallelism) shard all of it over the replica's ranks;
+  with LoRA (`train.lora`) the base weights are frozen (weights only) and gradients and Adam
+  state are the adapters' (r x (in + out) per targeted linear layer per block);
 - **forward-only** nodes (reference, reward model, a rollout without an engine) hold the weights in
   their dtype, sharded over their ranks;
 - a **rollout engine** that reserves a share of the card (`gpu_memory_utilization: 0.5`, vLLM style)
@@ -50,6 +52,8 @@ class ModelShape:
     vocab: int | None = None
     source: str = ""
     """Where the numbers came from, for messages: `config.json at ...`, `model_size: 72B`."""
+    linear: tuple[tuple[str, int, int], ...] = ()
+    """(name, in, out) of each linear layer of one block (`q_proj`, ..., `down_proj`), for LoRA."""
 
 
 @dataclass
@@ -112,12 +116,36 @@ def hf_shape(config: dict) -> ModelShape:
     embed = vocab * h
     head = 0 if config.get("tie_word_embeddings", False) else vocab * h
     params = embed + layers * (attn + mlp + 2 * h) + h + head
-    return ModelShape(params, h, layers, vocab)
+    width = moe_inter if experts > 1 else inter
+    linear = (("q_proj", h, heads * head_dim), ("k_proj", h, kv * head_dim), ("v_proj", h, kv * head_dim),
+              ("o_proj", heads * head_dim, h), ("gate_proj", h, width), ("up_proj", h, width), ("down_proj", width, h))
+    return ModelShape(params, h, layers, vocab, linear=linear if mlp_mats == 3 else linear[:4] + linear[5:])
+
+
+def lora_params(shape: ModelShape, lora: dict) -> int | None:
+    """Trainable parameters of LoRA adapters: r x (in + out) per targeted linear layer per block
+    (`train.lora: {r, target_modules}`; all linear layers when none or `all-linear` is given). A
+    target the shape does not know, or a shape without its layers (a size from `model_size`), is
+    taken as hidden x hidden. None when the shape has no hidden size or layer count."""
+    if not (shape.hidden and shape.layers):
+        return None
+    r = lora.get("r", 8)
+    r = r if isinstance(r, int) and not isinstance(r, bool) and r > 0 else 8
+    known = {name: (i, o) for name, i, o in shape.linear}
+    targets = lora.get("target_modules")
+    if not targets or targets == "all-linear":
+        targets = list(known) or ["q_proj", "k_proj", "v_proj", "o_proj"]
+    elif isinstance(targets, str):
+        targets = [targets]
+    dims = [known.get(str(t).rsplit(".", 1)[-1], (shape.hidden, shape.hidden)) for t in targets]
+    return shape.layers * sum(r * (i + o) for i, o in dims)
 
 
 def node_need(shape: ModelShape | None, *, role: str | None, dtype: str, ranks: int, card_bytes: int | None,
-              reserve_share: float | None = None, tokens: int = ACTIVATION_TOKENS) -> Need:
-    """Bytes one rank of a node needs on its device (see the module docstring for the model)."""
+              reserve_share: float | None = None, tokens: int = ACTIVATION_TOKENS, trainable: int | None = None) -> Need:
+    """Bytes one rank of a node needs on its device (see the module docstring for the model).
+    `trainable`: a trainer's trained parameters when only adapters train (LoRA): the base weights
+    are frozen (weights only), gradients and Adam state are the adapters'."""
     need = Need()
     if reserve_share is not None and card_bytes:
         need.parts["engine reservation"] = int(reserve_share * card_bytes)
@@ -126,7 +154,11 @@ def node_need(shape: ModelShape | None, *, role: str | None, dtype: str, ranks: 
         return need
     ranks = max(1, ranks)
     width = BYTES.get(dtype, 4)
-    if role in TRAINERS:
+    if role in TRAINERS and trainable is not None:
+        need.parts["weights (frozen base + adapters)"] = (shape.params + trainable) * width // ranks
+        need.parts["adapter gradients"] = trainable * width // ranks
+        need.parts["adapter Adam state"] = trainable * (TRAIN_BYTES_PER_PARAM - 2 * width) // ranks
+    elif role in TRAINERS:
         need.parts["weights"] = shape.params * width // ranks
         need.parts["gradients"] = shape.params * width // ranks
         need.parts["Adam state (fp32 master + 2 moments)"] = shape.params * (TRAIN_BYTES_PER_PARAM - 2 * width) // ranks

@@ -27,7 +27,8 @@ from flowrl.graph.spec import GraphSpec, NodeSpec
 from flowrl.placement.devices import Inventory
 from flowrl.placement.findings import Finding, ids_text
 from flowrl.placement.rules_tokens import token_budget
-from flowrl.placement.memory import ACTIVATION_TOKENS, HEADROOM, TRAINERS, ModelShape, Need, gib, hf_shape, min_ranks, node_need, tiny_params
+from flowrl.placement.memory import (ACTIVATION_TOKENS, HEADROOM, TRAINERS, ModelShape, Need, gib, hf_shape, lora_params,
+                                     min_ranks, node_need, tiny_params)
 from flowrl.placement.requests import Request, colocation_groups
 from flowrl.placement.turns import DeviceLoad, Key
 
@@ -64,7 +65,7 @@ def sizing(node: NodeSpec, cls: type | None) -> tuple[ModelShape | None, str | N
             why = f"its model config could not be read ({str(e)[:200]})"
     if node.model_size is not None:
         base = shape or ModelShape(0)
-        return ModelShape(int(node.model_size), base.hidden, base.layers, base.vocab, "`model_size`"), None
+        return ModelShape(int(node.model_size), base.hidden, base.layers, base.vocab, "`model_size`", base.linear), None
     return shape, why
 
 
@@ -92,7 +93,7 @@ def _from_model(model: dict) -> tuple[ModelShape | None, str | None]:
         if not isinstance(config, dict):
             return None, f"{path} does not hold a JSON object"
         shape = hf_shape(config)
-        return ModelShape(shape.params, shape.hidden, shape.layers, shape.vocab, f"{path}"), None
+        return ModelShape(shape.params, shape.hidden, shape.layers, shape.vocab, f"{path}", shape.linear), None
     return None, None
 
 
@@ -108,6 +109,15 @@ def _share(node: NodeSpec) -> float | None:
     if isinstance(engine, dict) and engine.get("type") == "vllm" and not engine.get("kv_cache_memory_bytes"):
         return VLLM_DEFAULT_SHARE
     return None
+
+
+def _lora(node: NodeSpec, shape: ModelShape | None) -> int | None:
+    """Adapter parameters when the node trains LoRA adapters (`train.lora` in its config), else None."""
+    config = node.config if isinstance(node.config, dict) else {}
+    lora = config.get("train", {}).get("lora") if isinstance(config.get("train"), dict) else None
+    if not isinstance(lora, dict) or shape is None:
+        return None
+    return lora_params(shape, lora)
 
 
 def _dtype(node: NodeSpec) -> str:
@@ -131,7 +141,7 @@ def needs(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], classes: di
         shape = model_shape(node, classes.get(name))
         budget = token_budget(node.config if isinstance(node.config, dict) else {}, classes.get(name))
         need = node_need(shape, role=req.role, dtype=_dtype(node), ranks=req.size, card_bytes=card,
-                         reserve_share=_share(node), tokens=budget or ACTIVATION_TOKENS)
+                         reserve_share=_share(node), tokens=budget or ACTIVATION_TOKENS, trainable=_lora(node, shape))
         if need.total:
             out[name] = (need, shape)
     return out

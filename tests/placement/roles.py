@@ -87,3 +87,4 @@ class ModelActor(_Alone):
 
     class Config(flowrl.NodeConfig):
         model: dict = {"type": "tiny"}
+        train: dict = {}

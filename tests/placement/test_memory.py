@@ -136,3 +136,25 @@ def test_a_bad_model_size_is_a_load_error_with_its_line():
     with pytest.raises(GraphError) as e:
         plan_of("  actor: {kind: R:Actor, model_size: lots}", inventory("a100x8-nvlink.yaml"))
     assert e.value.problems[0].path == "nodes.actor.model_size" and e.value.problems[0].line == 2
+
+
+def test_lora_adapters_are_counted_r_times_in_plus_out_per_targeted_layer():
+    from flowrl.placement.memory import lora_params
+
+    shape = hf_shape(LLAMA_7B)
+    # q_proj and v_proj of Llama-7B: 4096 -> 4096 each, 32 blocks, r = 16: 16 x 8192 x 2 x 32
+    assert lora_params(shape, {"r": 16, "target_modules": ["q_proj", "v_proj"]}) == 16 * 8192 * 2 * 32
+    everything = lora_params(shape, {"r": 8})
+    assert everything == 8 * 32 * (4 * 8192 + 3 * (4096 + 11008))  # all seven linear layers
+    assert lora_params(ModelShape(10**9), {"r": 8}) is None  # no layers known: trained in full
+
+
+def test_a_lora_trainer_holds_frozen_weights_and_only_the_adapters_training_state(tmp_path):
+    model = "{type: hf, path: %s, dtype: bfloat16}" % _hf(tmp_path, LLAMA_7B)
+    node = "  actor: {kind: R:ModelActor, devices: [0], dtype: bfloat16, config: {model: %s%s}}"
+    full = plan_of(node % (model, ""), "mixed-40-80.yaml")  # 6.74B x 16 bytes = 100 GiB on a 40 GB card
+    assert codes(full) == {("memory-exceeded", "actor")}
+    lora = plan_of(node % (model, ", train: {lora: {r: 16, target_modules: [q_proj, v_proj]}}"), "mixed-40-80.yaml")
+    assert codes(lora) == set(), [f.message for f in lora.findings]
+    (row,) = lora.memory
+    assert 12 * GIB < row["bytes"] < 20 * GIB  # 12.6 GiB of bf16 weights, adapters, activations, context
