@@ -119,3 +119,13 @@ def test_a_graph_names_every_extra_it_uses():
         "actor": NodeSpec(kind="actor", config={"train": {"lora": {"r": 8}}})})
     assert {(n.where, n.module, n.extra) for n in graph_needs(spec)} == {
         ("node `rollout`", "vllm", "vllm"), ("node `rollout`", "transformers", "hf"), ("node `actor`", "peft", "lora")}
+
+
+def test_under_the_ray_launcher_only_what_runs_here_must_be_installed(monkeypatch):
+    from flowrl.placement.extras import missing
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.setitem(sys.modules, "ray", None)
+    nodes = {"rollout": NodeSpec(kind="rollout", config={"engine": {"type": "vllm"}})}
+    assert [n.module for n in missing(GraphSpec(nodes=nodes))] == ["vllm"]
+    assert [n.module for n in missing(GraphSpec(nodes=nodes, launcher={"type": "ray"}))] == ["ray"]

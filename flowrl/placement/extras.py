@@ -91,8 +91,11 @@ def installed(module: str) -> bool:
 
 
 def missing(spec: GraphSpec) -> list[Need]:
-    """The extras the graph uses that are not installed here (nothing is imported)."""
-    return [n for n in graph_needs(spec) if not installed(n.module)]
+    """The extras the graph uses that are not installed here (nothing is imported). Under the Ray
+    launcher node processes run on the cluster's machines: only what this one runs (the launcher,
+    the metrics sinks) must be installed here."""
+    remote = getattr(getattr(spec, "launcher", None), "type", None) == "ray"
+    return [n for n in graph_needs(spec) if not installed(n.module) and not (remote and n.where.startswith("node"))]
 
 
 def notes(spec: GraphSpec, local: bool) -> list:
