@@ -8,7 +8,12 @@
 2. a data-parallel actor (`ActorTrainer`, FSDP2) over NCCL: 2 ranks on GPUs 0 and 1 if there are
    two, else 1 rank; 3 updates, then its parameters against a 1-rank trainer on the whole batches;
 3. (2 GPUs) weight publish: `WeightPublisher` on GPU 0 -> `WeightSubscriber` on GPU 1 over NCCL,
-   against a raw NCCL broadcast of the same bytes between the same two processes.
+   against a raw NCCL broadcast of the same bytes between the same two processes;
+4. colocation (`take_turns`, docs/colocation.md): a trainer's sleep and wake (`flowrl.rl.offload`:
+   parameters and Adam state to host memory and back) with `torch.cuda.memory_allocated` before and
+   after, bitwise on wake; and a weight handoff between two processes on ONE GPU by CUDA IPC handles
+   (torch.multiprocessing shares the storage; the receiver copies it into its own weights), timed
+   against step 3's NCCL broadcast of the same bytes.
 
 Each role is its own process (this file with --role), given one GPU through CUDA_VISIBLE_DEVICES
 and a deadline; NCCL refuses two ranks on one GPU, so with one GPU step 3 is skipped.
@@ -174,6 +179,77 @@ def sync(args) -> None:
           flush=True)
 
 
+def sleep_wake(args) -> tuple:
+    """A trainer's state offloaded between turns and back: device memory released, values bitwise."""
+    import torch
+
+    from flowrl.rl.offload import Offload, trainer_tensors
+
+    device = "cpu" if args.cpu else "cuda:0"
+    model = torch.nn.ModuleList(torch.nn.Linear(1024, 1024) for _ in range(max(1, args.mb // 16))).to(device)
+    opt = torch.optim.AdamW(model.parameters())
+    sum(layer(torch.ones(2, 1024, device=device)).sum() for layer in model).backward()
+    opt.step()
+    before = {k: v.clone() for k, v in trainer_tensors(model, opt).items()}
+    used = (lambda: torch.cuda.memory_allocated()) if device != "cpu" else (lambda: 0)
+    a = used()
+    import tempfile
+
+    off = Offload(os.path.join(tempfile.mkdtemp(prefix="gpu_check-"), "sleep.pt"))
+    t0 = time.perf_counter()
+    off.put(trainer_tensors(model, opt))
+    sleep_s, b = time.perf_counter() - t0, used()
+    t0 = time.perf_counter()
+    off.take()
+    wake_s = time.perf_counter() - t0
+    same = all(torch.equal(before[k], v) for k, v in trainer_tensors(model, opt).items())
+    return ("sleep / wake", f"{sum(v.numel() * v.element_size() for v in before.values()) / 2**20:.0f} MiB state",
+            f"{sleep_s * 1e3:.0f} / {wake_s * 1e3:.0f} ms",
+            f"allocated {a / 2**20:.0f} -> {b / 2**20:.0f} MiB, bitwise={same}")
+
+
+def _ipc_receiver(queue, results, mb: int, device: str) -> None:
+    import torch
+
+    mine = torch.zeros(state_flat_numel(mb), device=device)
+    for _ in range(4):
+        t0, shared = queue.get()
+        mine.copy_(shared)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        results.put((time.perf_counter() - t0, bool(torch.equal(mine, shared))))
+        del shared
+
+
+def state_flat_numel(mb: int) -> int:
+    return (mb << 20) // 4
+
+
+def ipc_handoff(args) -> tuple:
+    """Publisher -> subscriber on one GPU: the storage's CUDA IPC handle travels, the bytes do not."""
+    import torch
+    import torch.multiprocessing as mp
+
+    device = "cpu" if args.cpu else "cuda:0"
+    ctx = mp.get_context("spawn")
+    queue, results = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=_ipc_receiver, args=(queue, results, args.mb, device), daemon=True)
+    child.start()
+    flat = torch.randn(state_flat_numel(args.mb), generator=torch.Generator().manual_seed(0)).to(device)
+    times, ok = [], True
+    try:
+        for _ in range(4):  # the first warms up (the handle's first open)
+            queue.put((time.perf_counter(), flat))
+            seconds, same = results.get(timeout=TIMEOUT_S)
+            times.append(seconds)
+            ok = ok and same
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+    return min(times[1:]), ok
+
+
 def inventory(args) -> list[str]:
     if args.cpu:
         return ["(--cpu: no GPU inventory; gloo on CPU cores)"]
@@ -221,6 +297,12 @@ def main() -> int:
                       f"bitwise={sub['bitwise']}")))
     else:
         rows.append(("weight publish", "skipped", "", "needs 2 GPUs: NCCL refuses two ranks on one GPU"))
+    rows.append(sleep_wake(args))
+    ipc_s, same = ipc_handoff(args)
+    mib = state_flat_numel(args.mb) * 4 / 2**20
+    vs = f", {sub['raw'] / ipc_s:.1f}x faster than the NCCL broadcast" if gpus >= 2 else ""
+    rows.append(("IPC handoff" if not args.cpu else "shm handoff", f"{mib:.0f} MiB, one device",
+                 f"{ipc_s * 1e3:.1f} ms", f"{mib / 1024 / ipc_s:.1f} GiB/s, bitwise={same}{vs}"))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in [("check", "setup", "time", "result"), *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)))

@@ -162,6 +162,16 @@ class Node:
     async def teardown(self) -> None:
         """Release resources. Runs on a clean stop (not after a crash)."""
 
+    # colocated nodes that take turns (`take_turns`, docs/colocation.md) -----------------------
+    async def sleep(self) -> None:
+        """Another node colocated on the same devices takes its turn: release the memory this
+        node can rebuild (an engine's KV cache and weights, a trainer's parameters and optimizer
+        state to host memory or a file). Called between two calls, never during one."""
+
+    async def wake(self) -> None:
+        """This node's turn begins: restore what `sleep` released, exactly (same values). Called
+        before the next call, state load or save; also after setup without a `sleep` before it."""
+
     # stateful nodes -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {}

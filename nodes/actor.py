@@ -87,3 +87,16 @@ class Actor(flowrl.Sink):
 
     def load_state_dict(self, state):
         self.trainer.load_state_dict(state)
+
+    async def sleep(self):
+        """A colocated node's turn (`take_turns`): parameters, gradients and optimizer state leave
+        memory (host memory on a GPU, a file under RUN_DIR/sleep on a CPU), back exactly on `wake`."""
+        from flowrl.rl.offload import Offload, sleep_path, trainer_tensors
+
+        if getattr(self, "offload", None) is None:
+            self.offload = Offload(sleep_path(self.ctx, "trainer"))
+        self.offload.put(trainer_tensors(self.trainer.model, self.trainer.optimizer))
+
+    async def wake(self):
+        if getattr(self, "offload", None) is not None:
+            self.offload.take()

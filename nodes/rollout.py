@@ -195,6 +195,20 @@ class Rollout(flowrl.Node):
             rec.gauge("rollout_busy", (stats["busy_s"] - before.get("busy_s", 0.0)) / (now - then))
         rec.count("weight_pause_s", stats["weight_pause_s"] - before.get("weight_pause_s", 0.0))
 
+    async def sleep(self):
+        """A colocated node's turn (`take_turns`): the engine sleeps (flowrl.engines.sleep: level 2,
+        KV caches and weights; vLLM sleeps itself where its build can), back exactly on `wake`."""
+        from flowrl.engines.sleep import EngineSleep
+        from flowrl.rl.offload import sleep_path
+
+        if getattr(self, "sleeper", None) is None:
+            self.sleeper = EngineSleep(self.engine, sleep_path(self.ctx, "engine"), level=2)
+        self.sleeper.sleep()
+
+    async def wake(self):
+        if getattr(self, "sleeper", None) is not None:
+            self.sleeper.wake()
+
 
 def padded_layout(out, pad: int) -> dict:
     """The rectangular layout: prompts left-padded to one width, responses right-padded to another."""

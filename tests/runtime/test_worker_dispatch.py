@@ -20,7 +20,8 @@ def _recording_parts(calls: list):
 
     return SimpleNamespace(
         orders=SimpleNamespace(ticket=handler("ticket"), enter_epoch=handler("epoch"), progress=handler("progress")),
-        syncs=SimpleNamespace(order=handler("sync"), apart_from=lambda h: h)), handler
+        syncs=SimpleNamespace(order=handler("sync"), apart_from=lambda h: h),
+        turns=SimpleNamespace(order=handler("turn"))), handler
 
 
 def test_every_order_the_controller_sends_a_node_has_a_handler():

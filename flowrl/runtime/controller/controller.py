@@ -162,6 +162,7 @@ class Controller:
     async def on_down(self, proc: Proc, why: str) -> None:
         if not self.restarts.on_down(proc, why):
             return
+        await self.wiring.turns.down(proc)  # a dead member holds no turn: its partner goes on
         if proc.spec.node in self.roles.stateful:
             await self.begin_recovery(f"{proc.id} {why}")
         elif self.recovery.active:
@@ -213,6 +214,7 @@ class Controller:
             await self.control.send(proc, m.Stop())
             return
         await self.wiring.on_bound(proc, msg.inputs)
+        await self.wiring.turns.ready(proc)
         self.report.node_up(proc, True)
         await self.wiring.after_ready(proc)
 
@@ -276,7 +278,8 @@ class Controller:
     HANDLERS = {m.Heartbeat: on_heartbeat, m.Ready: on_ready, m.Wired: on_wired, m.Consumed: on_consumed,
                 m.Published: on_published, m.Synced: on_synced, m.SyncFailed: on_sync_failed,
                 m.Checkpointed: on_checkpointed, m.Recovered: on_recovered, m.Duplicate: on_duplicate,
-                m.Error: on_error}
+                m.Error: on_error, m.TurnAsk: lambda self, p, msg: self.wiring.turns.on_ask(p, msg),
+                m.TurnReleased: lambda self, p, msg: self.wiring.turns.on_released(p, msg)}
 
     # the control socket -----------------------------------------------------------------------
     async def receive_loop(self) -> None:

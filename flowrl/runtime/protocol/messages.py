@@ -144,6 +144,20 @@ class Duplicate:
     why: str
 
 
+@message("turn_ask", "node -> controller")
+class TurnAsk:
+    """A member of a take-turns group needs its devices for ticket `index` (-1: no ticket)."""
+
+    index: int = -1
+
+
+@message("turn_released", "node -> controller")
+class TurnReleased:
+    """The member slept (its memory released): its turn `turn` is over."""
+
+    turn: int = 0
+
+
 @message("error", "node -> controller")
 class Error:
     """The node failed (it exits right after). `type`, `file`, `line`: the user's exception and
@@ -244,6 +258,21 @@ class Scaled:
 
     ok: bool
     message: str
+
+
+@message("turn_grant", "controller -> node")
+class TurnGrant:
+    """The devices are this member's: turn number `turn` (it wakes, then calls its node)."""
+
+    turn: int
+
+
+@message("turn_yield", "controller -> node")
+class TurnYield:
+    """Another member asked: release turn `turn` once the calls in progress end (sleep, then
+    `turn_released`)."""
+
+    turn: int
 
 
 @message("stop", "controller -> node")

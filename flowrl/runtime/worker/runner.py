@@ -9,6 +9,9 @@ the oldest call in progress and since when).
 
 Why here: a call past `process_timeout_s` is a hung node; the heartbeat thread (`heartbeat.py`)
 reads `busy` to tell, so every path that keeps the node busy marks it through this one object.
+For the same reason every call, load and save takes the process's turn on shared devices here
+(`turns`, a `TurnClient` of turns.py, for colocated nodes that take turns; waiting for the turn is
+not busy: it has its own deadline).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class NodeRunner:
         self._since = (0.0, 0.0, 0.0)  # (wall, perf counter, compute thread CPU) when the first of them began
         self._calls = 0  # calls into the node so far: the step that faults count
         self._failed_on: str | None = None
+        self.turns = None  # a TurnClient: every call into the node holds the process's turn (turns.py)
 
     @property
     def node(self):
@@ -58,14 +62,22 @@ class NodeRunner:
         """The batch id of the call that raised (named on the last-error line)."""
         return self._failed_on
 
+    def turn(self, what: str) -> contextlib.AbstractAsyncContextManager:
+        """The devices for `what` (nothing to wait for outside a take-turns group)."""
+        return self.turns.use(what) if self.turns is not None else contextlib.nullcontext()
+
     async def build(self) -> None:
         """The node as right after setup (at start, and on a rollback with nothing committed)."""
-        self._node = await self._compute.call(self._make)
-        await self._compute.call(self._node.setup)
+        async with self.turn("setup"):
+            self._node = await self._compute.call(self._make)
+            await self._compute.call(self._node.setup)
+            if self.turns is not None:
+                self.turns.rebuilt()
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Runtime work that touches the node's state (a checkpoint, a snapshot): on the compute thread."""
-        return await self._compute.call(fn, *args)
+        async with self.turn(getattr(fn, "__name__", "state")):
+            return await self._compute.call(fn, *args)
 
     @contextlib.contextmanager
     def occupied(self, what: str) -> Iterator[None]:
@@ -96,11 +108,16 @@ class NodeRunner:
 
     async def serve(self, request_id: str, hook: Callable[..., Any], *args: Any) -> Any:
         """A service request into the node (`serve`): busy and `compute` like a call, no batch faults."""
-        with self.occupied(f"request {request_id}"), self._computing(request_id):
-            return await self._compute.call(hook, *args)
+        async with self.turn(request_id):
+            with self.occupied(f"request {request_id}"), self._computing(request_id):
+                return await self._compute.call(hook, *args)
 
     async def call(self, batch_id: str, hook: Callable[..., Any], *args: Any) -> Any:
         """One call into the node, on its compute thread, with its faults and its `compute` span."""
+        async with self.turn(batch_id):
+            return await self._call(batch_id, hook, *args)
+
+    async def _call(self, batch_id: str, hook: Callable[..., Any], *args: Any) -> Any:
         with self.occupied(batch_id):
             try:
                 await self._faults.on_batch(self._calls)

@@ -31,6 +31,7 @@ from flowrl.runtime.worker.runner import NodeRunner
 from flowrl.runtime.worker.shape import Shape
 from flowrl.runtime.worker.steps import GroupSteps
 from flowrl.runtime.worker.syncs import WeightSyncs
+from flowrl.runtime.worker.turns import TurnClient
 from flowrl.runtime.worker.version import WeightVersion
 
 
@@ -52,6 +53,7 @@ class Parts:
     path: DataPath
     orders: OrderTaker
     input_labels: dict[str, str]
+    turns: TurnClient  # this process's turn on devices shared with nodes that take turns (turns.py)
 
 
 async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjector, *,
@@ -100,6 +102,8 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
     if spec.incarnation == 0 or any(f.every for f in faults.faults):
         faults.check_setup()
     runner = NodeRunner(compute, faults, recorder, make=lambda: cls(config, nctx))
+    runner.turns = turns = TurnClient(spec.turn_group, proc_id=spec.proc_id, timeout_s=spec.turn_timeout_s,
+                                      run=compute.call, node=lambda: runner.node, report=report, recorder=recorder)
     await runner.build()
     state = NodeState(runner, version, policies.fence, faults=faults, recorder=recorder, report=report,
                       publishes=shape.publishes, run_dir=spec.run_dir, log_name=spec.log_name,
@@ -142,7 +146,7 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
     orders = OrderTaker(path, state, steps, version, policies.fence, shape=shape, rank=spec.rank, report=report)
     return Parts(graph=graph, shape=shape, recorder=recorder, version=version, runner=runner, state=state,
                  weights=weights, outputs=outputs, ranks=ranks, syncs=syncs, steps=steps, path=path, orders=orders,
-                 input_labels=input_labels)
+                 input_labels=input_labels, turns=turns)
 
 
 def bind_devices(spec: ProcSpec) -> None:

@@ -88,9 +88,8 @@ class Worker:
         fail (the supervision deadline, not the channel, decides when a node is lost)."""
         return self.spec.peer_timeout_s
 
-    @property
+    @property  # what every data channel of the run proves (a stray local process cannot join a link)
     def channel_secret(self) -> bytes | None:
-        """What every data channel of the run proves (a stray local process cannot join a link)."""
         return self.spec.secret.encode() if self.spec.secret else None
 
     @property
@@ -189,8 +188,8 @@ class Worker:
             except m.ControlError as e:
                 log.warning("dropped bad control message: %s", e)
                 continue
-            if isinstance(msg, m.Sync) and self.parts.syncs.arrived(msg):  # a trainer serves beside its calls
-                continue
+            if self.parts.turns.arrived(msg) or isinstance(msg, m.Sync) and self.parts.syncs.arrived(msg):
+                continue  # a turn's grant or yield, and a trainer's sync orders, are served beside its calls
             await self.events_tx.send(("ctl", msg))
 
     async def input_loop(self, port: str, rx) -> None:
@@ -291,6 +290,7 @@ class Worker:
                 tg.start_soon(self.faults.timer_loop)
                 if self.services.server is not None:
                     tg.start_soon(self.services.server.run)
+                tg.start_soon(parts.turns.serve)  # colocated nodes that take turns: sleeps when asked
                 if parts.syncs.beside:
                     tg.start_soon(parts.syncs.serve_lane)
                 if parts.shape.stateful and not self.spec.resume_from:
@@ -333,7 +333,7 @@ class Worker:
         busy = f"{busy[0]} for {time.monotonic() - busy[1]:.1f}s" if busy else "no"
         lines = [f"state dump of {self.spec.proc_id} (incarnation {self.spec.incarnation}): epoch "
                  f"{parts.orders.epoch}, version {parts.version.value}, step {parts.runner.calls}, busy {busy}, "
-                 f"stopping {self.stopping}", f"  compute thread: {self.compute.where()}"]
+                 f"stopping {self.stopping}", f"  compute thread: {self.compute.where()}", f"  {parts.turns.dump()}"]
         waiting = parts.ranks.waiting() if parts.ranks is not None else None
         if waiting is not None:
             lines.append(f"  accepted, waiting for the leader's verdict: {waiting}")
@@ -361,8 +361,8 @@ def handler_table(parts: Parts, *, wire, stop, rewire) -> dict:
     rule's test: tests/runtime/test_worker_dispatch.py)."""
     return {m.TicketMsg: parts.orders.ticket, m.Sync: parts.syncs.order,
             m.Epoch: parts.syncs.apart_from(parts.orders.enter_epoch),  # a trainer serves no sync meanwhile
-            m.Progress: parts.orders.progress, m.Wire: wire, m.Connect: rewire,
-            m.Disconnect: rewire, m.Stop: stop}
+            m.Progress: parts.orders.progress, m.Wire: wire, m.Connect: rewire, m.Disconnect: rewire, m.Stop: stop,
+            m.TurnGrant: parts.turns.order, m.TurnYield: parts.turns.order}  # (taken by the control loop first)
 
 
 def main(argv: list[str] | None = None) -> int:
