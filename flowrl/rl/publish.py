@@ -38,11 +38,11 @@ class FullState(Mapping):
 
         self.model = model
         self._state = (lambda: state(model)) if state is not None else model.state_dict
-        state = self._state()
-        self._meta = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in state.items()}
+        now = self._state()
+        self._meta = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in now.items()}
         plan = BucketPlan(serving_layout(layout_of(self._meta), serving_dtype))
         order = [name for _, entries, _ in plan.buckets for name, *_ in entries]
-        self.gather_order = [name for name in order if is_dtensor(state[name])]
+        self.gather_order = [name for name in order if is_dtensor(now[name])]
         """The sharded entries, in the order the publisher packs them (the order of the all-gathers)."""
         self._next = 0
         self._live: dict[str, torch.Tensor] | None = None
