@@ -51,10 +51,10 @@ def export_hf(run_dir: str | Path, out: str | Path, *, node: str = "actor", step
     spec = model_spec_of(run_dir, node)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    from flowrl.export.lora import export_merged, is_lora_state
+    from flowrl.export.lora import export_merged, is_lora_state, whole_adapters
 
     if is_lora_state(state):
-        return export_merged(state, spec, out)
+        return export_merged(whole_adapters(Path(run_dir), node, step, state), spec, out)
     if spec.type == "tiny":
         from transformers import GPT2LMHeadModel
 
@@ -82,7 +82,7 @@ def export_hf(run_dir: str | Path, out: str | Path, *, node: str = "actor", step
 
 def export_adapter(run_dir: str | Path, out: str | Path, *, node: str = "actor", step: int | None = None) -> Path:
     """Write the LoRA adapters of ``node`` at ``step`` as a peft folder to ``out``; returns ``out``."""
-    from flowrl.export.lora import export_adapter as write, is_lora_state
+    from flowrl.export.lora import export_adapter as write, is_lora_state, whole_adapters
 
     state = load_checkpoint_state(run_dir, node, step)
     if not is_lora_state(state):
@@ -90,4 +90,4 @@ def export_adapter(run_dir: str | Path, out: str | Path, *, node: str = "actor",
                          "export it with --hf")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    return write(state, model_spec_of(run_dir, node), out)
+    return write(whole_adapters(Path(run_dir), node, step, state), model_spec_of(run_dir, node), out)

@@ -8,7 +8,9 @@
 
 A LoRA checkpoint holds the adapters, their config (``lora``) and which base they belong to
 (``base``: its folder and a fingerprint of its weights); the base is read from the run's model spec
-and refused when its fingerprint differs.
+and refused when its fingerprint differs. A data-parallel actor (``devices: N``) saved each rank's
+shard of every adapter (FSDP2 shards along dim 0): :func:`whole_adapters` reads every rank's file
+and concatenates the shards in rank order.
 """
 
 from __future__ import annotations
@@ -20,6 +22,20 @@ from typing import Any
 
 def is_lora_state(state: dict[str, Any]) -> bool:
     return "lora" in state and "base" in state
+
+
+def whole_adapters(run_dir: Path, node: str, step: int | None, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` (rank 0's) with every adapter tensor made whole from all the ranks' checkpoints."""
+    import torch
+
+    from flowrl.export.checkpoints import load_checkpoint_state
+
+    rank, world = state.get("ranks", [0, 1])
+    if world == 1:
+        return state
+    parts = [state] + [load_checkpoint_state(run_dir, node, step, rank=r) for r in range(1, world)]
+    model = {k: torch.cat([p["model"][k] for p in parts], dim=0) for k in state["model"]}
+    return {**state, "model": model, "ranks": [0, 1]}
 
 
 def lora_model(state: dict[str, Any], spec: Any) -> Any:

@@ -48,7 +48,10 @@ def ranks(hf_model_dir, tmp_path_factory) -> list[dict]:
                 p.wait()
     for p, (_, err) in zip(procs, logs):
         assert p.returncode == 0, err[-3000:]
-    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    results = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    for r, result in enumerate(results):
+        result["checkpoint"] = out / f"ckpt-{r}.pt"  # this rank's trainer state after STEPS steps
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,7 @@ def one_rank(hf_model_dir) -> dict:
     for b in case.batches(hf_model_dir)[:case.STEPS]:
         metrics.append(case.step(t, b))
         params.append({k: v.clone() for k, v in t.model.state_dict().items() if ".lora_" in k})
-    return {"params": params, "metrics": metrics, "published": adapter_weights(t.model)}
+    return {"params": params, "metrics": metrics, "published": adapter_weights(t.model), "model": t.model.eval()}
 
 
 def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -104,3 +107,38 @@ def test_each_rank_resumes_bitwise_from_its_own_adapter_checkpoint(ranks):
     for r in ranks:
         assert r["resume"]["bitwise"] and r["resume"]["metrics_equal"]
         assert r["resume"]["saved_keys"] and all(".lora_" in k for k in r["resume"]["saved_keys"])
+
+
+@pytest.mark.timeout(300)
+def test_export_joins_the_ranks_adapter_shards(ranks, one_rank, hf_model_dir, tmp_path):
+    """A run whose actor had `devices: 2` saved one shard file per rank; both exports make them whole."""
+    import json
+
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    from flowrl.cli import main
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step00000003").mkdir(parents=True)
+    lora = case.CONFIG.lora.model_dump(mode="json")
+    (run / "graph.yaml").write_text(
+        f"name: t\nnodes:\n  actor: {{kind: actor, devices: 2, config: {{model: {{type: hf, path: '{hf_model_dir}'}}, "
+        f"train: {{kl_loss_coef: 0.1, lora: {json.dumps(lora)}}}}}}}\n")
+    files = {}
+    for r in range(WORLD):  # the runtime's layout (flowrl/runtime/protocol/checkpoints.py)
+        files[f"actor/0/{r}"] = name = f"step00000003/actor.0.{r}.e0.pt"
+        state = torch.load(ranks[r]["checkpoint"], weights_only=True)
+        assert state["ranks"] == [r, WORLD]
+        torch.save({"node": state, "version": 3, "step": 3, "epoch": 0}, run / "checkpoints" / name)
+    for f in ("step00000003/commit.json", "latest.json"):
+        (run / "checkpoints" / f).write_text(json.dumps({"step": 3, "files": files}))
+    assert main(["export", str(run), "--adapter", str(tmp_path / "adapter")]) == 0
+    assert main(["export", str(run), "--hf", str(tmp_path / "merged")]) == 0
+    tokens = torch.randint(0, 18, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = one_rank["model"](tokens)
+        base = transformers.AutoModelForCausalLM.from_pretrained(hf_model_dir)
+        loaded = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+        merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+        for got in (loaded(tokens).logits, merged(tokens).logits):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
