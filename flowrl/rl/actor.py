@@ -63,7 +63,7 @@ class ActorTrainer(Trainer):
         if lora is not None:
             from flowrl.models.lora import check_same_base
 
-            check_same_base(state["base"], self.base or {})
+            check_same_base(state.get("base", {}), self.base or {})
         super().load_state_dict(state)
 
     @torch.no_grad()
