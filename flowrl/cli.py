@@ -70,7 +70,11 @@ def _parser() -> argparse.ArgumentParser:
 
     ex = sub.add_parser("export", help="write a run's trained policy as a Hugging Face model folder")
     ex.add_argument("run_dir", metavar="RUN_DIR")
-    ex.add_argument("--hf", required=True, metavar="OUT", help="output folder (config.json, model.safetensors, tokenizer)")
+    what = ex.add_mutually_exclusive_group(required=True)
+    what.add_argument("--hf", metavar="OUT", help="output folder (config.json, model.safetensors, tokenizer); "
+                      "a LoRA actor's base with its adapters merged")
+    what.add_argument("--adapter", metavar="OUT", help="a LoRA actor's adapters as a peft folder "
+                      "(adapter_config.json, adapter_model.safetensors)")
     ex.add_argument("--step", type=int, help="checkpoint step (default: the last committed one)")
     ex.add_argument("--node", default="actor", help="node whose policy to export (default: actor)")
     return p
@@ -190,10 +194,11 @@ def _dispatch(args) -> int:
     if args.command == "scale":
         return _scale(args)
     if args.command == "export":
-        from flowrl.export import CheckpointError, export_hf
+        from flowrl.export import CheckpointError, export_adapter, export_hf
 
         try:
-            out = export_hf(args.run_dir, args.hf, node=args.node, step=args.step)
+            write, target = (export_hf, args.hf) if args.hf else (export_adapter, args.adapter)
+            out = write(args.run_dir, target, node=args.node, step=args.step)
         except (CheckpointError, ValueError) as e:
             print(f"flowrl export: {e}", file=sys.stderr)
             return 1

@@ -3,9 +3,12 @@
 The training sink of the PPO and GRPO graphs. The runtime hands it tickets in order, so update n
 consumes ticket n, generated with weights of version >= n - max_staleness; after each update it
 publishes version n + 1 to the rollouts over the weight-sync group.
+
+With `train.lora` (a Hugging Face model only) the actor trains low-rank adapters on the frozen base
+and publishes the adapters alone (`flowrl.models.lora.adapter_weights`; docs/lora.md).
 """
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 import flowrl
 from flowrl.nodes.common import ModelConfig, Sequences, check_fits, model_on
@@ -20,7 +23,15 @@ class Actor(flowrl.Sink):
 
     class Config(ModelConfig):
         train: ActorConfig = Field(default_factory=ActorConfig)
-        """Optimizer, clipping, KL loss and entropy settings."""
+        """Optimizer, clipping, KL loss and entropy settings; `train.lora` for LoRA."""
+
+        @model_validator(mode="after")
+        def _lora_needs_a_pretrained_base(self):
+            if self.train.lora is not None and self.model.type != "hf":
+                raise ValueError(
+                    f"train.lora adapts a pretrained base, but model.type is {self.model.type!r} (trained from "
+                    "scratch): use `model: {type: hf, path: ...}`, or remove train.lora to train the whole model")
+            return self
 
     async def setup(self):
         from flowrl.rl import ActorTrainer
@@ -29,12 +40,19 @@ class Actor(flowrl.Sink):
 
         model = model_on(self.ctx, self.config.model, trainable=True)
         self.trainer = ActorTrainer(model, self.config.train, seed=self.ctx.seed)
-        # data parallel (devices: N): the full weights are gathered one tensor at a time to publish
-        self.full_state = FullState(self.trainer.model) if self.ctx.world_size > 1 else None
+        self.published = None  # what a version holds: the full state, or (LoRA) the adapters only
+        if self.config.train.lora is not None:
+            from flowrl.models.lora import adapter_weights
+
+            self.published = adapter_weights
+        # data parallel (devices: N): the weights are gathered one tensor at a time to publish
+        self.full_state = FullState(self.trainer.model, state=self.published) if self.ctx.world_size > 1 else None
 
     def weights(self):
         if self.full_state is not None:
             return self.full_state
+        if self.published is not None:
+            return self.published(self.trainer.model)
         return {k: v.detach() for k, v in self.trainer.model.state_dict().items()}
 
     async def process(self, batch, port):

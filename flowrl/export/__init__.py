@@ -1,5 +1,8 @@
 """`flowrl export RUN_DIR --hf OUT [--step N] [--node actor]`: a trained policy as a Hugging Face folder.
 
+`flowrl export RUN_DIR --adapter OUT`: a LoRA actor's adapters as a peft folder (`--hf` writes its
+base with the adapters merged); see :mod:`flowrl.export.lora` and docs/lora.md.
+
     from flowrl.export import export_hf, load_checkpoint_state
     export_hf("runs/grpo-math-...", "out/grpo-math")          # config.json, model.safetensors, tokenizer
 
@@ -23,7 +26,8 @@ from flowrl.export.checkpoints import (
     load_checkpoint_state,
 )
 
-__all__ = ["CheckpointError", "checkpoint_path", "export_hf", "load_checkpoint_state", "model_spec_of"]
+__all__ = ["CheckpointError", "checkpoint_path", "export_adapter", "export_hf", "load_checkpoint_state",
+           "model_spec_of"]
 
 
 def model_spec_of(run_dir: str | Path, node: str) -> Any:
@@ -47,6 +51,10 @@ def export_hf(run_dir: str | Path, out: str | Path, *, node: str = "actor", step
     spec = model_spec_of(run_dir, node)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    from flowrl.export.lora import export_merged, is_lora_state, whole_adapters
+
+    if is_lora_state(state):
+        return export_merged(whole_adapters(Path(run_dir), node, step, state), spec, out)
     if spec.type == "tiny":
         from transformers import GPT2LMHeadModel
 
@@ -70,3 +78,16 @@ def export_hf(run_dir: str | Path, out: str | Path, *, node: str = "actor", step
     model.save_pretrained(str(out), safe_serialization=True)
     AutoTokenizer.from_pretrained(spec.path, local_files_only=True).save_pretrained(str(out))
     return out
+
+
+def export_adapter(run_dir: str | Path, out: str | Path, *, node: str = "actor", step: int | None = None) -> Path:
+    """Write the LoRA adapters of ``node`` at ``step`` as a peft folder to ``out``; returns ``out``."""
+    from flowrl.export.lora import export_adapter as write, is_lora_state, whole_adapters
+
+    state = load_checkpoint_state(run_dir, node, step)
+    if not is_lora_state(state):
+        raise ValueError(f"node {node!r} of {run_dir} trained the whole model (no train.lora): it has no adapters; "
+                         "export it with --hf")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return write(whole_adapters(Path(run_dir), node, step, state), model_spec_of(run_dir, node), out)

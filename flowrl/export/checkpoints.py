@@ -34,10 +34,12 @@ def checkpoint_path(run_dir: str | Path, node: str, step: int | None = None) -> 
     return Path(run_dir) / "checkpoints" / name, record["step"]
 
 
-def load_checkpoint_state(run_dir: str | Path, node: str, step: int | None = None) -> dict[str, Any]:
-    """`node.state_dict()` as saved in the checkpoint of `step` (default: the last committed)."""
+def load_checkpoint_state(run_dir: str | Path, node: str, step: int | None = None, *,
+                          rank: int = 0) -> dict[str, Any]:
+    """`node.state_dict()` as saved in the checkpoint of `step` (default: the last committed), of
+    replica 0's rank `rank` (a data-parallel node saves one file per rank)."""
     checkpoint_path(run_dir, node)  # the clear errors for a run without a checkpoint of `node`
     try:
-        return node_state(Path(run_dir), node, step)
+        return node_state(Path(run_dir), node, step, rank=rank)
     except _RuntimeCheckpointError as e:
         raise CheckpointError(str(e)) from None

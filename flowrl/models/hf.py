@@ -155,7 +155,9 @@ def load_hf_model(spec: HFModelSpec, *, value_head: bool = False, seed: int = 0)
     transformers = _transformers()
     auto = transformers.AutoModel if value_head else transformers.AutoModelForCausalLM
     backbone = auto.from_pretrained(spec.path, **_load_kwargs(spec, transformers))
-    return HFCausalLM(backbone, value_head=value_head, seed=seed)
+    model = HFCausalLM(backbone, value_head=value_head, seed=seed)
+    model.source_path = str(spec.path)  # which base a LoRA checkpoint belongs to (flowrl.models.lora)
+    return model
 
 
 def load_tokenizer(path: str, *, trust_remote_code: bool = False) -> Any:

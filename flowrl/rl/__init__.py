@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowrl.rl.config import ActorConfig, AdvantageConfig, CriticConfig, OptimConfig, RolloutConfig
+from flowrl.rl.config import ActorConfig, AdvantageConfig, CriticConfig, LoraConfig, OptimConfig, RolloutConfig
 
 __all__ = [
-    "ActorConfig", "AdvantageConfig", "CriticConfig", "OptimConfig", "RolloutConfig",
+    "ActorConfig", "AdvantageConfig", "CriticConfig", "LoraConfig", "OptimConfig", "RolloutConfig",
     "ActorTrainer", "CriticTrainer", "FullState", "full_state_items",
     "masked_mean", "masked_sum", "masked_var", "masked_whiten",
     "gae", "group_advantages", "token_rewards", "ppo_advantages", "broadcast_to_tokens", "compute_advantages",

@@ -8,6 +8,11 @@
 PPO and GRPO differ only in their advantages (computed before, see ``flowrl.rl.advantages``) and
 in where the KL to the reference goes: PPO usually puts it in the reward, GRPO in the loss
 (``kl_loss_coef`` here, which then needs ``ref_logprobs``).
+
+With ``config.lora`` the adapters are injected into the model here (:func:`flowrl.models.lora.apply_lora`,
+before any sharding): only they train, sit in the optimizer and the checkpoint (with a reference to
+the base, checked on restore), and ``lora.reference_from_base`` computes the KL's reference log-probs
+with the adapters switched off when a batch brings none.
 """
 
 from __future__ import annotations
@@ -32,7 +37,44 @@ class ActorTrainer(Trainer):
 
     def __init__(self, model: torch.nn.Module, config: ActorConfig | None = None, *, seed: int = 0,
                  group: Any = None) -> None:
-        super().__init__(model, config or ActorConfig(), seed=seed, group=group)
+        config = config or ActorConfig()
+        self.base: dict[str, Any] | None = None
+        """LoRA: which base the adapters belong to (``flowrl.models.lora.base_reference``)."""
+        if config.lora is not None:
+            from flowrl.models.lora import apply_lora, base_reference
+
+            apply_lora(model, config.lora, seed=seed)
+            self.base = base_reference(model)
+        super().__init__(model, config, seed=seed, group=group, trainable_only=config.lora is not None)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The trainer's state; with LoRA the adapters only, plus ``lora`` (its config) and ``base``."""
+        state = super().state_dict()
+        if self.config.lora is not None:
+            state.update(lora=self.config.lora.model_dump(mode="json"), base=dict(self.base or {}))
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        lora = self.config.lora
+        if (lora is None) != ("lora" not in state):
+            have = "adapters only (LoRA)" if "lora" in state else "a full model"
+            raise ValueError(f"the checkpoint holds {have} but this actor {'does not use' if lora is None else 'uses'}"
+                             " train.lora; resume with the train.lora setting the run was saved with")
+        if lora is not None:
+            from flowrl.models.lora import check_same_base
+
+            check_same_base(state.get("base", {}), self.base or {})
+        super().load_state_dict(state)
+
+    @torch.no_grad()
+    def base_logprobs(self, tokens: Ragged, temperature: float) -> Ragged:
+        """Aligned log-probs of ``tokens`` under the frozen base (adapters off): the reference policy."""
+        from flowrl.models.lora import adapters_disabled
+
+        with adapters_disabled(self.model):
+            return packed_logprobs(self.model, tokens, temperature=temperature,
+                                   max_tokens=self.config.max_tokens_per_microbatch, where="actor",
+                                   passes=self._passes)
 
     def train_step(
         self,
@@ -74,6 +116,8 @@ class ActorTrainer(Trainer):
         elif loss_mask is None:
             raise TypeError("Ragged tokens need a loss_mask aligned with them (True on the tokens to train on)")
         cfg = self.config
+        if ref_logprobs is None and cfg.kl_loss_coef and cfg.lora is not None and cfg.lora.reference_from_base:
+            ref_logprobs = self.base_logprobs(tokens, self._temperature(temperature))
         if cfg.kl_loss_coef and ref_logprobs is None:
             raise ValueError("kl_loss_coef > 0 needs ref_logprobs from the reference node; pass them or set "
                              "kl_loss_coef=0")

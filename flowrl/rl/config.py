@@ -90,6 +90,33 @@ class OptimConfig(_Config):
         return self
 
 
+class LoraConfig(_Config):
+    """Low-rank adapters (LoRA, with peft: ``pip install 'flowrl[lora]'``) on a Hugging Face actor.
+
+    The base stays frozen; only the adapters train, sit in the optimizer and the checkpoints, and
+    travel to the rollouts (docs/lora.md)."""
+
+    r: int = Field(16, ge=1)
+    """Rank of each adapter."""
+    alpha: float = Field(32.0, gt=0)
+    """Scaling numerator: an adapter adds ``(alpha / r) * B @ A`` to its weight."""
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    """Linear layers to adapt, by the last part of their name (peft's ``target_modules``)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapters' input while training (none at inference)."""
+    reference_from_base: bool = False
+    """Compute the KL term's reference log-probs here, with the adapters switched off (the frozen base
+    is the initial policy), when a batch has no ``ref_logprobs``: the graph needs no reference node.
+    Needs ``kl_loss_coef > 0``."""
+
+    @model_validator(mode="after")
+    def _targets(self) -> "LoraConfig":
+        if not self.target_modules:
+            raise ValueError("lora.target_modules is empty; name the linear layers to adapt, e.g. "
+                             "[q_proj, k_proj, v_proj, o_proj]")
+        return self
+
+
 class ActorConfig(OptimConfig):
     """The policy update: PPO clipped objective, optional KL loss and entropy bonus."""
 
@@ -122,6 +149,9 @@ class ActorConfig(OptimConfig):
     """C: the largest importance weight (``truncate``) or ratio kept (``mask``)."""
     rollout_is_floor: float | None = Field(None, ge=0, le=1)
     """``mask``: smallest ratio kept (None: ``1 / rollout_is_cap``)."""
+    lora: LoraConfig | None = None
+    """None: full fine-tuning. Set: train low-rank adapters on a frozen Hugging Face base, e.g.
+    ``lora: {r: 16, alpha: 32, target_modules: [q_proj, k_proj, v_proj, o_proj]}`` (docs/lora.md)."""
 
     @model_validator(mode="after")
     def _is_needs_recompute(self) -> "ActorConfig":
@@ -130,6 +160,9 @@ class ActorConfig(OptimConfig):
                 f"rollout_is={self.rollout_is} weighs tokens by pi_old / pi_rollout, which needs the trainer's "
                 "own old log-probs; set old_logprobs: recompute (or auto)"
             )
+        if self.lora is not None and self.lora.reference_from_base and not self.kl_loss_coef:
+            raise ValueError("lora.reference_from_base computes reference log-probs for the KL loss, which is off: "
+                             "set kl_loss_coef > 0, or remove reference_from_base")
         return self
 
     @property

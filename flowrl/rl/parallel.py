@@ -175,9 +175,10 @@ def local_state(state: Any) -> Any:
     return state
 
 
-def load_local_model_state(model: nn.Module, saved: dict[str, torch.Tensor]) -> None:
-    """Copy shards saved by :func:`local_state` back into a sharded model (same ranks, same layout)."""
-    live = model.state_dict()
+def load_local_model_state(model: nn.Module, saved: dict[str, torch.Tensor], only: set[str] | None = None) -> None:
+    """Copy shards saved by :func:`local_state` back into a sharded model (same ranks, same layout);
+    ``only``: the entries a checkpoint holds (LoRA: the adapters), the rest is left as it is."""
+    live = {k: v for k, v in model.state_dict().items() if only is None or k in only}
     missing, unexpected = live.keys() - saved.keys(), saved.keys() - live.keys()
     if missing or unexpected:
         raise ValueError(f"checkpoint does not fit the model: missing {sorted(missing)[:3]}, "

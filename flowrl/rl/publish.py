@@ -13,11 +13,15 @@ All-gathers are collectives, so the other ranks walk the same order in :meth:`Fu
 a publisher that asks out of order gets an error instead of a deadlock. ``items()`` lists the
 layout (meta tensors: shapes and dtypes, no data, no communication), which is what the publisher
 reads it for. On one rank (no DTensor) ``view[name]`` is the live tensor and ``drain`` does nothing.
+
+``FullState(model, serving_dtype, state=adapter_weights)`` publishes another view of the model than
+its state dict: ``state(model)`` names the tensors (LoRA: the adapters only, see
+:func:`flowrl.models.lora.adapter_weights`) and only those are gathered.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -28,22 +32,24 @@ from flowrl.rl.parallel import is_dtensor
 class FullState(Mapping):
     """The unsharded state of ``model`` as the mapping ``WeightPublisher`` packs (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, serving_dtype: str | None = None) -> None:
+    def __init__(self, model: nn.Module, serving_dtype: str | None = None,
+                 state: Callable[[nn.Module], Mapping[str, torch.Tensor]] | None = None) -> None:
         from flowrl.weights import BucketPlan, layout_of, serving_layout
 
         self.model = model
-        state = model.state_dict()
-        self._meta = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in state.items()}
+        self._state = (lambda: state(model)) if state is not None else model.state_dict
+        now = self._state()
+        self._meta = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in now.items()}
         plan = BucketPlan(serving_layout(layout_of(self._meta), serving_dtype))
         order = [name for _, entries, _ in plan.buckets for name, *_ in entries]
-        self.gather_order = [name for name in order if is_dtensor(state[name])]
+        self.gather_order = [name for name in order if is_dtensor(now[name])]
         """The sharded entries, in the order the publisher packs them (the order of the all-gathers)."""
         self._next = 0
         self._live: dict[str, torch.Tensor] | None = None
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if self._live is None or self._next == 0:
-            self._live = self.model.state_dict()  # this round's tensors (cheap: no data is copied)
+            self._live = self._state()  # this round's tensors (cheap: no data is copied)
         t = self._live[name]
         if not is_dtensor(t):
             return t.detach()
@@ -56,7 +62,7 @@ class FullState(Mapping):
 
     def drain(self) -> None:
         """Ranks > 0: take part in every all-gather of one snapshot, keeping nothing."""
-        live = self.model.state_dict()
+        live = self._state()
         for name in self.gather_order:
             live[name].full_tensor()
 

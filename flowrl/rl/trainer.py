@@ -43,7 +43,10 @@ from flowrl.rl.parallel import (
 class Trainer:
     """Base class; subclasses implement ``train_step``."""
 
-    def __init__(self, model: nn.Module, config: OptimConfig, *, seed: int = 0, group: Any = None) -> None:
+    def __init__(self, model: nn.Module, config: OptimConfig, *, seed: int = 0, group: Any = None,
+                 trainable_only: bool = False) -> None:
+        self.saved_names = {n for n, p in model.named_parameters() if p.requires_grad} if trainable_only else None
+        """None: checkpoints hold the whole model. A set (LoRA): only these entries, the trainable ones."""
         self.dp = DataParallel(group)
         """The ranks this trainer spans (``dp.enabled`` when more than one)."""
         self.model = self.dp.shard(model)
@@ -175,8 +178,11 @@ class Trainer:
         ``torch.load(weights_only=True)`` reads it) and ``ranks``; each rank loads its own file
         back, with the same number of ranks. The generator is the same on every rank.
         """
+        model = self.model.state_dict()
+        if self.saved_names is not None:
+            model = {k: v for k, v in model.items() if k in self.saved_names}
         state = {
-            "model": self.model.state_dict(),
+            "model": model,
             "optimizer": self.optimizer.state_dict(),
             "rng": self.generator.get_state(),
             "steps": self.steps,
@@ -196,10 +202,18 @@ class Trainer:
         # a deep copy keeps this trainer from sharing moment buffers with the source.
         optimizer = copy.deepcopy(state["optimizer"])
         if self.dp.enabled:
-            load_local_model_state(self.model, state["model"])
+            load_local_model_state(self.model, state["model"], only=self.saved_names)
             optimizer = shard_optimizer_state(self.optimizer, optimizer)
-        else:
+        elif self.saved_names is None:
             self.model.load_state_dict(state["model"])
+        else:
+            saved = state["model"]
+            if saved.keys() != self.saved_names:
+                raise ValueError(f"checkpoint does not fit the model's trainable part: missing "
+                                 f"{sorted(self.saved_names - saved.keys())[:3]}, unexpected "
+                                 f"{sorted(saved.keys() - self.saved_names)[:3]}; load a checkpoint of the same "
+                                 "model and LoRA config")
+            self.model.load_state_dict(saved, strict=False)
         self.optimizer.load_state_dict(optimizer)
         self.generator.set_state(state["rng"])
         self.steps = int(state["steps"])
