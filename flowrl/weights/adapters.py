@@ -12,6 +12,10 @@ inference. A version is either all adapters (an adapter version) or none (a full
 
     names = adapter_targets(version.keys())          # {"P.weight": ("P.lora_A", "P.lora_B"), ...}
     merged = effective(base["P.weight"], version["P.lora_A"], version["P.lora_B"])
+
+A receiver checks an adapter layout against its own weights (`adapter_mismatch`, at join) and
+applies versions with `AdaptedWeights`, which keeps the base of the adapted tensors only, so that
+version k serves base + B_k A_k, never the sum of every version so far (docs/weight-sync.md).
 """
 
 from __future__ import annotations
