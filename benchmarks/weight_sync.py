@@ -11,6 +11,16 @@ broadcasts one flat tensor of the same bytes over a gloo group on the same loopb
 `copy s` is what a subscriber given a dict of tensors (copy mode) adds: one copy of the whole
 version out of staging; `snapshot s` is the publisher's copy out of training. Target: sync/raw
 <= 1.3x.
+
+Adapter versions (LoRA), the second table: a Llama of SmolLM2-135M's shape (random weights, written
+to a temporary folder) in a rollout engine of its own process; the trainer's process publishes
+the full state and, on a second publisher, only r=16 adapters of q, k, v and o. `land s` is what a
+rollout waits for a version: receive it (broadcast) and load it into the engine (`load_weights`:
+the hf engine writes base + B @ A in place; vLLM merges and reloads only those layers). The vLLM
+row needs vllm importable (run the script with the vLLM environment's python); else it says
+skipped. Targets: adapter bytes <= 2% of the full state; vLLM adapter land <= 0.1x a full one.
+
+    python benchmarks/weight_sync.py --sizes-mb --engines hf vllm     # only the adapter table
 """
 
 from __future__ import annotations
@@ -114,6 +124,135 @@ def worker(rank: int, mb: int, reps: int, secret: str) -> None:
     print(json.dumps({"rank": rank, "mb": nbytes / 2**20, **results}), flush=True)
 
 
+SMOLLM_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                   num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=2048)
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def write_llama(folder: str, dtype: str) -> None:
+    """SmolLM2-135M's shape, random init, with the character tokenizer of examples/hf_tiny."""
+    from pathlib import Path
+
+    import torch
+    import transformers
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from examples.hf_tiny.make_model import write_tokenizer
+
+    torch.manual_seed(0)
+    transformers.logging.set_verbosity_error()
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMOLLM_135M, torch_dtype=dtype))
+    model.to(getattr(torch, dtype)).save_pretrained(folder)
+    write_tokenizer(Path(folder))
+
+
+def adapters_of(weights: dict, rank: int, seed: int) -> dict:
+    """An adapter version: `P.lora_A` [r, in], `P.lora_B` [out, r] for q, k, v and o of every layer."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, w in weights.items():
+        if name.endswith(".weight") and any(f".{t}." in name for t in ATTENTION):
+            stem = name[: -len(".weight")]
+            out[stem + ".lora_A"] = (torch.randn(rank, w.shape[1], generator=g) * 0.01).to(w.dtype)
+            out[stem + ".lora_B"] = (torch.randn(w.shape[0], rank, generator=g) * 0.01).to(w.dtype)
+    return out
+
+
+def adapter_worker(rank: int, folder: str, engine_type: str, reps: int, r: int, dtype: str, secret: str) -> None:
+    """Rank 0 publishes full and adapter versions (two publishers); rank 1 is a rollout engine."""
+    import torch
+
+    from flowrl.weights import WeightPublisher, WeightSubscriber
+    from flowrl.weights.store import connect
+
+    torch.set_num_threads(1)
+    if rank == 0:
+        from flowrl.models import build_model
+
+        full = {k: v.detach() for k, v in build_model({"type": "hf", "path": folder}).to(getattr(torch, dtype))
+                .state_dict().items()}
+        adapters = adapters_of(full, r, 0)
+        pubs = [WeightPublisher(lambda: full, bucket_bytes=BUCKET, secret=secret),
+                WeightPublisher(lambda: adapters, bucket_bytes=BUCKET, secret=secret)]
+        print(json.dumps({"addrs": [p.store_addr for p in pubs]}), flush=True)
+        addrs = [p.store_addr for p in pubs]
+    else:
+        from flowrl.engines import build_engine
+
+        spec = {"type": engine_type}
+        if engine_type == "vllm":
+            spec.update(kv_cache_memory_bytes=64 << 20, max_model_len=256)
+        engine = build_engine(spec, model={"type": "hf", "path": folder}, device="cpu", dtype=dtype, seed=0)
+        addrs = [tuple(a) for a in json.loads(sys.stdin.readline())["addrs"]]
+        subs = [WeightSubscriber(engine.weights(), bucket_bytes=BUCKET, version=0, apply_adapters=False)
+                for _ in addrs]  # as the rollout's: the engine applies adapter versions itself
+        for sub, addr in zip(subs, addrs):
+            sub.join(1, 1, 2, addr, secret, timeout_s=600, ready_timeout_s=600)
+    store = connect(addrs[0], secret, timeout_s=600)
+    results = {"full": [], "adapter": [], "full_bcast": [], "adapter_bcast": []}
+    for rep in range(reps + 1):  # the first is a warm-up
+        for kind, i in (("full", 0), ("adapter", 1)):
+            if rank == 0:
+                pubs[i].snapshot(rep + 1)
+            barrier(store, f"{kind}-{rep}", rank)
+            t0 = time.perf_counter()
+            if rank == 0:
+                pubs[i].serve(1, 2, timeout_s=600, ready_timeout_s=600)
+                continue
+            version = subs[i].receive()
+            engine.load_weights(subs[i].received().items(), version)
+            if rep:
+                results[kind].append(time.perf_counter() - t0)
+                results[f"{kind}_bcast"].append(subs[i].seconds)
+    if rank == 1:
+        nbytes = [sub.plan.nbytes(sub.staging) for sub in subs]
+        print(json.dumps({"full_bytes": nbytes[0], "adapter_bytes": nbytes[1], **results}), flush=True)
+        engine.close()
+
+
+def measure_adapters(engine_type: str, folder: str, reps: int, r: int, dtype: str) -> dict:
+    import importlib.util
+
+    if engine_type == "vllm" and importlib.util.find_spec("vllm") is None:
+        return {"engine": engine_type, "skipped": "vllm is not importable here (run with the vLLM env's python)"}
+    secret = secrets.token_hex(32)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FLOWRL_BENCH_SECRET": secret}
+    args = [folder, engine_type, str(reps), str(r), dtype]
+    procs = [subprocess.Popen([sys.executable, __file__, "--adapter-worker", str(k), *args], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for k in range(2)]
+    try:
+        procs[1].stdin.write(procs[0].stdout.readline())  # the publishers' store addresses
+        procs[1].stdin.flush()
+        out = procs[1].communicate(timeout=1800)[0]
+        procs[0].wait(timeout=120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    sub = json.loads(out.strip().splitlines()[-1])
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return {"engine": engine_type, "full_mb": sub["full_bytes"] / 2**20, "adapter_mb": sub["adapter_bytes"] / 2**20,
+            "bytes_pct": 100 * sub["adapter_bytes"] / sub["full_bytes"], "full_s": med(sub["full"]),
+            "adapter_s": med(sub["adapter"]), "full_bcast_s": med(sub["full_bcast"]),
+            "adapter_bcast_s": med(sub["adapter_bcast"]), "time_ratio": med(sub["adapter"]) / med(sub["full"])}
+
+
+def print_adapter_rows(rows: list[dict], r: int, dtype: str) -> None:
+    print(f"\nadapter (r={r}, q/k/v/o) vs full version, SmolLM2-135M shape, {dtype}; land = broadcast + load")
+    print(f"{'engine':>7} {'full MB':>8} {'adapter MB':>11} {'bytes %':>8} {'full land s':>12} {'adapter land s':>15} "
+          f"{'time ratio':>11} {'full bcast s':>13} {'adapter bcast s':>16}")
+    for x in rows:
+        if "skipped" in x:
+            print(f"{x['engine']:>7} skipped: {x['skipped']}")
+            continue
+        print(f"{x['engine']:>7} {x['full_mb']:>8.1f} {x['adapter_mb']:>11.2f} {x['bytes_pct']:>7.2f}% "
+              f"{x['full_s']:>12.3f} {x['adapter_s']:>15.3f} {x['time_ratio']:>10.3f}x {x['full_bcast_s']:>13.3f} "
+              f"{x['adapter_bcast_s']:>16.4f}")
+
+
 def measure(mb: int, reps: int) -> dict:
     secret = secrets.token_hex(32)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FLOWRL_BENCH_SECRET": secret}
@@ -139,20 +278,37 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), os.environ["FLOWRL_BENCH_SECRET"])
         return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--adapter-worker":
+        k, folder, engine_type, reps, r, dtype = sys.argv[2:8]
+        adapter_worker(int(k), folder, engine_type, int(reps), int(r), dtype, os.environ["FLOWRL_BENCH_SECRET"])
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes-mb", type=int, nargs="+", default=[60, 400])
+    ap.add_argument("--sizes-mb", type=int, nargs="*", default=[60, 400])
+    ap.add_argument("--engines", nargs="*", default=["hf", "vllm"], choices=["builtin", "hf", "vllm"],
+                    help="rollout engines of the adapter table (none: no adapter table)")
+    ap.add_argument("--rank", type=int, default=16, help="LoRA rank of the adapter versions")
+    ap.add_argument("--dtype", default="bfloat16", help="the engines' and versions' dtype")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     rows = [measure(mb, args.reps) for mb in args.sizes_mb]
+    adapter_rows = []
+    if args.engines:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            write_llama(folder, args.dtype)
+            adapter_rows = [measure_adapters(e, folder, args.reps, args.rank, args.dtype) for e in args.engines]
     print(f"{'state dict':>11} {'raw gloo s':>11} {'sync s':>8} {'sync/raw':>9} {'copy s':>7} {'snapshot s':>11} "
           f"{'(snap+sync)/raw':>16} {'raw GB/s':>9}")
     for r in rows:
         print(f"{r['state_dict_mb']:>8.1f} MB {r['raw_s']:>11.3f} {r['sync_s']:>8.3f} {r['ratio']:>8.2f}x "
               f"{r['copy_s']:>7.3f} {r['snapshot_s']:>11.3f} {r['ratio_with_snapshot']:>15.2f}x {r['raw_gbps']:>9.2f}")
+    if adapter_rows:
+        print_adapter_rows(adapter_rows, args.rank, args.dtype)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"full": rows, "adapters": adapter_rows}, f, indent=1)
     return 0
 
 

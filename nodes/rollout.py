@@ -27,6 +27,7 @@ class Rollout(flowrl.Node):
     role = "rollout"
     requires = {"prompts": "int64", "targets": "int64"}  # prompts ragged (each its own length) or [B, P]
     subscribes_weights = True
+    applies_adapters = True  # adapter (LoRA) versions reach load_weights as they came; the engine merges them
 
     class Config(ModelConfig):
         engine: EngineSpec = Field(default_factory=BuiltinEngineSpec)
@@ -80,6 +81,8 @@ class Rollout(flowrl.Node):
         self.engine.resume()
 
     def load_weights(self, tensors, version):
+        """`tensors`: the engine's own weights() holding a full version, or an adapter version's
+        `P.lora_A` / `P.lora_B` tensors, which the engine applies in place (flowrl.engines.base)."""
         self.engine.load_weights(tensors.items(), version)
 
     def end_ids(self, tokenizer: dict | None) -> tuple[int, int]:

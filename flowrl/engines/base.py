@@ -36,6 +36,12 @@ names, shapes and dtypes of the trainer's ``weights()``), then the runtime calls
 built-in ones) has nothing left to do; an engine with weights of its own (vLLM) copies them in.
 ``load_weights`` accepts any iterable of ``(name, tensor)`` pairs, so it can also be called with
 tensors that never went through ``weights()`` (a loader callback).
+
+Adapter versions (LoRA, ``flowrl.weights.adapters``): ``load_weights`` may instead get only
+``P.lora_A`` / ``P.lora_B`` pairs; every engine then serves ``base + B @ A`` for each adapted
+weight, whole or not at all, with the base kept for the adapted tensors only (versions never
+accumulate). The rollout says so to the runtime (``applies_adapters``), which hands them on as
+they came.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ import torch
 
 from flowrl.models.generation import Generation
 from flowrl.transport.ragged import Ragged
+from flowrl.weights.adapters import AdaptedWeights, is_adapter_version
 
 Prompts = Ragged | torch.Tensor
 """What ``generate`` takes: a Ragged of token ids (each prompt its own length), or ``[B, P]`` full rows."""
@@ -154,6 +161,19 @@ def copy_into(live: dict[str, torch.Tensor], named_tensors: Iterable[tuple[str, 
             if dst.data_ptr() != tensor.data_ptr():
                 dst.copy_(tensor)
                 copied += 1
+    return copied
+
+
+def load_into(live: dict[str, torch.Tensor], named_tensors: Iterable[tuple[str, torch.Tensor]],
+              adapted: AdaptedWeights) -> int:
+    """A full version (or part of one) copied into ``live`` (see :func:`copy_into`), or an adapter
+    version applied to it in place (``base + B @ A``, whole or not at all; ``adapted`` keeps the
+    bases). Returns the number of tensors written."""
+    named = list(named_tensors)
+    if is_adapter_version(n for n, _ in named):
+        return adapted.apply(live, dict(named))
+    copied = copy_into(live, named)
+    adapted.forget(n for n, _ in named)  # what they hold now is their base
     return copied
 
 

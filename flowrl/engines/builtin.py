@@ -26,12 +26,13 @@ from flowrl.engines.base import (
     as_prompts,
     check_prompts,
     context_of,
-    copy_into,
+    load_into,
     empty_generation,
     repeat_prompts,
     to_cpu,
 )
 from flowrl.models.generation import Generation
+from flowrl.weights.adapters import AdaptedWeights
 
 
 def build_policy(model: Any, *, device: str, dtype: str, seed: int) -> torch.nn.Module:
@@ -69,6 +70,7 @@ class BuiltinEngine(RolloutEngine):
         if self.continuous:
             refuse_continuous_hf(model)
         self.model = build_policy(model, device=device, dtype=dtype, seed=seed)
+        self.adapted = AdaptedWeights()  # base copies of the weights adapter versions changed
         self.batcher = None
         if self.continuous:
             from flowrl.engines.continuous import ContinuousBatcher
@@ -127,7 +129,7 @@ class BuiltinEngine(RolloutEngine):
         return self.model.state_dict()  # live tensors: a new version is received in place
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        copy_into(self.model.state_dict(), named_tensors)
+        load_into(self.model.state_dict(), named_tensors, self.adapted)  # a full or an adapter version
         self.version = version
         if self.batcher is not None:
             self.batcher.weights_loaded(version)

@@ -26,13 +26,14 @@ from flowrl.engines.base import (
     as_prompts,
     check_prompts,
     context_of,
-    copy_into,
+    load_into,
     empty_generation,
     require_hf_model,
     response_logprobs,
 )
 from flowrl.engines.builtin import build_policy
 from flowrl.models.generation import Generation
+from flowrl.weights.adapters import AdaptedWeights
 
 
 class HFEngine(RolloutEngine):
@@ -43,6 +44,7 @@ class HFEngine(RolloutEngine):
         self.spec = spec
         self.device = device
         self.model = build_policy(require_hf_model(model, "hf"), device=device, dtype=dtype, seed=seed)
+        self.adapted = AdaptedWeights()  # base copies of the weights adapter versions changed
 
     def generate(self, prompts: Prompts, sampling: Sampling, *, seed: int) -> Generation:
         prompts = as_prompts(prompts)
@@ -83,5 +85,5 @@ class HFEngine(RolloutEngine):
         return self.model.state_dict()
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        copy_into(self.model.state_dict(), named_tensors)
+        load_into(self.model.state_dict(), named_tensors, self.adapted)  # a full or an adapter version
         self.version = version

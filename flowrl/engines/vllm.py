@@ -25,6 +25,15 @@ runtime reports the failed sync and orders a new one. If the restore fails too (
 ``on_reload_error: fail``, which keeps no copy) the engine refuses to generate until a version
 loads completely, so nothing is ever sampled from mixed weights.
 
+Adapter versions (LoRA: only ``P.lora_A`` / ``P.lora_B`` arrive, see ``flowrl.weights.adapters``)
+are merged, not served through vLLM's LoRA support: ``load_weights`` computes ``base + B @ A`` of
+every adapted weight (plus the other members of a fused q/k/v or gate/up group, and the base again
+of a weight the previous version adapted and this one does not) and reloads only those through the
+same transactional path; vLLM's layerwise reload keeps every layer it is given nothing for. The
+base of an adapted weight is copied from what the engine held (the host copy, else the staging
+tensors) before it first changes: one more copy of the adapted weights only. Generation runs at
+the merged model's speed, and a version lands whole or not at all as above.
+
 Sampling: each prompt is one request -- its own token ids, never padded -- with ``n`` completions
 and its own seed, so a batch is reproducible for a given seed and prompts do not share random
 draws (greedy: one completion per prompt, repeated ``n`` times). A prompt that leaves no room for
@@ -104,6 +113,7 @@ from flowrl.engines.base import (
 from flowrl.engines.spec import VLLMEngineSpec
 from flowrl.models.generation import Generation
 from flowrl.transport.ragged import Ragged
+from flowrl.weights.adapters import AdaptedWeights, adapter_targets, is_adapter_version
 
 EXTENSION = "flowrl.engines.vllm_worker.FlowrlWorkerExtension"
 PREFIX = "backbone."
@@ -164,6 +174,8 @@ class VLLMEngine(RolloutEngine):
         self.committed: dict[str, torch.Tensor] | None = None
         if spec.on_reload_error == "restore":
             self.committed = {_engine_name(k): v.to("cpu", copy=True) for k, v in self.staging.items()}
+        self.adapted = AdaptedWeights()  # base copies of the weights adapter versions changed
+        self._packed: dict[str, list[str]] | None = None
         self.unusable: str | None = None
         """Why the engine holds mixed weights (a reload and its restore failed), else None."""
         self.reload_faults: list[int] = []
@@ -436,9 +448,12 @@ class VLLMEngine(RolloutEngine):
         has drained them in ``before_weights``); requests held for the version are added after it."""
         started = time.perf_counter()
         try:
-            staged = self._stage(named_tensors)  # every tensor in hand and checked before the engine changes
+            named, adapters = _adapter_version(named_tensors)
+            if adapters is not None:  # LoRA: only the weights this version changes, merged
+                named = self._merge(adapters).items()
+            staged = self._stage(named)  # every tensor in hand and checked before the engine changes
             try:
-                self._reload(staged)
+                self._reload(staged, partial=adapters is not None)
             except Exception as e:  # noqa: BLE001 - restored (or marked unusable), then raised again
                 try:
                     self._recover(e, version)
@@ -448,6 +463,10 @@ class VLLMEngine(RolloutEngine):
             if self.committed is not None:
                 for name, tensor in staged:
                     self.committed[name].copy_(tensor)
+            if adapters is not None:
+                self.adapted.settle(adapters)
+            else:
+                self.adapted.forget(PREFIX + name for name, _ in staged)  # what they hold now is their base
             if self.unusable is not None and {n for n, _ in staged} >= {_engine_name(k) for k in self.staging}:
                 self.unusable = None  # every weight replaced: nothing mixed is left (a partial update is not enough)
             restart = [q for q in self._live.values()] if self.on_new_weights == "restart" else []
@@ -490,13 +509,34 @@ class VLLMEngine(RolloutEngine):
             staged.append((_engine_name(name), tensor))
         return staged
 
-    def _reload(self, staged: list[tuple[str, torch.Tensor]]) -> None:
+    def _merge(self, adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Trainer-named tensors to reload for an adapter version: ``base + B @ A`` of each target,
+        the held value of the other members of its fused group (vLLM loads q/k/v as one), the base
+        of a weight the previous version adapted and this one does not; every weight while the
+        engine holds mixed ones. Checked whole before anything changes."""
+        held = self.staging if self.committed is None else {PREFIX + k: v for k, v in self.committed.items()}
+        updates = self.adapted.updates(held, adapters)
+        if self._packed is None:
+            self._packed = self.packed_modules()
+        for name in list(updates):
+            for parts in self._packed.values():
+                hit = next((p for p in parts if f".{p}." in name), None)
+                for other in parts if hit else ():
+                    updates.setdefault(name.replace(f".{hit}.", f".{other}."), held.get(name.replace(f".{hit}.", f".{other}.")))
+        updates = {k: v for k, v in updates.items() if v is not None}
+        if self.unusable is not None:
+            updates = {**held, **updates}
+        self.adapted.remember(held, adapter_targets(adapters))  # bases copied before the held values change
+        return updates
+
+    def _reload(self, staged: list[tuple[str, torch.Tensor]], partial: bool = False) -> None:
         if self.tensor_parallel_size == 1:
             weights: Any = iter(staged)  # in-process worker: tensors are read where they lie
         else:
             weights = [(n, t.detach().cpu()) for n, t in staged]  # crosses to the worker processes
         fail_after = self.reload_faults.pop(0) if self.reload_faults else None
-        self.llm.collective_rpc("flowrl_reload", kwargs={"weights_iterator": weights, "fail_after": fail_after})
+        self.llm.collective_rpc("flowrl_reload", kwargs={"weights_iterator": weights, "fail_after": fail_after,
+                                                         "partial": partial})
 
     def _recover(self, error: Exception, version: int) -> None:
         """A reload of ``version`` raised partway: reload the committed version, then raise."""
@@ -628,6 +668,14 @@ def request_seed(seed: int, i: int, n: int) -> int:
     every call (seeds below 1_000_003 prompts apart) draws from its own seed (seed * 1_000_003 + i
     gave completion 1 of prompt i the draws of completion 0 of prompt i + 1)."""
     return (seed * 1_000_003 + i) * max(n, 1)
+
+
+def _adapter_version(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[Any, dict | None]:
+    """``(named tensors, None)`` for a full version; ``(None, adapters by trainer name)`` for an adapter one."""
+    named = list(named_tensors)
+    if not is_adapter_version(n for n, _ in named):
+        return named, None
+    return None, {n if n.startswith(PREFIX) else PREFIX + n: t for n, t in named}
 
 
 def _engine_name(name: str) -> str:

@@ -16,6 +16,7 @@ answers. Imports nothing of flowrl, so the worker can load it by name wherever i
 from __future__ import annotations
 
 import hashlib
+import logging
 
 import torch
 
@@ -23,11 +24,13 @@ import torch
 class FlowrlWorkerExtension:
     """``self`` is vLLM's worker: ``self.model_runner.get_model()`` is the engine's model."""
 
-    def flowrl_reload(self, weights_iterator, fail_after: int | None = None) -> int:
+    def flowrl_reload(self, weights_iterator, fail_after: int | None = None, partial: bool = False) -> int:
         """``model_runner.reload_weights(weights_iterator)``; returns the tensors consumed.
 
         On an error the half-done reload is undone (see the module docstring) and the error is
-        raised again. ``fail_after`` (tests): raise once that many tensors went into the engine."""
+        raised again. ``fail_after`` (tests): raise once that many tensors went into the engine.
+        ``partial``: only some layers are given (an adapter version); the others keep their
+        weights, and vLLM's warnings about each of them are not printed."""
         consumed = [0]
 
         def counted():
@@ -37,11 +40,18 @@ class FlowrlWorkerExtension:
                 consumed[0] += 1
                 yield item
 
+        quiet = [logging.getLogger(f"vllm.model_executor.model_loader.reload.{m}") for m in ("layerwise", "inplace")]
+        levels = [q.level for q in quiet]
+        for q in quiet if partial else ():
+            q.setLevel(logging.ERROR)
         try:
             self.model_runner.reload_weights(weights_iterator=counted())
         except BaseException:
             abort_layerwise_reload(self.model_runner.get_model())
             raise
+        finally:
+            for q, level in zip(quiet, levels):
+                q.setLevel(level)
         return consumed[0]
 
     def flowrl_engine_weights(self) -> dict[str, torch.Tensor]:

@@ -12,6 +12,10 @@ inference. A version is either all adapters (an adapter version) or none (a full
 
     names = adapter_targets(version.keys())          # {"P.weight": ("P.lora_A", "P.lora_B"), ...}
     merged = effective(base["P.weight"], version["P.lora_A"], version["P.lora_B"])
+
+A receiver checks an adapter layout against its own weights (`adapter_mismatch`, at join) and
+applies versions with `AdaptedWeights`, which keeps the base of the adapted tensors only, so that
+version k serves base + B_k A_k, never the sum of every version so far (docs/weight-sync.md).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 import torch
+
+from flowrl.weights.layout import Layout
 
 A_SUFFIX, B_SUFFIX = ".lora_A", ".lora_B"
 
@@ -78,3 +84,91 @@ def merged(base: Mapping[str, torch.Tensor], adapters: Mapping[str, torch.Tensor
             raise KeyError(f"adapter targets {weight!r}, which the model does not have (similar: {close})")
         out[weight] = effective(base[weight], adapters[a], adapters[b])
     return out
+
+
+def adapter_mismatch(adapters: Layout, full: Layout) -> str | None:
+    """None when every adapter of the layout ``adapters`` fits a tensor of the layout ``full`` (a
+    receiver's own weights), else a sentence naming the first that does not and how to fix it."""
+    held = {n: list(s) for n, s, _ in full}
+    shapes = {n: list(s) for n, s, _ in adapters}
+    try:
+        targets = adapter_targets(shapes)
+    except ValueError as e:
+        return str(e)
+    for weight, (a, b) in targets.items():
+        if weight not in held:
+            stem = weight.rsplit(".", 2)[-2] if weight.count(".") >= 2 else weight
+            close = [n for n in held if f".{stem}." in f".{n}"][:3]
+            return (f"the publisher's adapter targets {weight!r}, which the subscriber does not hold (similar: {close}); "
+                    "trainer and rollout must build the same model, and the adapter names must be "
+                    "`<full weight name without .weight>.lora_A/.lora_B`")
+        w, sa, sb = held[weight], shapes[a], shapes[b]
+        if not (len(w) == len(sa) == len(sb) == 2 and sa[1] == w[1] and sb[0] == w[0] and sa[0] == sb[1]):
+            return (f"adapter of {weight!r} does not fit it: {a} is {sa} and {b} is {sb}, but the subscriber's "
+                    f"weight is {w} (need A [r, in], B [out, r]); trainer and rollout must build the same model")
+    return None
+
+
+class AdaptedWeights:
+    """The base weights under adapter versions, so that versions never accumulate.
+
+        adapted = AdaptedWeights()
+        adapted.apply(live, version_1)    # live[P.weight] = base + B1 @ A1 (base copied on first touch)
+        adapted.apply(live, version_2)    # live[P.weight] = base + B2 @ A2, not base + B1 A1 + B2 A2
+        adapted.forget(names)             # a full version replaced these: their base is the new value
+
+    Only adapted tensors are copied (memory: one more copy of the targeted weights). A tensor the
+    previous version adapted and this one does not goes back to its base. `updates` computes a
+    whole version before anything changes: an unknown name or a shape that does not fit raises
+    with ``live`` and the base copies untouched.
+    """
+
+    def __init__(self) -> None:
+        self.base: dict[str, torch.Tensor] = {}
+
+    def updates(self, live: Mapping[str, torch.Tensor], adapters: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``{name: new value}`` for every tensor of ``live`` that this adapter version changes."""
+        targets = adapter_targets(adapters)
+        out: dict[str, torch.Tensor] = {}
+        for weight, (a, b) in targets.items():
+            if weight not in live:
+                stem = weight.rsplit(".", 2)[-2] if weight.count(".") >= 2 else weight
+                close = [k for k in live if f".{stem}." in f".{k}"][:3]
+                raise KeyError(f"adapter targets {weight!r}, which the model does not have (similar: {close}); "
+                               "nothing was applied")
+            base = self.base.get(weight)
+            try:
+                out[weight] = effective(live[weight] if base is None else base, adapters[a], adapters[b])
+            except ValueError as e:
+                raise ValueError(f"adapter of {weight!r}: {e}; nothing was applied") from None
+        for weight, base in self.base.items():
+            if weight not in targets and weight in live:
+                out[weight] = base
+        return out
+
+    def remember(self, live: Mapping[str, torch.Tensor], updates: Mapping[str, torch.Tensor]) -> None:
+        """Copy the base of every tensor ``updates`` adapts for the first time (before it changes)."""
+        for name in updates:
+            if name not in self.base:
+                self.base[name] = live[name].detach().clone()
+
+    def settle(self, adapters: Mapping[str, torch.Tensor]) -> None:
+        """After a version landed: drop the base copies of tensors it no longer adapts (back at base)."""
+        keep = set(adapter_targets(adapters))
+        self.base = {k: v for k, v in self.base.items() if k in keep}
+
+    def apply(self, live: Mapping[str, torch.Tensor], adapters: Mapping[str, torch.Tensor]) -> int:
+        """Write ``base + B @ A`` into the live tensors (in place, whole or not at all); returns the
+        number of tensors written."""
+        updates = self.updates(live, adapters)
+        self.remember(live, updates)
+        with torch.no_grad():
+            for name, value in updates.items():
+                live[name].copy_(value)
+        self.settle(adapters)
+        return len(updates)
+
+    def forget(self, names: Iterable[str]) -> None:
+        """A full version wrote these tensors: what they hold now is their base."""
+        for name in names:
+            self.base.pop(name, None)

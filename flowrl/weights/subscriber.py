@@ -27,6 +27,15 @@ every bucket into *staging* buffers; only when all arrived does the model change
   tensor once per version; it must copy what it keeps (the next receive overwrites staging).
   If the loader raises, the version does not advance and the error says the engine may hold
   part of it.
+
+Adapter versions (LoRA, see `adapters`): a publisher that sends only `P.lora_A` / `P.lora_B` has
+a layout of its own. `join` adopts it when every adapter fits a weight the target holds (else
+LayoutMismatchError naming the tensor) and receives into adapter-sized buckets; a full publisher
+must still match exactly. On `commit` an adapter version is applied to the target's tensors here
+(`W = base + B @ A`, base copies of the adapted tensors only, whole or not at all) -- or, with
+`apply_adapters=False`, left for the target to apply: `received()` hands the adapter tensors on
+(an engine that merges them into weights of its own, vLLM). `digest()` is then the digest of the
+adapter version held, equal to the publisher's.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import json
 import time
 from typing import Any, Callable, Iterator
 
+from flowrl.weights.adapters import AdaptedWeights, adapter_mismatch, is_adapter_version
 from flowrl.weights.buckets import BucketPlan
 from flowrl.weights.errors import LayoutMismatchError, WeightSyncError
 from flowrl.weights.group import WeightGroup, local_address
@@ -50,11 +60,12 @@ class WeightSubscriber:
     """Tests: called with i once tensor i has arrived (0 is the version tensor)."""
 
     def __init__(self, target: Any, *, device: str = "cpu", bucket_bytes: int = 32 << 20,
-                 layout: Layout | None = None, version: int = -1):
+                 layout: Layout | None = None, version: int = -1, apply_adapters: bool = True):
         """`target`: an nn.Module (swap), the live tensors (name -> tensor, copy), or a loader
         `load(named_tensors, version)`. A loader without `layout` takes the publisher's layout as
         it is (the engine's own loader rejects names it does not know). `version`: the label of
-        the weights the target holds now."""
+        the weights the target holds now. `apply_adapters`: apply adapter versions to the target's
+        tensors here (True), or hand them on through `received()` for the target to apply."""
         import torch
 
         self.device, self.bucket_bytes, self.version = device, bucket_bytes, version
@@ -63,10 +74,13 @@ class WeightSubscriber:
         self.live = target.state_dict(keep_vars=True) if self.mode == "swap" else target if self.mode == "copy" else None
         self.load = target if self.mode == "loader" else None
         self.layout = layout_of(self.live) if self.live is not None else layout
-        self.plan: BucketPlan | None = None
+        self.plan: BucketPlan | None = None  # what travels: our layout, or the publisher's adapter layout
         self.staging: list = []
+        self.apply_adapters, self.adapters = apply_adapters, False  # adapters: the publisher sends adapter versions
+        self.adapted = AdaptedWeights()  # base copies of the tensors adapter versions changed here
         if self.layout is not None:
             self._allocate(self.layout)
+        self._live_plan = self.plan  # swap: how the module's tensors lie in their buffers
         if self.mode == "swap":
             elsewhere = [n for n, t in self.live.items() if t.device != torch.device(device)]
             if elsewhere:
@@ -109,11 +123,27 @@ class WeightSubscriber:
         if self.layout is None:
             self.layout = theirs
             self._allocate(theirs)
-        problem = layout_mismatch(theirs, self.layout)
+        problem = self._adopt(theirs)
         if problem:
             self._failed = True
             announce(self._store, 0, rank, f"refused: {problem}")  # the publisher fails at once, naming it
             raise LayoutMismatchError(f"weight layout differs from the publisher's: {problem}")
+
+    def _adopt(self, theirs: Layout) -> str | None:
+        """Receive the publisher's adapter layout when it sends adapters that fit our weights, else
+        our own layout, which must equal its; returns what is wrong, or None."""
+        try:
+            adapters = is_adapter_version(n for n, _, _ in theirs) and not is_adapter_version(
+                n for n, _, _ in self.layout)
+        except ValueError as e:
+            return f"{e} (the publisher's layout)"
+        problem = adapter_mismatch(theirs, self.layout) if adapters else layout_mismatch(theirs, self.layout)
+        wire = [(n, list(s), d) for n, s, d in (theirs if adapters else self.layout)]
+        if problem is None and wire != self.plan.layout:
+            self._allocate(wire)  # a swap module keeps its own buffers (_serving, _live_plan)
+            self._staging_holds_version = False
+        self.adapters = adapters and problem is None
+        return problem
 
     def receive(self, commit: bool = True) -> int:
         """Receive the publisher's next broadcast of this epoch; returns the version now held.
@@ -153,12 +183,21 @@ class WeightSubscriber:
         """Make the version `receive(commit=False)` staged the live one."""
         # every bucket and the version tensor arrived: only now do the live weights change
         t0 = time.perf_counter()
-        if self.mode == "swap":
+        if self.adapters and self.mode != "loader":
+            if self.apply_adapters:
+                try:
+                    self.adapted.apply(self.live, self.plan.views(self.staging))
+                except (KeyError, ValueError) as e:
+                    raise WeightSyncError(f"adapter version {version} does not apply (the weights are still "
+                                          f"version {self.version}, untouched): {e}") from e
+        elif self.mode == "swap":
             self._point_live_at(self.staging)
             self._serving, self.staging = self.staging, self._serving
+            self.adapted = AdaptedWeights()  # a full version: what the module holds is its base
         elif self.mode == "copy":
             for i in range(len(self.plan)):
                 self.plan.unpack(i, self.staging, self.live)
+            self.adapted = AdaptedWeights()
         else:
             try:
                 self.load(self.plan.iter_views(self.staging), version)
@@ -168,6 +207,15 @@ class WeightSubscriber:
         self._staging_holds_version = True
         self.version = version
         self.commit_seconds = time.perf_counter() - t0
+
+    def received(self) -> dict[str, Any]:
+        """What the node's `load_weights` gets once a version is committed: the live tensors (a full
+        version, or an adapter version applied here), the adapter tensors of the version (views into
+        staging, valid until the next receive) when the target applies them itself, or {} (a
+        loader had them)."""
+        if self.adapters and self.mode != "loader" and not self.apply_adapters:
+            return self.plan.views(self.staging)
+        return self.live if self.live is not None else {}
 
     def fence(self, epoch: int) -> None:
         """Orders of epochs below `epoch` are stale from now on (any thread may call this): a
@@ -185,16 +233,17 @@ class WeightSubscriber:
         import torch
 
         with torch.no_grad():
-            for name, view in self.plan.iter_views(buckets):
+            for name, view in self._live_plan.iter_views(buckets):
                 self.live[name].data = view
 
     def digest(self) -> str:
-        """Digest of the weights this subscriber serves (equal digests = bitwise equal)."""
-        if self.live is not None:
+        """Digest of the weights this subscriber serves (equal digests = bitwise equal); of an
+        adapter version: of its adapter tensors, as the publisher's."""
+        if self.live is not None and not self.adapters:
             return weights_digest(self.live, self.layout)
         if not self._staging_holds_version:
             raise WeightSyncError("no complete version in staging to digest")
-        return weights_digest(self.plan.views(self.staging), self.layout)
+        return weights_digest(self.plan.views(self.staging), self.plan.layout)
 
     def close(self) -> None:
         self._close_group()

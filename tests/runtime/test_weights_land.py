@@ -32,7 +32,7 @@ class Recorder:
 def client(node, commit):
     c = WeightsClient.__new__(WeightsClient)
     c.node, c.recorder = node, Recorder()
-    c.sub = SimpleNamespace(commit=commit, live={})
+    c.sub = SimpleNamespace(commit=commit, live={}, received=dict)
     return c
 
 

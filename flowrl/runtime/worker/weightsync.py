@@ -66,8 +66,10 @@ class WeightsClient:
         if self.sub is None:
             from flowrl.weights import WeightSubscriber
 
+            # a node that applies adapter (LoRA) versions itself (the rollout's engines) gets them as
+            # they came; any other has them applied to its weights() by the subscriber
             self.sub = WeightSubscriber(self.node.weights(), device=self.device, bucket_bytes=self.bucket_bytes,
-                                        version=0)
+                                        version=0, apply_adapters=not getattr(self.node, "applies_adapters", False))
             self.sub.local_host = self.host
             self.sub.fence(self.fenced)
         return self.sub
@@ -135,7 +137,7 @@ class WeightsClient:
                 await hook(version)
         try:
             self.sub.commit(version)
-            loaded = self.node.load_weights(self.sub.live if self.sub.live is not None else {}, version)
+            loaded = self.node.load_weights(self.sub.received(), version)
             if inspect.isawaitable(loaded):
                 await loaded
         except BaseException:
