@@ -45,13 +45,17 @@ def graph(tmp_path: Path, steps: int = 4, staleness: int = 0) -> Path:
     return path
 
 
+def events(run_dir: Path) -> list[dict]:
+    trace = json.loads((run_dir / "trace.json").read_text())
+    return trace["traceEvents"] if isinstance(trace, dict) else trace
+
+
 def spans(run_dir: Path, node: str, names=("compute",)) -> list[tuple[float, float]]:
     """(start, end) in µs of `node`'s spans named `names`, from the run's Chrome trace."""
-    events = json.loads((run_dir / "trace.json").read_text())
-    events = events["traceEvents"] if isinstance(events, dict) else events
-    pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+    events_ = events(run_dir)
+    pids = {e["pid"] for e in events_ if e.get("ph") == "M" and e.get("name") == "process_name"
             and str(e["args"]["name"]).split("/")[0] == node}
-    return sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+    return sorted((e["ts"], e["ts"] + e["dur"]) for e in events_
                   if e.get("ph") == "X" and e.get("pid") in pids and e.get("name") in names)
 
 
@@ -83,10 +87,15 @@ def test_colocated_actor_and_rollout_take_turns_and_the_sleeping_side_releases_m
     a_mb, r_mb = released_mb(result.run_dir, "actor"), released_mb(result.run_dir, "rollout")
     print(f"\nmax_staleness {staleness}: RSS released per sleep, actor {[round(x) for x in a_mb]} MB, "
           f"rollout {[round(x) for x in r_mb]} MB")
-    assert len(a_mb) >= 3 and len(r_mb) >= 3
+    # turn 0 (after setup) and at least one turn between two of the other's; with max_staleness 1 the
+    # actor may train two tickets in one turn, and the last holder never sleeps
+    assert len(a_mb) >= 2 and len(r_mb) >= 2
     assert max(a_mb) > 60, a_mb  # ~26 MB of weights x (params, grads, 2 Adam moments)
     assert max(r_mb) > 15, r_mb  # the engine's weights
     assert any(k.endswith("sleep_rss_released_mb_max") for r in rows for k in r), sorted(rows[-1])
+    # weights went by the handoff (actor and rollout share one device), not a broadcast
+    syncs = [e for e in events(result.run_dir) if e.get("name") == "weight_sync" and e.get("ph") == "X"]
+    assert syncs and all(e["args"].get("handoff") for e in syncs), syncs[:3]
 
 
 @pytest.mark.timeout(240)

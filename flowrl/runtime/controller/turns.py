@@ -128,7 +128,9 @@ class TurnBook:
 
     def _next(self, g: str) -> list[tuple]:
         """The first waiter in the scheduler's order gets the turn once nobody else is awake; until
-        then every other awake member is told (once) to yield."""
+        then every other awake member is told (once) to yield. A holder granted while others still
+        wait is told to yield at once (it keeps the turn for the call it asked for): nobody waits
+        on a holder that was never asked to yield."""
         waiting = self.waiting.get(g, {})
         if not waiting:
             return []
@@ -143,7 +145,10 @@ class TurnBook:
         turn = next(self.turns)
         awake[first] = turn
         self.grants += 1
-        return [("grant", first, turn)]
+        if not waiting:
+            return [("grant", first, turn)]
+        yielding.add(first)  # others wait still: the new holder releases after the calls it was granted for
+        return [("grant", first, turn), ("yield", first, turn)]
 
 
 class Turns:
