@@ -110,3 +110,20 @@ def test_a_kill_during_its_turn_recovers_exactly_once_without_deadlocking_its_pa
     assert audit.exactly_once, (audit.lost[:5], audit.duplicated[:5])
     assert result.metrics[-1]["step"] == 6
     assert overlaps(spans(result.run_dir, "actor"), spans(result.run_dir, "rollout")) == []
+
+
+@pytest.mark.timeout(180)
+def test_colocated_without_turns_still_hands_weights_off_and_a_spread_graph_broadcasts(tmp_path):
+    """`colocate_with` on the same devices, no take_turns: the weights go by handoff, while both
+    nodes run as they please; the same graph without colocation broadcasts."""
+    text = GRAPH.replace("STEPS", "3").replace("STALENESS", "1").replace("    take_turns: true\n", "")
+    (tmp_path / "colocated.yaml").write_text(text)
+    spread = text.replace("    colocate_with: [actor]\n", "")
+    (tmp_path / "spread.yaml").write_text(spread)
+    for name, handoff in (("colocated", True), ("spread", False)):
+        result = run_graph(tmp_path / f"{name}.yaml", tmp_path / name, timeout_s=150)
+        assert result.exit_code == 0, result.stderr[-3000:]
+        assert not any(r["event"] == "node_down" for r in result.ledger)
+        assert result.metrics[-1]["step"] == 3
+        syncs = [e for e in events(result.run_dir) if e.get("name") == "weight_sync" and e.get("ph") == "X"]
+        assert syncs and all(bool(e["args"].get("handoff")) is handoff for e in syncs), (name, syncs[:3])
