@@ -140,14 +140,13 @@ class Region:
             if os.fstat(fd).st_size != handle["nbytes"]:
                 raise WeightSyncError(f"the weight region {handle['name']!r} has {os.fstat(fd).st_size} bytes, "
                                       f"the offer says {handle['nbytes']}")
-            mm = mmap.mmap(fd, handle["nbytes"], access=mmap.ACCESS_READ)
-        except BaseException:
+            mm = mmap.mmap(fd, handle["nbytes"], access=mmap.ACCESS_READ)  # holds a descriptor of its own
+        finally:
             os.close(fd)
-            raise
         with warnings.catch_warnings():  # read-only on purpose: the subscriber never writes the publisher's buffer
             warnings.simplefilter("ignore", UserWarning)
             flat = torch.frombuffer(mm, dtype=torch.uint8)
-        return cls(flat, handle, closer=(mm, fd))
+        return cls(flat, handle, closer=(mm, None))
 
     def buckets(self, plan: BucketPlan) -> list:
         """The plan's buckets as views into the region."""
@@ -166,7 +165,8 @@ class Region:
             self._closer = None
             with contextlib.suppress(BufferError):  # a view still alive: the mapping goes with it
                 mm.close()
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
 
 
 class _TorchOnly(pickle.Unpickler):

@@ -1,4 +1,5 @@
-"""A subscriber that takes handed-off versions, in its own process: `python -m tests.weights.handoff_peer CONFIG_JSON`.
+"""A subscriber that takes handed-off versions, in its own process: `python -m tests.weights.handoff_peer CONFIG_JSON`
+(or a publisher: `... handoff_peer pub CONFIG_JSON`).
 
 Like `peers.subscriber` (one JSON line per op), with `handoff` on each join, and what the process
 holds after each op: its staging bytes (0 when the region itself was the staging buffer).
@@ -49,6 +50,25 @@ def main(cfg: dict) -> None:
     sub.close()
 
 
+def publisher(cfg: dict) -> None:
+    """Serves handoff rounds of epoch 1 (versions 1, 2, ...) after printing its store address and region name."""
+    from flowrl.weights.handoff import SharedPublisher
+
+    weights = master(1)
+    pub = SharedPublisher(lambda: weights, bucket_bytes=32 << 10, secret=os.environ["FLOWRL_TEST_SECRET"],
+                          region_name=cfg["region_name"])
+    pub.snapshot(1)
+    pub.shared()
+    print(json.dumps({"addr": pub.store_addr, "region": pub.region.handle["name"]}), flush=True)
+    for v in range(1, cfg["rounds"] + 1):
+        weights.update(master(v))
+        pub.snapshot(v)
+        print(json.dumps({"served": pub.serve(1, 2, timeout_s=20, ready_timeout_s=20, handoff=True)}), flush=True)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    main(json.loads(sys.argv[1]))
+    if sys.argv[1] == "pub":
+        publisher(json.loads(sys.argv[2]))
+    else:
+        main(json.loads(sys.argv[1]))

@@ -124,3 +124,31 @@ def test_a_stale_garbled_or_broken_handoff_leaves_the_previous_version_then_a_ne
     assert "injected fault after bucket 1" in broken["error"], broken
     assert "StoreAuthError" in forged["error"] and "secret" in forged["error"], forged
     assert "joined epoch" in last["error"] and last["version"] == 1  # the controller must form a new epoch
+
+
+def test_a_publisher_killed_during_a_handoff_leaves_a_whole_version_and_no_region_behind(peers):
+    """kill -9 of the publisher while the subscriber holds the region: what it mapped stays readable
+    until it lets go (the version lands whole), then nothing of the region is left anywhere."""
+    from flowrl.weights.handoff import SharedSubscriber
+
+    env = {**os.environ, "FLOWRL_TEST_SECRET": peers.secret, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    pub = subprocess.Popen([sys.executable, "-m", "tests.weights.handoff_peer", "pub",
+                            json.dumps({"rounds": 1, "region_name": "flowrl-test-killed"})], cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peers.procs.append(pub)
+    hello = json.loads(pub.stdout.readline())
+    assert memfds(hello["region"]) == [f"{pub.pid}/{fd}" for fd in os.listdir(f"/proc/{pub.pid}/fd")
+                                       if hello["region"] in os.readlink(f"/proc/{pub.pid}/fd/{fd}")]
+    sub = SharedSubscriber(master(0), bucket_bytes=SMALL, version=0)
+    sub.join(1, 1, 2, tuple(hello["addr"]), peers.secret, timeout_s=20, ready_timeout_s=20, handoff=True)
+    assert sub.receive(commit=False) == 1  # the region is mapped; the publisher waits for our verdict
+    pub.kill()
+    pub.wait(timeout=20)
+    assert {x.split("/")[0] for x in memfds(hello["region"])} == {str(os.getpid())}  # only our mapping keeps it
+    sub.commit(1)  # lands from the mapping; telling the dead publisher fails quietly
+    assert memfds(hello["region"]) == []
+    assert sub.version == 1 and sub.digest() == expected_digest(1, "float32") and sub.staging == []
+    with open(f"/proc/{os.getpid()}/maps") as f:
+        assert hello["region"] not in f.read()  # let go: the kernel frees it
+    sub.close()
