@@ -56,11 +56,13 @@ def memfds(name: str) -> list[str]:
 @pytest.mark.parametrize("target", ["copy", "module"])
 def test_a_handoff_delivers_bitwise_what_a_broadcast_delivers(peers, target):
     """fp32 master weights served as bf16: subscriber A takes version 1 by handoff, B by broadcast,
-    then A version 2 by handoff; the region is A's staging buffer only for the round."""
+    then A version 2 by handoff and again by broadcast; the region is A's staging buffer only for the round."""
     pub, weights = publisher(peers.secret, serving_dtype="bfloat16")
     base = {"addr": pub.store_addr, "dtype": "bfloat16", "module": target == "module"}
     a = start(peers, {**base, "ops": [{"op": "join", "epoch": 1, "rank": 1, "world": 2}, {"op": "receive"},
-                                      {"op": "join", "epoch": 3, "rank": 1, "world": 2}, {"op": "receive"}]})
+                                      {"op": "join", "epoch": 3, "rank": 1, "world": 2}, {"op": "receive"},
+                                      {"op": "join", "epoch": 4, "rank": 1, "world": 2, "handoff": False},
+                                      {"op": "receive"}]})
     b = start(peers, {**base, "ops": [{"op": "join", "epoch": 2, "rank": 1, "world": 2, "handoff": False},
                                       {"op": "receive"}]})
     try:
@@ -69,12 +71,14 @@ def test_a_handoff_delivers_bitwise_what_a_broadcast_delivers(peers, target):
         weights.update(master(2))
         pub.snapshot(2)  # into the region: the send buckets live there now
         assert pub.serve(3, 2, timeout_s=20, ready_timeout_s=30, handoff=True) == 2
+        assert pub.serve(4, 2, timeout_s=20, ready_timeout_s=30) == 2  # a broadcast epoch again: from the region
         region = pub.region.handle["name"]
         assert memfds(region)  # ours, while the publisher lives
     finally:
         pub.close()
     handed, broadcast = peers.results(a), peers.results(b)
-    assert [r.get("received") for r in handed] == [None, 1, None, 2], handed
+    assert [r.get("received") for r in handed] == [None, 1, None, 2, None, 2], handed
+    assert handed[5]["digest"] == handed[3]["digest"]  # back to a broadcast epoch: its own staging again
     assert broadcast[1]["received"] == 1 and "error" not in broadcast[1], broadcast
     assert handed[1]["digest"] == broadcast[1]["digest"] == expected_digest(1, "bfloat16")
     assert handed[3]["digest"] == expected_digest(2, "bfloat16")
@@ -82,7 +86,7 @@ def test_a_handoff_delivers_bitwise_what_a_broadcast_delivers(peers, target):
         assert handed[3]["module_digest"] == handed[3]["digest"]
     else:  # the region was the staging buffer, let go once the version landed: no copy of our own
         assert handed[1]["staging_bytes"] == handed[3]["staging_bytes"] == 0
-        assert broadcast[1]["staging_bytes"] > 0
+        assert broadcast[1]["staging_bytes"] > 0 and handed[5]["staging_bytes"] > 0
     assert memfds(region) == []  # both sides closed: nothing of the region is left anywhere
 
 
