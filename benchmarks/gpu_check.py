@@ -11,9 +11,10 @@
    against a raw NCCL broadcast of the same bytes between the same two processes;
 4. colocation (`take_turns`, docs/colocation.md): a trainer's sleep and wake (`flowrl.rl.offload`:
    parameters and Adam state to host memory and back) with `torch.cuda.memory_allocated` before and
-   after, bitwise on wake; and a weight handoff between two processes on ONE GPU by CUDA IPC handles
-   (torch.multiprocessing shares the storage; the receiver copies it into its own weights), timed
-   against step 3's NCCL broadcast of the same bytes.
+   after, bitwise on wake; and the weight handoff between two processes on ONE GPU
+   (`flowrl.weights.handoff`: the send buckets' CUDA IPC handle travels sealed in the store; the
+   subscriber copies out of the shared region into its own weights), per version, against step 3's
+   NCCL broadcast of the same bytes (--cpu: a memfd region against gloo between the same processes).
 
 Each role is its own process (this file with --role), given one GPU through CUDA_VISIBLE_DEVICES
 and a deadline; NCCL refuses two ranks on one GPU, so with one GPU step 3 is skipped.
@@ -41,7 +42,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(role: str, ranks: int, args, extra_env: dict | None = None, relay: bool = False) -> list[dict]:
+def _spawn(role: str, ranks: int, args, extra_env: dict | None = None, relay: bool = False,
+           same_device: bool = False) -> list[dict]:
     """Run `ranks` processes of `role`; each prints JSON lines; returns every rank's last line."""
     port, procs = _free_port(), []
     visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
@@ -49,7 +51,8 @@ def _spawn(role: str, ranks: int, args, extra_env: dict | None = None, relay: bo
         env = {**os.environ, **(extra_env or {}), "RANK": str(r), "WORLD_SIZE": str(ranks),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": ROOT}
         if not args.cpu:
-            env["CUDA_VISIBLE_DEVICES"] = visible[r] if visible else str(r)  # our logical GPU r, one per rank
+            g = 0 if same_device else r  # our logical GPU r, one per rank (or all on the first)
+            env["CUDA_VISIBLE_DEVICES"] = visible[g] if visible else str(g)
         procs.append(subprocess.Popen([sys.executable, __file__, "--role", role, "--mb", str(args.mb)]
                                       + (["--cpu"] if args.cpu else []), env=env, text=True,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE))
@@ -208,46 +211,54 @@ def sleep_wake(args) -> tuple:
             f"allocated {a / 2**20:.0f} -> {b / 2**20:.0f} MiB, bitwise={same}")
 
 
-def _ipc_receiver(queue, results, mb: int, device: str) -> None:
+def handoff(args) -> None:
+    """Publisher (rank 0) and subscriber (rank 1) on ONE device: flowrl.weights.handoff (a CUDA IPC
+    handle on a GPU, a memfd region on CPU), then (CPU only: NCCL refuses two ranks on one GPU) the
+    broadcast between the same two processes. Per version: from the go until the version is live in
+    the subscriber (its copy out of the region / staging included)."""
     import torch
 
-    mine = torch.zeros(state_flat_numel(mb), device=device)
-    for _ in range(4):
-        t0, shared = queue.get()
-        mine.copy_(shared)
-        if device != "cpu":
-            torch.cuda.synchronize()
-        results.put((time.perf_counter() - t0, bool(torch.equal(mine, shared))))
-        del shared
+    from flowrl.weights.handoff import SharedPublisher, SharedSubscriber
+
+    device, rank, secret = ("cpu" if args.cpu else "cuda:0"), int(os.environ["RANK"]), os.environ["GPU_CHECK_SECRET"]
+    sd = state_dict(args.mb, device)
+    modes = [("handoff", True)] + ([("broadcast", False)] if args.cpu else [])
+    if rank == 0:
+        pub = SharedPublisher(lambda: sd, device=device, secret=secret, region_name="flowrl-gpu-check")
+        pub.snapshot(0)
+        print(json.dumps({"addr": pub.store_addr}), flush=True)
+        res = {}
+        for epoch, (name, on) in enumerate(modes, start=1):
+            times = []
+            for rep in range(4):  # rep 0 warms up (the region's first map, the group's forming)
+                pub.snapshot(rep + 1)
+                pub.serve(epoch, 2, timeout_s=TIMEOUT_S, ready_timeout_s=TIMEOUT_S, handoff=on)
+                times.append(pub.seconds)
+            res[name] = times[1:]
+        print(json.dumps({"rank": 0, **res}), flush=True)
+        pub.close()
+        return
+    addr = tuple(json.loads(sys.stdin.readline())["addr"])
+    sub = SharedSubscriber({k: torch.zeros_like(v) for k, v in sd.items()}, device=device)
+    res, ok = {}, True
+    for epoch, (name, on) in enumerate(modes, start=1):
+        sub.join(epoch, 1, 2, addr, secret, timeout_s=TIMEOUT_S, ready_timeout_s=TIMEOUT_S, handoff=on)
+        res[name] = []
+        for rep in range(4):
+            assert sub.receive() == rep + 1, "subscriber got another version than the publisher sent"
+            res[name].append(0.0 if on else sub.commit_seconds)  # a handoff's publisher time includes the copy
+            ok = ok and all(torch.equal(sub.live[k], v) for k, v in state_dict(args.mb, device).items()) \
+                if rep == 3 and name == "handoff" else ok
+        res[name] = res[name][1:]
+    print(json.dumps({"rank": 1, "bitwise": ok, "mb": sum(t.numel() * 4 for t in sd.values()) / 2**20, **res}),
+          flush=True)
+    sub.close()
 
 
-def state_flat_numel(mb: int) -> int:
-    return (mb << 20) // 4
-
-
-def ipc_handoff(args) -> tuple:
-    """Publisher -> subscriber on one GPU: the storage's CUDA IPC handle travels, the bytes do not."""
-    import torch
-    import torch.multiprocessing as mp
-
-    device = "cpu" if args.cpu else "cuda:0"
-    ctx = mp.get_context("spawn")
-    queue, results = ctx.Queue(), ctx.Queue()
-    child = ctx.Process(target=_ipc_receiver, args=(queue, results, args.mb, device), daemon=True)
-    child.start()
-    flat = torch.randn(state_flat_numel(args.mb), generator=torch.Generator().manual_seed(0)).to(device)
-    times, ok = [], True
-    try:
-        for _ in range(4):  # the first warms up (the handle's first open)
-            queue.put((time.perf_counter(), flat))
-            seconds, same = results.get(timeout=TIMEOUT_S)
-            times.append(seconds)
-            ok = ok and same
-    finally:
-        child.join(10)
-        if child.is_alive():
-            child.kill()
-    return min(times[1:]), ok
+def ipc_handoff(args) -> tuple[dict, dict]:
+    """The publisher's and the subscriber's results of `handoff` (two processes on one device)."""
+    pub, sub = _spawn("handoff", 2, args, {"GPU_CHECK_SECRET": secrets.token_hex(32)}, relay=True, same_device=True)
+    return pub, sub
 
 
 def inventory(args) -> list[str]:
@@ -271,10 +282,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=512, help="MiB of fp32 weights to publish (default 512)")
     ap.add_argument("--cpu", action="store_true", help="run the same code over gloo on CPU (a smoke test)")
-    ap.add_argument("--role", choices=["train", "sync"], help=argparse.SUPPRESS)
+    ap.add_argument("--role", choices=["train", "sync", "handoff"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.role:
-        {"train": train, "sync": sync}[args.role](args)
+        {"train": train, "sync": sync, "handoff": handoff}[args.role](args)
         return 0
     import torch
 
@@ -298,11 +309,15 @@ def main() -> int:
     else:
         rows.append(("weight publish", "skipped", "", "needs 2 GPUs: NCCL refuses two ranks on one GPU"))
     rows.append(sleep_wake(args))
-    ipc_s, same = ipc_handoff(args)
-    mib = state_flat_numel(args.mb) * 4 / 2**20
-    vs = f", {sub['raw'] / ipc_s:.1f}x faster than the NCCL broadcast" if gpus >= 2 else ""
-    rows.append(("IPC handoff" if not args.cpu else "shm handoff", f"{mib:.0f} MiB, one device",
-                 f"{ipc_s * 1e3:.1f} ms", f"{mib / 1024 / ipc_s:.1f} GiB/s, bitwise={same}{vs}"))
+    hp, hs = ipc_handoff(args)
+    mib, ipc_s = hs["mb"], min(hp["handoff"])
+    vs = f", {sub['raw'] / ipc_s:.1f}x faster than the NCCL broadcast" if gpus >= 2 and not args.cpu else ""
+    rows.append(("CUDA IPC handoff" if not args.cpu else "memfd handoff", f"{mib:.0f} MiB, one device",
+                 f"{ipc_s * 1e3:.1f} ms", f"{mib / 1024 / ipc_s:.1f} GiB/s, bitwise={hs['bitwise']}{vs}"))
+    if "broadcast" in hp:  # --cpu: the gloo broadcast between the same two processes, its copy-out included
+        b_s = min(p + c for p, c in zip(hp["broadcast"], hs["broadcast"]))
+        rows.append(("gloo broadcast", f"{mib:.0f} MiB, one device", f"{b_s * 1e3:.1f} ms",
+                     f"{mib / 1024 / b_s:.1f} GiB/s; the handoff is {b_s / ipc_s:.1f}x faster"))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in [("check", "setup", "time", "result"), *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)))

@@ -45,13 +45,17 @@ def graph(tmp_path: Path, steps: int = 4, staleness: int = 0) -> Path:
     return path
 
 
+def events(run_dir: Path) -> list[dict]:
+    trace = json.loads((run_dir / "trace.json").read_text())
+    return trace["traceEvents"] if isinstance(trace, dict) else trace
+
+
 def spans(run_dir: Path, node: str, names=("compute",)) -> list[tuple[float, float]]:
     """(start, end) in µs of `node`'s spans named `names`, from the run's Chrome trace."""
-    events = json.loads((run_dir / "trace.json").read_text())
-    events = events["traceEvents"] if isinstance(events, dict) else events
-    pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+    events_ = events(run_dir)
+    pids = {e["pid"] for e in events_ if e.get("ph") == "M" and e.get("name") == "process_name"
             and str(e["args"]["name"]).split("/")[0] == node}
-    return sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+    return sorted((e["ts"], e["ts"] + e["dur"]) for e in events_
                   if e.get("ph") == "X" and e.get("pid") in pids and e.get("name") in names)
 
 
@@ -83,10 +87,15 @@ def test_colocated_actor_and_rollout_take_turns_and_the_sleeping_side_releases_m
     a_mb, r_mb = released_mb(result.run_dir, "actor"), released_mb(result.run_dir, "rollout")
     print(f"\nmax_staleness {staleness}: RSS released per sleep, actor {[round(x) for x in a_mb]} MB, "
           f"rollout {[round(x) for x in r_mb]} MB")
-    assert len(a_mb) >= 3 and len(r_mb) >= 3
+    # turn 0 (after setup) and at least one turn between two of the other's; with max_staleness 1 the
+    # actor may train two tickets in one turn, and the last holder never sleeps
+    assert len(a_mb) >= 2 and len(r_mb) >= 2
     assert max(a_mb) > 60, a_mb  # ~26 MB of weights x (params, grads, 2 Adam moments)
     assert max(r_mb) > 15, r_mb  # the engine's weights
     assert any(k.endswith("sleep_rss_released_mb_max") for r in rows for k in r), sorted(rows[-1])
+    # weights went by the handoff (actor and rollout share one device), not a broadcast
+    syncs = [e for e in events(result.run_dir) if e.get("name") == "weight_sync" and e.get("ph") == "X"]
+    assert syncs and all(e["args"].get("handoff") for e in syncs), syncs[:3]
 
 
 @pytest.mark.timeout(240)
@@ -101,3 +110,20 @@ def test_a_kill_during_its_turn_recovers_exactly_once_without_deadlocking_its_pa
     assert audit.exactly_once, (audit.lost[:5], audit.duplicated[:5])
     assert result.metrics[-1]["step"] == 6
     assert overlaps(spans(result.run_dir, "actor"), spans(result.run_dir, "rollout")) == []
+
+
+@pytest.mark.timeout(180)
+def test_colocated_without_turns_still_hands_weights_off_and_a_spread_graph_broadcasts(tmp_path):
+    """`colocate_with` on the same devices, no take_turns: the weights go by handoff, while both
+    nodes run as they please; the same graph without colocation broadcasts."""
+    text = GRAPH.replace("STEPS", "3").replace("STALENESS", "1").replace("    take_turns: true\n", "")
+    (tmp_path / "colocated.yaml").write_text(text)
+    spread = text.replace("    colocate_with: [actor]\n", "")
+    (tmp_path / "spread.yaml").write_text(spread)
+    for name, handoff in (("colocated", True), ("spread", False)):
+        result = run_graph(tmp_path / f"{name}.yaml", tmp_path / name, timeout_s=150)
+        assert result.exit_code == 0, result.stderr[-3000:]
+        assert not any(r["event"] == "node_down" for r in result.ledger)
+        assert result.metrics[-1]["step"] == 3
+        syncs = [e for e in events(result.run_dir) if e.get("name") == "weight_sync" and e.get("ph") == "X"]
+        assert syncs and all(bool(e["args"].get("handoff")) is handoff for e in syncs), (name, syncs[:3])

@@ -37,9 +37,10 @@ def test_waiters_are_granted_in_ticket_order_and_a_dead_holder_holds_nothing():
     assert book.ask(A, 5) == [("grant", A, 1)]
     assert book.ask(C, 4) == [("yield", A, 1)]
     assert book.ask(R, 3) == []
-    assert book.down(A) == [("grant", R, 2)]  # killed while holding: the lowest ticket goes next
-    # restarted, it is awake (its setup used the memory) until it releases: both are asked to yield
-    assert book.ready(A) == [("yield", R, 2), ("yield", A, 0)]
+    # killed while holding: the lowest ticket goes next, told to yield at once (the critic still waits)
+    assert book.down(A) == [("grant", R, 2), ("yield", R, 2)]
+    # restarted, it is awake (its setup used the memory) until it releases: asked to yield
+    assert book.ready(A) == [("yield", A, 0)]
     assert book.released(R, 2) == [] and book.released(A, 0) == [("grant", C, 3)]
 
 
@@ -65,3 +66,53 @@ def test_offloaded_trainer_state_comes_back_bitwise_and_views_see_it(tmp_path):
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     assert torch.equal(alias["0.weight"], model[0].weight) and not (tmp_path / "t.pt").exists()
     opt.step()  # the optimizer goes on with the same state objects
+
+
+def test_a_yield_that_comes_with_the_grant_is_kept_for_the_turn_being_taken_not_answered_at_once():
+    """The controller grants a turn and, others waiting, asks it back at once (TurnBook._next): the
+    yield can reach the worker before its asking task woke. It must release after the call it
+    asked for, not say 'released' before it even began (two members awake: a real overlap)."""
+    import contextlib
+
+    import anyio
+
+    from flowrl.runtime.protocol import messages as m
+    from flowrl.runtime.worker.turns import TurnClient
+
+    class Rec:
+        def span(self, *a, **k):
+            return contextlib.nullcontext()
+
+        def max(self, *a, **k): ...
+        def count(self, *a, **k): ...
+        def observe(self, *a, **k): ...
+
+    said: list = []
+    node = SimpleNamespace(sleep=lambda: None, wake=lambda: None)
+
+    async def main():
+        async def report(msg):
+            said.append(msg)
+            if isinstance(msg, m.TurnAsk):  # the grant and the yield arrive back to back
+                client.arrived(m.TurnGrant(turn=4))
+                client.arrived(m.TurnYield(turn=4))
+
+        async def run(fn, *args):
+            return fn(*args)
+
+        client = TurnClient("g", proc_id=A, timeout_s=5, run=run, node=lambda: node, report=report, recorder=Rec())
+        client.held, client.asleep = False, True  # slept after turn 0
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.serve)
+            await anyio.sleep(0)
+            said.clear()
+            async with client.use("t-000002"):
+                assert client.held and client.turn == 4
+                assert not any(isinstance(x, m.TurnReleased) for x in said), said  # not while it computes
+            with anyio.fail_after(5):
+                while not any(isinstance(x, m.TurnReleased) for x in said):
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+        assert [type(x).__name__ for x in said] == ["TurnAsk", "TurnReleased"] and said[1].turn == 4
+
+    anyio.run(main)

@@ -28,9 +28,8 @@ from flowrl.runtime.protocol.errors import RunFailed
 log = logging.getLogger("flowrl.controller")
 
 
-def turn_groups(spec) -> dict[str, str]:
-    """Node -> the name of its take-turns group, for the colocation groups (`colocate_with`, transitive)
-    in which some member says `take_turns: true`. Nodes of other groups are not in it."""
+def colocation_groups(spec) -> dict[str, str]:
+    """Node -> the name of its colocation group (`colocate_with`, transitive), for groups of two or more."""
     parent = {n: n for n in spec.nodes}
 
     def find(n: str) -> str:
@@ -46,12 +45,15 @@ def turn_groups(spec) -> dict[str, str]:
     groups: dict[str, list[str]] = {}
     for n in spec.nodes:
         groups.setdefault(find(n), []).append(n)
-    out: dict[str, str] = {}
-    for members in groups.values():
-        if len(members) > 1 and any(getattr(spec.nodes[n], "take_turns", False) for n in members):
-            name = "+".join(sorted(members))
-            out.update({n: name for n in members})
-    return out
+    return {n: "+".join(sorted(members)) for members in groups.values() if len(members) > 1 for n in members}
+
+
+def turn_groups(spec) -> dict[str, str]:
+    """Node -> the name of its take-turns group: the colocation groups in which some member says
+    `take_turns: true`. Nodes of other groups are not in it."""
+    groups = colocation_groups(spec)
+    turning = {g for n, g in groups.items() if getattr(spec.nodes[n], "take_turns", False)}
+    return {n: g for n, g in groups.items() if g in turning}
 
 
 def refuse_multi_rank(spec, groups: dict[str, str]) -> None:
@@ -126,7 +128,9 @@ class TurnBook:
 
     def _next(self, g: str) -> list[tuple]:
         """The first waiter in the scheduler's order gets the turn once nobody else is awake; until
-        then every other awake member is told (once) to yield."""
+        then every other awake member is told (once) to yield. A holder granted while others still
+        wait is told to yield at once (it keeps the turn for the call it asked for): nobody waits
+        on a holder that was never asked to yield."""
         waiting = self.waiting.get(g, {})
         if not waiting:
             return []
@@ -141,7 +145,10 @@ class TurnBook:
         turn = next(self.turns)
         awake[first] = turn
         self.grants += 1
-        return [("grant", first, turn)]
+        if not waiting:
+            return [("grant", first, turn)]
+        yielding.add(first)  # others wait still: the new holder releases after the calls it was granted for
+        return [("grant", first, turn), ("yield", first, turn)]
 
 
 class Turns:

@@ -17,6 +17,11 @@ processes that `flowrl scale` has not removed. A new epoch is formed
 - after a rollback (the end of a recovery epoch), and after a sync failed (a permanent one, a
   layout mismatch, fails the run; so do more than `controller.weight_sync.max_failures` in a row).
 
+An epoch whose subscribers all share the publisher's device (`colocated`: declared with
+`colocate_with`, one host, the same devices or one take-turns group) is a handoff epoch: its orders say `handoff` and the weights go
+by the publisher's shared region, not a broadcast (flowrl.weights.handoff; FLOWRL_WEIGHT_HANDOFF=0
+in the controller's environment turns it off).
+
 The group is the one writer of its members, their identities, the sync epoch and the failure
 count. Whether a recovery runs (no orders then) and the newest version come in as arguments.
 
@@ -29,6 +34,7 @@ count. Whether a recovery runs (no orders then) and the newest version come in a
 from __future__ import annotations
 
 import logging
+import os
 from typing import Awaitable, Callable
 
 from flowrl.graph.spec import WeightSyncSpec
@@ -38,6 +44,15 @@ from flowrl.runtime.protocol import messages as m
 from flowrl.runtime.protocol.ledger import WeightsHeld
 
 log = logging.getLogger("flowrl.controller")
+
+
+def colocated(a: Proc, b: Proc) -> bool:
+    """Whether two processes share a device: declared colocated (`colocate_with`), on one host, and
+    in one take-turns group or on the same devices."""
+    x, y = a.spec, b.spec
+    if x.colocation is None or x.colocation != y.colocation or x.host_address != y.host_address:
+        return False
+    return x.device_type == y.device_type and (x.turn_group is not None or x.devices == y.devices)
 
 Send = Callable[[Proc, object], Awaitable[bool]]
 Fail = Callable[[Proc | None, str], None]
@@ -57,6 +72,7 @@ class SyncGroup:
         self.failures = 0  # failed rounds of the current epoch in a row
         self.members: list[Proc] = []
         self.identities: frozenset[bytes] = frozenset()  # who the current sync epoch was formed of
+        self.handoff = False  # the current epoch's members all share the publisher's device
 
     # membership -------------------------------------------------------------------------------
     def weight_procs(self) -> list[Proc]:
@@ -84,7 +100,10 @@ class SyncGroup:
         self.epoch += 1
         self.members = pubs[:1] + [p for p in members if p.spec.node in self.roles.subscribers]
         self.identities = frozenset(p.identity for p in self.members)
-        log.info("weight-sync epoch %d: %s", self.epoch, ", ".join(p.id for p in self.members))
+        self.handoff = os.environ.get("FLOWRL_WEIGHT_HANDOFF", "1") != "0" and len(self.members) > 1 and all(
+            colocated(self.members[0], p) for p in self.members[1:])
+        log.info("weight-sync epoch %d%s: %s", self.epoch, " (handoff on one device)" if self.handoff else "",
+                 ", ".join(p.id for p in self.members))
         if len(self.members) < 2:  # nobody to send to; the order still fences the publisher's older epoch
             await self._send_sync(self.members[0], version, 0)
             return
@@ -124,7 +143,8 @@ class SyncGroup:
     async def _send_sync(self, p: Proc, version: int, rank: int) -> None:
         pub = self.members[0]
         await self.send(p, m.Sync(sync_epoch=self.epoch, version=version, rank=rank, world_size=len(self.members),
-                                  store=[pub.spec.host_address, pub.store_port], timeout_s=self.timeout_s()))
+                                  store=[pub.spec.host_address, pub.store_port], timeout_s=self.timeout_s(),
+                                  handoff=self.handoff))
 
     def synced(self, proc: Proc, msg: m.Synced) -> None:
         proc.version = msg.version

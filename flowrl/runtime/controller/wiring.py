@@ -32,7 +32,7 @@ from flowrl.runtime.controller.procs import Proc, ProcTable
 from flowrl.runtime.controller.recovery import RecoveryBook
 from flowrl.runtime.controller.roles import Roles
 from flowrl.runtime.controller.scheduler import Scheduler
-from flowrl.runtime.controller.turns import TurnBook, Turns, refuse_multi_rank, turn_groups
+from flowrl.runtime.controller.turns import TurnBook, Turns, colocation_groups, refuse_multi_rank, turn_groups
 from flowrl.runtime.protocol.procspec import OutputRoute, ProcSpec
 from flowrl.runtime.protocol.addresses import SERVE_PORT, shard_address
 
@@ -63,6 +63,7 @@ class Wiring:
         groups = turn_groups(spec)  # colocated nodes that take turns on their devices (turns.py)
         refuse_multi_rank(spec, groups)
         self.turns = Turns(TurnBook(groups), procs, send)  # who holds each group's turn
+        self.colocation = colocation_groups(spec)  # a weight sync among one group's members is a handoff
 
     @property
     def multi_host(self) -> bool:
@@ -167,7 +168,7 @@ class Wiring:
                         curve_public=self.net.keys[pid][0], curve_secret=self.net.keys[pid][1],
                         control_key=self.net.control_key(pid), input_clients=clients,
                         services=[s.dst for s in spec.services if s.src == entry.node],
-                        turn_group=self.turns.book.groups.get(entry.node),
+                        turn_group=self.turns.book.groups.get(entry.node), colocation=self.colocation.get(entry.node),
                         turn_timeout_s=2 * spec.supervision.process_timeout_s + spec.supervision.startup_timeout_s)
 
     def prepare_start(self, proc: Proc) -> None:

@@ -203,6 +203,7 @@ class Sync:
     world_size: int
     store: list[str | int | None]  # [host, port] of the publisher's rendezvous store
     timeout_s: float
+    handoff: bool = False  # every member on the publisher's device: the region's handle, not a broadcast
 
 
 @message("epoch", "controller -> node")

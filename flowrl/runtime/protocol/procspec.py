@@ -68,6 +68,7 @@ class ProcSpec:
     control_key: str | None = None  # the controller's CURVE public key when `control` is tcp
     input_clients: dict[str, list[str]] = field(default_factory=dict)  # tcp input port -> producer keys it admits
     services: list[str] = field(default_factory=list)  # servers this node sends requests to (`services:` of the graph)
+    colocation: str | None = None  # its colocation group (`colocate_with`, transitive): weights go by handoff
     turn_group: str | None = None  # colocated nodes that take turns on their devices (`take_turns`): the group's name
     turn_timeout_s: float = 1200.0  # the longest a member waits for its turn (a holder's call is bounded by process_timeout_s)
 

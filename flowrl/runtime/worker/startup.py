@@ -115,7 +115,8 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
         weights = WeightsClient(runner.node, publisher=shape.publishes, device=device,
                                 recorder=recorder, faults=faults, secret=spec.secret,
                                 serving_dtype=spec.serving_dtype, host=spec.host_address,
-                                ready_timeout_s=graph.supervision.process_timeout_s)
+                                ready_timeout_s=graph.supervision.process_timeout_s,
+                                region_name=f"flowrl-{Path(spec.run_dir).name}-{spec.log_name}")
         state.serve_weights(weights)
     if shape.subscribes and spec.epoch > 0:
         version.forget()  # after a rollback only the publisher's restored weights count

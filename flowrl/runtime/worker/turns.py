@@ -107,9 +107,11 @@ class TurnClient:
                 self._todo[0].send_nowait(-msg.turn - 1)
             return True
         if isinstance(msg, m.TurnYield):
-            if self.held and msg.turn == self.turn:
+            granted = self._asked.get("turn") if self._asked and self._asked["event"].is_set() else None
+            if (self.held and msg.turn == self.turn) or (not self.held and msg.turn == granted):
+                # (granted, its asker not yet woken: the yield is for the turn it is about to take)
                 self._yield_asked = msg.turn
-                if self._busy == 0:
+                if self.held and self._busy == 0:
                     self._todo[0].send_nowait(msg.turn)
             elif not self.held:  # already released (the release and the order crossed): say so again
                 self._todo[0].send_nowait(-msg.turn - 1)

@@ -18,6 +18,7 @@ no copy), a dict of live tensors (copied in once complete), or a callable
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 
@@ -28,7 +29,8 @@ class WeightsClient:
     bucket_bytes = 32 << 20
 
     def __init__(self, node, *, publisher: bool, device: str, recorder, faults, secret: str,
-                 serving_dtype: str | None = None, ready_timeout_s: float = 600.0, host: str = "127.0.0.1"):
+                 serving_dtype: str | None = None, ready_timeout_s: float = 600.0, host: str = "127.0.0.1",
+                 region_name: str = "flowrl-weights"):
         self.node, self.publisher, self.device = node, publisher, device
         self.recorder, self.faults, self.secret = recorder, faults, secret
         self.serving_dtype = serving_dtype
@@ -38,11 +40,11 @@ class WeightsClient:
         self.sub = None
         self.fenced = 0  # the newest sync epoch ordered (a subscriber made later starts fenced there)
         if publisher:
-            from flowrl.weights import WeightPublisher
+            from flowrl.weights.handoff import SharedPublisher  # a broadcast, or a handoff on its own device
 
-            self.pub = WeightPublisher(node.weights, device=device, bucket_bytes=self.bucket_bytes,
+            self.pub = SharedPublisher(node.weights, device=device, bucket_bytes=self.bucket_bytes,
                                        serving_dtype=None if serving_dtype == "float32" else serving_dtype,
-                                       store_host=host, secret=secret)
+                                       store_host=host, secret=secret, region_name=region_name)
 
     def rebind(self, node) -> None:
         """The node was built anew (a rollback with nothing committed): read and load its weights."""
@@ -64,11 +66,11 @@ class WeightsClient:
 
     def subscriber(self):
         if self.sub is None:
-            from flowrl.weights import WeightSubscriber
+            from flowrl.weights.handoff import SharedSubscriber
 
             # a node that applies adapter (LoRA) versions itself (the rollout's engines) gets them as
             # they came; any other has them applied to its weights() by the subscriber
-            self.sub = WeightSubscriber(self.node.weights(), device=self.device, bucket_bytes=self.bucket_bytes,
+            self.sub = SharedSubscriber(self.node.weights(), device=self.device, bucket_bytes=self.bucket_bytes,
                                         version=0, apply_adapters=not getattr(self.node, "applies_adapters", False))
             self.sub.local_host = self.host
             self.sub.fence(self.fenced)
@@ -93,38 +95,52 @@ class WeightsClient:
                 side.close()
 
     async def sync(self, order, version: int, runner) -> int:
-        """Join `order.sync_epoch` and broadcast (publisher) or receive (subscriber) one version.
-        What touches the node's weights (a first snapshot, loading a version) runs on the node's
-        compute thread (`runner`, runner.py); the broadcast itself on a thread of its own."""
-        with self.recorder.span("weight_sync", version=order.version):
-            if self.publisher:
+        """Join `order.sync_epoch` and broadcast (publisher) or receive (subscriber) one version, or
+        hand it off (`order.handoff`: both on one device, flowrl.weights.handoff). What touches the
+        node's weights (a first snapshot, loading a version) runs on the node's compute thread
+        (`runner`, runner.py); the broadcast itself on a thread of its own. A subscriber's handoff
+        is one turn (take_turns): it says it is ready only once it holds its devices, so the
+        trainer never waits for the region while the subscriber waits for the trainer's turn."""
+        handoff = order.handoff
+        if self.publisher:
+            with self.recorder.span("weight_sync", version=order.version, handoff=handoff):
                 if self.pub.version is None:
                     await runner.run(self.snapshot, version)
                 sent = await anyio.to_thread.run_sync(lambda: self.pub.serve(
                     order.sync_epoch, order.world_size, timeout_s=order.timeout_s,
-                    ready_timeout_s=self.ready_timeout_s))
-                seconds, received = self.pub.seconds, sent
-            else:
-                sub = self.subscriber()
-                store = (order.store[0], int(order.store[1]))
-                await anyio.to_thread.run_sync(lambda: sub.join(
-                    order.sync_epoch, order.rank, order.world_size, store, self.secret, timeout_s=order.timeout_s,
-                    ready_timeout_s=self.ready_timeout_s))
-                if self.faults.fail_sync(order.version):
-                    sub.fault_hook = _fail_after_first_bucket
-                try:  # into the staging buffers; the live weights change below, on the compute thread
-                    received = await anyio.to_thread.run_sync(lambda: sub.receive(commit=False))
-                finally:
-                    sub.fault_hook = None
-                seconds = sub.seconds
+                    ready_timeout_s=self.ready_timeout_s, handoff=handoff))
+            self._measure(order, self.pub.seconds)
+            return sent
+        async with runner.turn("weight handoff") if handoff else contextlib.nullcontext():
+            try:
+                with self.recorder.span("weight_sync", version=order.version, handoff=handoff):
+                    received = await self._receive(order, handoff)
+                await runner.run(self.land, received)
+            finally:  # a handed-off region is let go and the publisher told (a no-op once the version landed)
+                if self.sub is not None:
+                    self.sub.finish("failed: the version did not land")
+        return received
+
+    async def _receive(self, order, handoff: bool) -> int:
+        sub = self.subscriber()
+        store = (order.store[0], int(order.store[1]))
+        await anyio.to_thread.run_sync(lambda: sub.join(
+            order.sync_epoch, order.rank, order.world_size, store, self.secret, timeout_s=order.timeout_s,
+            ready_timeout_s=self.ready_timeout_s, handoff=handoff))
+        if self.faults.fail_sync(order.version):
+            sub.fault_hook = _fail_after_first_bucket
+        try:  # into the staging buffers; the live weights change below, on the compute thread
+            received = await anyio.to_thread.run_sync(lambda: sub.receive(commit=False))
+        finally:
+            sub.fault_hook = None
+        self._measure(order, sub.seconds)
+        return received
+
+    def _measure(self, order, seconds: float) -> None:
         if order.world_size > 1:  # a publisher alone in its epoch sent nothing (the order only fenced older ones)
-            buckets = self.pub.buckets if self.pub is not None else self.sub.staging
-            nbytes = sum(b.numel() * b.element_size() for b in buckets)
+            nbytes = self.pub.plan.nbytes(self.pub.buckets) if self.pub is not None else self.sub.nbytes
             self.recorder.count("weight_sync_bytes", nbytes, per_node=True)
             self.recorder.observe("weight_sync_s", seconds, per_node=True)
-        if not self.publisher:
-            await runner.run(self.land, received)
-        return received
 
     async def land(self, version: int) -> None:
         """On the node's compute thread: the staged version becomes the live one. A node generating
