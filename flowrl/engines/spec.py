@@ -98,7 +98,8 @@ class VLLMEngineSpec(_Spec):
     ~7x slower decode, docs/engines.md). Full versions land the same way in both."""
     max_lora_rank: int = Field(16, ge=1)
     """``serve``: the largest adapter rank ``r`` the engine accepts (vLLM sizes its LoRA buffers
-    for it at start-up; a version of a larger ``r`` is refused, naming this setting)."""
+    for it at start-up; a version of a larger ``r`` is refused, naming this setting). vLLM accepts
+    1, 8, 16, 32, 64, 128, 256, 320 or 512."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """More keyword arguments for ``vllm.LLM(...)``, passed as they are (checked by vLLM)."""
 

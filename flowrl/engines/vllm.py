@@ -128,6 +128,8 @@ EXTENSION = "flowrl.engines.vllm_worker.FlowrlWorkerExtension"
 PREFIX = "backbone."
 """The Hugging Face adapter's prefix in front of the checkpoint's parameter names."""
 LOOPBACK = "127.0.0.1"
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``max_lora_rank`` values vLLM accepts (this build's ``MaxLoRARanks``)."""
 
 
 def configure_environment(tensor_parallel_size: int) -> None:
@@ -518,7 +520,12 @@ class VLLMEngine(RolloutEngine):
         if self.unusable is not None and {n for n, _ in staged} >= {_engine_name(k) for k in self.staging}:
             self.unusable = None  # every weight replaced: nothing mixed is left (a partial update is not enough)
         if self.lora_request is not None:  # serve: a full version is the whole policy, no adapter on top
-            self._serve({}, version)
+            try:
+                self._serve({}, version)
+            except WeightLoadError as e:  # the base is the new version's already: not the previous policy
+                self.unusable = f"version {version}'s weights loaded but its adapter slot could not be emptied ({e})"
+                self._stop_if_unusable()
+                raise
 
     def _serve(self, adapters: dict[str, torch.Tensor], version: int) -> None:
         """``lora: serve``: write the adapters into the engine's one LoRA slot (the base untouched);
@@ -556,8 +563,9 @@ class VLLMEngine(RolloutEngine):
             out[stem + ".lora_A.weight"] = la.detach().to("cpu", copy=True)  # the sender's buffers are reused
             out[stem + ".lora_B.weight"] = lb.detach().to("cpu", copy=True)
         if rank > self.spec.max_lora_rank:
+            fit = next((k for k in LORA_RANKS if k >= rank), rank)
             raise ValueError(f"adapter rank r={rank} is above the engine's max_lora_rank={self.spec.max_lora_rank}; "
-                             f"set `max_lora_rank: {rank}` (or more) in the rollout's engine config. Nothing was applied")
+                             f"set `max_lora_rank: {fit}` in the rollout's engine config. Nothing was applied")
         return out, rank
 
     def _stop_if_unusable(self) -> None:

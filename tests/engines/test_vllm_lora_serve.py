@@ -113,7 +113,7 @@ def test_an_adapter_version_that_fails_or_does_not_fit_leaves_the_previous_adapt
     with pytest.raises(ValueError, match="nothing was applied"):
         engine.load_weights(bad.items(), 12)
     too_big = random_adapters(base, seed=13, r=MAX_RANK + 1, targets=("q_proj",))
-    with pytest.raises(ValueError, match=f"max_lora_rank={MAX_RANK}.*set `max_lora_rank: {MAX_RANK + 1}`"):
+    with pytest.raises(ValueError, match=f"max_lora_rank={MAX_RANK}.*set `max_lora_rank: 16`"):
         engine.load_weights(too_big.items(), 12)
     assert engine.version == 11 and engine.engine_digest(effective=True) == held
     # a full version that fails partway: the base and the adapter served before it both stay
@@ -159,3 +159,11 @@ def test_sequences_in_flight_go_on_with_the_new_adapter_from_the_next_step(engin
         moved += not torch.equal(out.tokens[r], before.tokens[r])
     assert moved >= 1  # the adapter took over mid-flight
     assert_serves(engine, adapters)
+
+
+def test_the_lora_option_is_checked_with_the_engine_config():
+    from flowrl.engines.spec import parse_engine_spec
+
+    assert parse_engine_spec({"type": "vllm"}).lora == "merge"  # the default: merged (faster decode on CPU)
+    with pytest.raises(ValueError, match="'merge' or 'serve'"):
+        parse_engine_spec({"type": "vllm", "lora": "served"})
