@@ -40,7 +40,9 @@ at start-up) that every request names. An adapter version is checked (names, sha
 written into that slot in place through the worker (``flowrl_lora_set``: no folder, the base weights
 untouched); the sequences in flight compute with it from the next step, as after a reload. If
 writing raises partway the previous adapter is written back and the load raises (version not
-advanced). A full version reloads the base as above, then empties the adapter.
+advanced); if that fails too, the engine refuses to generate until an adapter version is written
+whole (or a whole version loads). A full version reloads the base as above, then empties the
+adapter (vLLM's reload drops every adapter: the worker registers it again after each reload).
 
 Sampling: each prompt is one request -- its own token ids, never padded -- with ``n`` completions
 and its own seed, so a batch is reproducible for a given seed and prompts do not share random
@@ -207,8 +209,10 @@ class VLLMEngine(RolloutEngine):
         """Why the engine holds mixed weights (a reload and its restore failed), else None."""
         self.reload_faults: list[int] = []
         """Tests: the next reloads raise after this many tensors went in (one entry per reload)."""
-        self.lora_faults: list[int] = []
-        """Tests (``serve``): writing the next adapters raises after this many LoRA modules."""
+        self.lora_faults: list[int | tuple[int, int]] = []
+        """Tests (``serve``): writing the next adapters raises after this many LoRA modules (a pair:
+        and writing the previous ones back raises after the second number)."""
+        self._slot_mixed = False  # unusable only because the LoRA slot holds a half-written adapter
         self.continuous = spec.continuous
         self.prefix_caching = spec.enable_prefix_caching
         self._live: dict[str, _Seq] = {}     # request id -> its sequence group, added to vLLM
@@ -522,8 +526,8 @@ class VLLMEngine(RolloutEngine):
         if self.lora_request is not None:  # serve: a full version is the whole policy, no adapter on top
             try:
                 self._serve({}, version)
-            except WeightLoadError as e:  # the base is the new version's already: not the previous policy
-                self.unusable = f"version {version}'s weights loaded but its adapter slot could not be emptied ({e})"
+            except WeightLoadError as e:  # the new base under the old adapter: neither version
+                self.unusable, self._slot_mixed = f"version {version} loaded but its adapter slot was not emptied ({e})", False
                 self._stop_if_unusable()
                 raise
 
@@ -531,18 +535,23 @@ class VLLMEngine(RolloutEngine):
         """``lora: serve``: write the adapters into the engine's one LoRA slot (the base untouched);
         checked whole first; a write that raises partway is undone (the previous adapter again)."""
         tensors, rank = self._lora_tensors(adapters)
-        fail_after = self.lora_faults.pop(0) if self.lora_faults else None
-        result = self.llm.collective_rpc("flowrl_lora_set", kwargs={"tensors": tensors, "rank": rank,
-                                                                     "fail_after": fail_after})
+        fault = self.lora_faults.pop(0) if self.lora_faults else None
+        fail_after, restore_fail_after = fault if isinstance(fault, tuple) else (fault, None)
+        result = self.llm.collective_rpc("flowrl_lora_set", kwargs={
+            "tensors": tensors, "rank": rank, "fail_after": fail_after, "restore_fail_after": restore_fail_after})
         errors = [r for r in result if "error" in r]
         if not errors:
+            if self._slot_mixed:  # every slot written whole: what made the engine unusable is gone
+                self.unusable, self._slot_mixed = None, False
             return
         what = f"serving the adapters of version {version} in the vLLM engine failed partway ({errors[0]['error']})"
         if all(r["restored"] for r in errors):
             raise WeightLoadError(f"{what}; the engine serves version {self.version}'s adapter again, as it was")
+        self._slot_mixed = self.unusable is None or self._slot_mixed  # the base itself is whole
         self.unusable = what
         self._stop_if_unusable()
-        raise WeightLoadError(f"{what}; the engine refuses to generate until a whole version loads")
+        raise WeightLoadError(f"{what}; the engine refuses to generate until a version's adapters (or a whole "
+                              "version) load")
 
     def _lora_tensors(self, adapters: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
         """Trainer-named adapters -> peft names vLLM reads (own copies), and their largest rank."""

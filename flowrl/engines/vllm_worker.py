@@ -114,12 +114,13 @@ class FlowrlWorkerExtension:
         return out
 
     def flowrl_lora_set(self, tensors: dict[str, torch.Tensor] | None, rank: int,
-                        fail_after: int | None = None) -> dict:
+                        fail_after: int | None = None, restore_fail_after: int | None = None) -> dict:
         """Serve ``tensors`` (peft names: ``base_model.model.<P>.lora_A.weight`` [r, in], ``..lora_B.weight``
         [out, r], pre-scaled) as adapter ``LORA_ID``; None: the empty adapter (the base). Checked
         whole before any slot changes (a ``ValueError`` then). Returns ``{"modules": written}``, or
-        ``{"error": ..., "restored": bool}`` when writing raised partway (``fail_after``, tests:
-        raise once that many modules were written) and the previous adapter was written back."""
+        ``{"error": ..., "restored": bool}`` when writing raised partway and the previous adapter was
+        written back (or that failed too). Tests: ``fail_after`` / ``restore_fail_after`` make the
+        write / the write back raise once that many modules were written."""
         from vllm.lora.lora_model import LoRAModel
         from vllm.lora.peft_helper import PEFTHelper
 
@@ -147,7 +148,7 @@ class FlowrlWorkerExtension:
         except Exception as e:  # noqa: BLE001 - the previous adapter goes back, then the caller hears it
             error = f"{type(e).__name__}: {e}"
             try:
-                _write_slot(mgr, index, previous, None)
+                _write_slot(mgr, index, previous, restore_fail_after)
             except Exception as again:  # noqa: BLE001
                 return {"error": f"{error}; restoring the previous adapter failed too ({again})", "restored": False}
             return {"error": error, "restored": True}

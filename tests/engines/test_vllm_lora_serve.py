@@ -167,3 +167,19 @@ def test_the_lora_option_is_checked_with_the_engine_config():
     assert parse_engine_spec({"type": "vllm"}).lora == "merge"  # the default: merged (faster decode on CPU)
     with pytest.raises(ValueError, match="'merge' or 'serve'"):
         parse_engine_spec({"type": "vllm", "lora": "served"})
+
+
+def test_when_the_previous_adapter_cannot_be_written_back_the_engine_refuses_until_an_adapter_version_lands(engine):
+    base = engine.base
+    engine.load_weights(base.items(), 30)
+    one = random_adapters(base, seed=31, targets=ATTENTION)
+    engine.lora_faults = [(3, 1)]  # the write fails after three layers, writing the previous one back after one
+    with pytest.raises(WeightLoadError, match="refuses to generate"):
+        engine.load_weights(one.items(), 31)
+    assert engine.version == 30 and engine.unusable
+    with pytest.raises(RuntimeError, match="cannot generate"):
+        engine.generate(RAGGED, GREEDY, seed=0)
+    engine.load_weights(one.items(), 31)  # every slot written whole: the engine generates again
+    assert engine.unusable is None and engine.version == 31
+    assert engine.engine_digest(effective=True) == expected(engine, merged(base, one))
+    assert engine.generate(RAGGED, GREEDY, seed=0).num_samples == RAGGED.num_samples
