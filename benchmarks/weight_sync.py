@@ -16,11 +16,14 @@ Adapter versions (LoRA), the second table: a Llama of SmolLM2-135M's shape (rand
 to a temporary folder) in a rollout engine of its own process; the trainer's process publishes
 the full state and, on a second publisher, only r=16 adapters of q, k, v and o. `land s` is what a
 rollout waits for a version: receive it (broadcast) and load it into the engine (`load_weights`:
-the hf engine writes base + B @ A in place; vLLM merges and reloads only those layers). The vLLM
-row needs vllm importable (run the script with the vLLM environment's python); else it says
-skipped. Targets: adapter bytes <= 2% of the full state; vLLM adapter land <= 0.1x a full one.
+the hf engine writes base + B @ A in place; `vllm` (engine `lora: merge`) merges and reloads only
+those layers; `vllm-serve` (`lora: serve`) writes the adapters into vLLM's LoRA slot). The vLLM rows
+need vllm importable (run the script with the vLLM environment's python); else they say skipped.
+Targets: adapter bytes <= 2% of the full state; vLLM adapter land <= 0.1x a full one. `decode
+tok/s` (vLLM rows): generation with the adapter version applied, 64 prompts x 16 new tokens,
+sampled -- what serving the adapter costs each step against decoding merged weights.
 
-    python benchmarks/weight_sync.py --sizes-mb --engines hf vllm     # only the adapter table
+    python benchmarks/weight_sync.py --sizes-mb --engines hf vllm vllm-serve   # only the adapter table
 """
 
 from __future__ import annotations
@@ -181,9 +184,11 @@ def adapter_worker(rank: int, folder: str, engine_type: str, reps: int, r: int, 
     else:
         from flowrl.engines import build_engine
 
-        spec = {"type": engine_type}
-        if engine_type == "vllm":
+        spec = {"type": engine_type.split("-")[0]}
+        if engine_type.startswith("vllm"):
             spec.update(kv_cache_memory_bytes=64 << 20, max_model_len=256)
+        if engine_type == "vllm-serve":
+            spec.update(lora="serve", max_lora_rank=max(16, r))
         engine = build_engine(spec, model={"type": "hf", "path": folder}, device="cpu", dtype=dtype, seed=0)
         addrs = [tuple(a) for a in json.loads(sys.stdin.readline())["addrs"]]
         subs = [WeightSubscriber(engine.weights(), bucket_bytes=BUCKET, version=0, apply_adapters=False)
@@ -208,14 +213,35 @@ def adapter_worker(rank: int, folder: str, engine_type: str, reps: int, r: int, 
                 results[f"{kind}_bcast"].append(subs[i].seconds)
     if rank == 1:
         nbytes = [sub.plan.nbytes(sub.staging) for sub in subs]
-        print(json.dumps({"full_bytes": nbytes[0], "adapter_bytes": nbytes[1], **results}), flush=True)
+        decode = decode_rate(engine) if engine_type.startswith("vllm") else None  # the adapter version applied
+        print(json.dumps({"full_bytes": nbytes[0], "adapter_bytes": nbytes[1], "decode_tok_s": decode, **results}),
+              flush=True)
         engine.close()
+
+
+def decode_rate(engine, prompts: int = 64, new_tokens: int = 16, reps: int = 2) -> float:
+    """Generated tokens per second: `prompts` prompts of 16 tokens, `new_tokens` sampled each (best of `reps`)."""
+    import torch
+
+    from flowrl.engines import Sampling
+    from flowrl.transport.ragged import Ragged
+
+    g = torch.Generator().manual_seed(0)
+    batch = Ragged.from_sequences([torch.randint(3, 60, (16,), generator=g).tolist() for _ in range(prompts)])
+    sampling = Sampling(n=1, temperature=1.0, max_new_tokens=new_tokens, eos_id=-1, pad_id=0)
+    engine.generate(batch.select(slice(0, 4)), sampling, seed=0)  # warm-up
+    best = 0.0
+    for rep in range(reps):
+        t0 = time.perf_counter()
+        out = engine.generate(batch, sampling, seed=rep)
+        best = max(best, int(out.response_lens.sum()) / (time.perf_counter() - t0))
+    return best
 
 
 def measure_adapters(engine_type: str, folder: str, reps: int, r: int, dtype: str) -> dict:
     import importlib.util
 
-    if engine_type == "vllm" and importlib.util.find_spec("vllm") is None:
+    if engine_type.startswith("vllm") and importlib.util.find_spec("vllm") is None:
         return {"engine": engine_type, "skipped": "vllm is not importable here (run with the vLLM env's python)"}
     secret = secrets.token_hex(32)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FLOWRL_BENCH_SECRET": secret}
@@ -237,20 +263,22 @@ def measure_adapters(engine_type: str, folder: str, reps: int, r: int, dtype: st
     return {"engine": engine_type, "full_mb": sub["full_bytes"] / 2**20, "adapter_mb": sub["adapter_bytes"] / 2**20,
             "bytes_pct": 100 * sub["adapter_bytes"] / sub["full_bytes"], "full_s": med(sub["full"]),
             "adapter_s": med(sub["adapter"]), "full_bcast_s": med(sub["full_bcast"]),
-            "adapter_bcast_s": med(sub["adapter_bcast"]), "time_ratio": med(sub["adapter"]) / med(sub["full"])}
+            "adapter_bcast_s": med(sub["adapter_bcast"]), "time_ratio": med(sub["adapter"]) / med(sub["full"]),
+            "decode_tok_s": sub["decode_tok_s"]}
 
 
 def print_adapter_rows(rows: list[dict], r: int, dtype: str) -> None:
     print(f"\nadapter (r={r}, q/k/v/o) vs full version, SmolLM2-135M shape, {dtype}; land = broadcast + load")
-    print(f"{'engine':>7} {'full MB':>8} {'adapter MB':>11} {'bytes %':>8} {'full land s':>12} {'adapter land s':>15} "
-          f"{'time ratio':>11} {'full bcast s':>13} {'adapter bcast s':>16}")
+    print(f"{'engine':>10} {'full MB':>8} {'adapter MB':>11} {'bytes %':>8} {'full land s':>12} "
+          f"{'adapter land s':>15} {'time ratio':>11} {'full bcast s':>13} {'adapter bcast s':>16} {'decode tok/s':>13}")
     for x in rows:
         if "skipped" in x:
-            print(f"{x['engine']:>7} skipped: {x['skipped']}")
+            print(f"{x['engine']:>10} skipped: {x['skipped']}")
             continue
-        print(f"{x['engine']:>7} {x['full_mb']:>8.1f} {x['adapter_mb']:>11.2f} {x['bytes_pct']:>7.2f}% "
+        decode = "-" if x.get("decode_tok_s") is None else f"{x['decode_tok_s']:.0f}"
+        print(f"{x['engine']:>10} {x['full_mb']:>8.1f} {x['adapter_mb']:>11.2f} {x['bytes_pct']:>7.2f}% "
               f"{x['full_s']:>12.3f} {x['adapter_s']:>15.3f} {x['time_ratio']:>10.3f}x {x['full_bcast_s']:>13.3f} "
-              f"{x['adapter_bcast_s']:>16.4f}")
+              f"{x['adapter_bcast_s']:>16.4f} {decode:>13}")
 
 
 def measure(mb: int, reps: int) -> dict:
@@ -284,8 +312,10 @@ def main() -> int:
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes-mb", type=int, nargs="*", default=[60, 400])
-    ap.add_argument("--engines", nargs="*", default=["hf", "vllm"], choices=["builtin", "hf", "vllm"],
-                    help="rollout engines of the adapter table (none: no adapter table)")
+    ap.add_argument("--engines", nargs="*", default=["hf", "vllm", "vllm-serve"],
+                    choices=["builtin", "hf", "vllm", "vllm-serve"],
+                    help="rollout engines of the adapter table (vllm: lora merge, vllm-serve: lora serve; "
+                         "none: no adapter table)")
     ap.add_argument("--rank", type=int, default=16, help="LoRA rank of the adapter versions")
     ap.add_argument("--dtype", default="bfloat16", help="the engines' and versions' dtype")
     ap.add_argument("--reps", type=int, default=5)

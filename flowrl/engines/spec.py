@@ -89,6 +89,17 @@ class VLLMEngineSpec(_Spec):
     copy (one more copy of the weights in RAM) and the engine goes on generating with it;
     ``fail`` keeps no copy and the engine refuses to generate until a whole version has loaded.
     Either way the node's version does not advance and the runtime orders a new sync."""
+    lora: Literal["merge", "serve"] = "merge"
+    """How adapter (LoRA) versions apply (a trainer with ``train.lora`` publishes only adapters):
+    ``merge`` computes ``base + B @ A`` of the adapted weights and reloads only those layers into
+    vLLM's weights (decode at the plain model's speed); ``serve`` starts vLLM with its LoRA support
+    (``enable_lora``) and serves each version as vLLM's adapter, landing it without touching the
+    base weights (faster to land, but every decode step runs the LoRA kernels: on CPU measured
+    ~7x slower decode, docs/engines.md). Full versions land the same way in both."""
+    max_lora_rank: int = Field(16, ge=1)
+    """``serve``: the largest adapter rank ``r`` the engine accepts (vLLM sizes its LoRA buffers
+    for it at start-up; a version of a larger ``r`` is refused, naming this setting). vLLM accepts
+    1, 8, 16, 32, 64, 128, 256, 320 or 512."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """More keyword arguments for ``vllm.LLM(...)``, passed as they are (checked by vLLM)."""
 

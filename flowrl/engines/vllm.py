@@ -25,14 +25,24 @@ runtime reports the failed sync and orders a new one. If the restore fails too (
 ``on_reload_error: fail``, which keeps no copy) the engine refuses to generate until a version
 loads completely, so nothing is ever sampled from mixed weights.
 
-Adapter versions (LoRA: only ``P.lora_A`` / ``P.lora_B`` arrive, see ``flowrl.weights.adapters``)
-are merged, not served through vLLM's LoRA support: ``load_weights`` computes ``base + B @ A`` of
+Adapter versions (LoRA: only ``P.lora_A`` / ``P.lora_B`` arrive, see ``flowrl.weights.adapters``),
+``lora: merge`` (the default): ``load_weights`` computes ``base + B @ A`` of
 every adapted weight (plus the other members of a fused q/k/v or gate/up group, and the base again
 of a weight the previous version adapted and this one does not) and reloads only those through the
 same transactional path; vLLM's layerwise reload keeps every layer it is given nothing for. The
 base of an adapted weight is copied from what the engine held (the host copy, else the staging
 tensors) before it first changes: one more copy of the adapted weights only. Generation runs at
 the merged model's speed, and a version lands whole or not at all as above.
+
+``lora: serve``: vLLM starts with its LoRA support (``enable_lora``, ``max_lora_rank``, one slot)
+and holds one adapter (``vllm_worker.LORA_ID``, empty = the base, registered from memory and pinned
+at start-up) that every request names. An adapter version is checked (names, shapes, rank) and
+written into that slot in place through the worker (``flowrl_lora_set``: no folder, the base weights
+untouched); the sequences in flight compute with it from the next step, as after a reload. If
+writing raises partway the previous adapter is written back and the load raises (version not
+advanced); if that fails too, the engine refuses to generate until an adapter version is written
+whole (or a whole version loads). A full version reloads the base as above, then empties the
+adapter (vLLM's reload drops every adapter: the worker registers it again after each reload).
 
 Sampling: each prompt is one request -- its own token ids, never padded -- with ``n`` completions
 and its own seed, so a batch is reproducible for a given seed and prompts do not share random
@@ -111,6 +121,7 @@ from flowrl.engines.base import (
     require_hf_model,
 )
 from flowrl.engines.spec import VLLMEngineSpec
+from flowrl.engines.vllm_worker import LORA_ID, LORA_NAME, LORA_PATH
 from flowrl.models.generation import Generation
 from flowrl.transport.ragged import Ragged
 from flowrl.weights.adapters import AdaptedWeights, adapter_targets, is_adapter_version
@@ -119,6 +130,8 @@ EXTENSION = "flowrl.engines.vllm_worker.FlowrlWorkerExtension"
 PREFIX = "backbone."
 """The Hugging Face adapter's prefix in front of the checkpoint's parameter names."""
 LOOPBACK = "127.0.0.1"
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``max_lora_rank`` values vLLM accepts (this build's ``MaxLoRARanks``)."""
 
 
 def configure_environment(tensor_parallel_size: int) -> None:
@@ -167,8 +180,24 @@ class VLLMEngine(RolloutEngine):
             kwargs["kv_cache_memory_bytes"] = spec.kv_cache_memory_bytes
         if spec.max_model_len is not None:
             kwargs["max_model_len"] = spec.max_model_len
+        if spec.lora == "serve":
+            kwargs.update(enable_lora=True, max_lora_rank=spec.max_lora_rank, max_loras=1, max_cpu_loras=1)
         kwargs.update(spec.extra)
-        self.llm = vllm.LLM(**kwargs)
+        try:
+            self.llm = vllm.LLM(**kwargs)
+        except Exception as e:
+            if spec.lora != "serve":
+                raise
+            raise RuntimeError(f"vLLM could not start with its LoRA support (engine `lora: serve`, max_lora_rank="
+                               f"{spec.max_lora_rank}): {type(e).__name__}: {e}. Use `lora: merge` (adapter versions "
+                               "merged into the weights), or a max_lora_rank vLLM accepts") from e
+        self.lora_request: Any = None
+        """``lora: serve``: the LoRARequest every request carries (the one adapter the engine holds)."""
+        if spec.lora == "serve":
+            from vllm.lora.request import LoRARequest
+
+            self.lora_request = LoRARequest(LORA_NAME, LORA_ID, LORA_PATH)
+            self.llm.collective_rpc("flowrl_lora_set", kwargs={"tensors": None, "rank": 1})
         self.staging = _staging_tensors(self.model_spec, device=device, dtype=engine_dtype)
         # the version the engine holds, kept on the host to restore after a failed reload
         self.committed: dict[str, torch.Tensor] | None = None
@@ -180,6 +209,10 @@ class VLLMEngine(RolloutEngine):
         """Why the engine holds mixed weights (a reload and its restore failed), else None."""
         self.reload_faults: list[int] = []
         """Tests: the next reloads raise after this many tensors went in (one entry per reload)."""
+        self.lora_faults: list[int | tuple[int, int]] = []
+        """Tests (``serve``): writing the next adapters raises after this many LoRA modules (a pair:
+        and writing the previous ones back raises after the second number)."""
+        self._slot_mixed = False  # unusable only because the LoRA slot holds a half-written adapter
         self.continuous = spec.continuous
         self.prefix_caching = spec.enable_prefix_caching
         self._live: dict[str, _Seq] = {}     # request id -> its sequence group, added to vLLM
@@ -242,7 +275,7 @@ class VLLMEngine(RolloutEngine):
         params = [self.sampling_params(sampling, request_seed(seed, i, sampling.n)) for i in range(len(requests))]
         started = time.perf_counter()
         try:
-            outputs = self.llm.generate(requests, params, use_tqdm=False)
+            outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)
         finally:
             self._counters["busy_s"] += time.perf_counter() - started
         draws = 1 if sampling.temperature <= 0 else sampling.n  # vLLM decodes greedily with n = 1
@@ -311,7 +344,7 @@ class VLLMEngine(RolloutEngine):
         render = getattr(self.llm, "_preprocess_cmpl_one", None)  # what LLM.generate hands the engine
         if render is not None:
             prompt = render(prompt)
-        self.llm.llm_engine.add_request(seq.rid, prompt, seq.params)
+        self.llm.llm_engine.add_request(seq.rid, prompt, seq.params, lora_request=self.lora_request)
         self._live[seq.rid] = seq
 
     def _abort(self, seqs: Iterable["_Seq"]) -> None:
@@ -449,26 +482,10 @@ class VLLMEngine(RolloutEngine):
         started = time.perf_counter()
         try:
             named, adapters = _adapter_version(named_tensors)
-            if adapters is not None:  # LoRA: only the weights this version changes, merged
-                named = self._merge(adapters).items()
-            staged = self._stage(named)  # every tensor in hand and checked before the engine changes
-            try:
-                self._reload(staged, partial=adapters is not None)
-            except Exception as e:  # noqa: BLE001 - restored (or marked unusable), then raised again
-                try:
-                    self._recover(e, version)
-                finally:
-                    if self.unusable is not None and (self._live or self._held):
-                        self._fail_all(EngineUnusableError(f"the sequences in flight were stopped: {self.unusable}"))
-            if self.committed is not None:
-                for name, tensor in staged:
-                    self.committed[name].copy_(tensor)
-            if adapters is not None:
-                self.adapted.settle(adapters)
+            if adapters is not None and self.lora_request is not None:  # LoRA served by vLLM
+                self._serve(adapters, version)
             else:
-                self.adapted.forget(PREFIX + name for name, _ in staged)  # what they hold now is their base
-            if self.unusable is not None and {n for n, _ in staged} >= {_engine_name(k) for k in self.staging}:
-                self.unusable = None  # every weight replaced: nothing mixed is left (a partial update is not enough)
+                self._land(named, adapters, version)
             restart = [q for q in self._live.values()] if self.on_new_weights == "restart" else []
             self._abort(restart)  # their KV and tokens are the old version's: start them again
             self._reset_cache()
@@ -484,6 +501,85 @@ class VLLMEngine(RolloutEngine):
             if self._holds or self._held:
                 self.resume()  # requests held for this version go in (on the previous one if it failed)
             self._ensure_loop()
+
+    def _land(self, named: Any, adapters: dict | None, version: int) -> None:
+        """A full version, or an adapter version merged: reloaded into vLLM's weights, whole or not at all."""
+        if adapters is not None:  # LoRA: only the weights this version changes, merged
+            named = self._merge(adapters).items()
+        staged = self._stage(named)  # every tensor in hand and checked before the engine changes
+        try:
+            self._reload(staged, partial=adapters is not None)
+        except Exception as e:  # noqa: BLE001 - restored (or marked unusable), then raised again
+            try:
+                self._recover(e, version)
+            finally:
+                self._stop_if_unusable()
+        if self.committed is not None:
+            for name, tensor in staged:
+                self.committed[name].copy_(tensor)
+        if adapters is not None:
+            self.adapted.settle(adapters)
+        else:
+            self.adapted.forget(PREFIX + name for name, _ in staged)  # what they hold now is their base
+        if self.unusable is not None and {n for n, _ in staged} >= {_engine_name(k) for k in self.staging}:
+            self.unusable = None  # every weight replaced: nothing mixed is left (a partial update is not enough)
+        if self.lora_request is not None:  # serve: a full version is the whole policy, no adapter on top
+            try:
+                self._serve({}, version)
+            except WeightLoadError as e:  # the new base under the old adapter: neither version
+                self.unusable, self._slot_mixed = f"version {version} loaded but its adapter slot was not emptied ({e})", False
+                self._stop_if_unusable()
+                raise
+
+    def _serve(self, adapters: dict[str, torch.Tensor], version: int) -> None:
+        """``lora: serve``: write the adapters into the engine's one LoRA slot (the base untouched);
+        checked whole first; a write that raises partway is undone (the previous adapter again)."""
+        tensors, rank = self._lora_tensors(adapters)
+        fault = self.lora_faults.pop(0) if self.lora_faults else None
+        fail_after, restore_fail_after = fault if isinstance(fault, tuple) else (fault, None)
+        result = self.llm.collective_rpc("flowrl_lora_set", kwargs={
+            "tensors": tensors, "rank": rank, "fail_after": fail_after, "restore_fail_after": restore_fail_after})
+        errors = [r for r in result if "error" in r]
+        if not errors:
+            if self._slot_mixed:  # every slot written whole: what made the engine unusable is gone
+                self.unusable, self._slot_mixed = None, False
+            return
+        what = f"serving the adapters of version {version} in the vLLM engine failed partway ({errors[0]['error']})"
+        if all(r["restored"] for r in errors):
+            raise WeightLoadError(f"{what}; the engine serves version {self.version}'s adapter again, as it was")
+        self._slot_mixed = self.unusable is None or self._slot_mixed  # the base itself is whole
+        self.unusable = what
+        self._stop_if_unusable()
+        raise WeightLoadError(f"{what}; the engine refuses to generate until a version's adapters (or a whole "
+                              "version) load")
+
+    def _lora_tensors(self, adapters: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
+        """Trainer-named adapters -> peft names vLLM reads (own copies), and their largest rank."""
+        out, rank = {}, 0
+        for weight, (a, b) in adapter_targets(adapters).items():
+            held = self.staging.get(weight)
+            if held is None:
+                close = [k for k in self.staging if k.endswith(weight.rsplit(".", 2)[-2] + ".weight")][:3]
+                raise KeyError(f"adapter targets {weight!r}, which the rollout model does not have (similar: {close}); "
+                               "nothing was applied")
+            la, lb = adapters[a], adapters[b]
+            if not (la.dim() == lb.dim() == held.dim() == 2 and la.shape[1] == held.shape[1]
+                    and lb.shape[0] == held.shape[0] and la.shape[0] == lb.shape[1]):
+                raise ValueError(f"adapter of {weight!r}: A {tuple(la.shape)}, B {tuple(lb.shape)} do not fit its "
+                                 f"{tuple(held.shape)} (need A [r, in], B [out, r]); nothing was applied")
+            rank = max(rank, la.shape[0])
+            stem = "base_model.model." + _engine_name(weight)[: -len(".weight")]
+            out[stem + ".lora_A.weight"] = la.detach().to("cpu", copy=True)  # the sender's buffers are reused
+            out[stem + ".lora_B.weight"] = lb.detach().to("cpu", copy=True)
+        if rank > self.spec.max_lora_rank:
+            fit = next((k for k in LORA_RANKS if k >= rank), rank)
+            raise ValueError(f"adapter rank r={rank} is above the engine's max_lora_rank={self.spec.max_lora_rank}; "
+                             f"set `max_lora_rank: {fit}` in the rollout's engine config. Nothing was applied")
+        return out, rank
+
+    def _stop_if_unusable(self) -> None:
+        if self.unusable is not None and (self._live or self._held):
+            self._fail_all(EngineUnusableError(f"the sequences in flight were stopped: {self.unusable}"))
 
     def _reset_cache(self) -> None:
         """Drop prefix-cache blocks computed with the previous weights. With requests in flight vLLM
@@ -554,12 +650,18 @@ class VLLMEngine(RolloutEngine):
         self._reset_cache()
         raise WeightLoadError(f"{what}; the engine was restored to version {self.version}, bitwise") from error
 
-    def engine_weights(self) -> dict[str, torch.Tensor]:
-        """The weights the engine computes with (vLLM names, fused q/k/v and gate/up), rank 0."""
-        return self.llm.collective_rpc("flowrl_engine_weights")[0]
+    def engine_weights(self, effective: bool = False) -> dict[str, torch.Tensor]:
+        """The weights the engine computes with (vLLM names, fused q/k/v and gate/up), rank 0;
+        ``effective`` (``serve``): base + B @ A of the adapter it serves."""
+        return self.llm.collective_rpc("flowrl_engine_weights", kwargs={"effective": effective})[0]
 
-    def engine_digest(self) -> str:
-        return self.llm.collective_rpc("flowrl_digest")[0]
+    def engine_digest(self, effective: bool = False) -> str:
+        return self.llm.collective_rpc("flowrl_digest", kwargs={"effective": effective})[0]
+
+    def served_adapters(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """``serve``: what vLLM's LoRA layers hold for the current adapter, by checkpoint module name:
+        ``(A [max_lora_rank, in], B [out, max_lora_rank])``, zero-padded (rank 0)."""
+        return self.llm.collective_rpc("flowrl_lora_weights")[0]
 
     def packed_modules(self) -> dict[str, list[str]]:
         """vLLM's fusions of this model, e.g. ``{"qkv_proj": ["q_proj", "k_proj", "v_proj"]}``."""

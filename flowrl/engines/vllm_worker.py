@@ -9,6 +9,13 @@ second reload on top of that silently mixes the two attempts. On an error it fir
 unfinished layer's previous kernel tensors back (their contents are untouched: processing copies
 into them only once a layer is complete), so the engine can be reloaded again at once.
 
+``flowrl_lora_set`` serves an adapter version through vLLM's own LoRA support (``lora: serve``): the
+engine holds one adapter, id ``LORA_ID``, registered and pinned at start-up (empty: the base) and
+named by every request; a version is built into a ``LoRAModel`` from the tensors in memory (no
+folder), then written into that adapter's slot of every LoRA layer in place, so the sequences in
+flight compute with it from the next step, as with a reload. If writing raises partway, the
+previous adapter is written back before the error is reported.
+
 Reached with ``llm.collective_rpc("flowrl_<method>")``; on a tensor-parallel engine every rank
 answers. Imports nothing of flowrl, so the worker can load it by name wherever it runs.
 """
@@ -19,6 +26,12 @@ import hashlib
 import logging
 
 import torch
+
+LORA_ID = 1
+"""The int id of the one adapter a ``lora: serve`` engine holds (every request names it)."""
+LORA_NAME = "flowrl-policy"
+LORA_PATH = "flowrl://in-memory"
+"""What ``LoRARequest`` needs as a path; never read: the adapter is registered from memory and pinned."""
 
 
 class FlowrlWorkerExtension:
@@ -44,6 +57,9 @@ class FlowrlWorkerExtension:
         levels = [q.level for q in quiet]
         for q in quiet if partial else ():
             q.setLevel(logging.ERROR)
+        lora_manager = getattr(self.model_runner, "lora_manager", None)
+        mgr = lora_manager._adapter_manager if lora_manager is not None else None
+        served = mgr.get_adapter(LORA_ID) if mgr is not None else None
         try:
             self.model_runner.reload_weights(weights_iterator=counted())
         except BaseException:
@@ -52,11 +68,15 @@ class FlowrlWorkerExtension:
         finally:
             for q, level in zip(quiet, levels):
                 q.setLevel(level)
+            if served is not None and mgr.get_adapter(LORA_ID) is None:  # vLLM's reload drops every adapter
+                _register(mgr, served)
         return consumed[0]
 
-    def flowrl_engine_weights(self) -> dict[str, torch.Tensor]:
+    def flowrl_engine_weights(self, effective: bool = False) -> dict[str, torch.Tensor]:
         """The weights the engine computes with, by vLLM parameter name, on CPU.
 
+        With LoRA enabled the names lose LoRA's ``.base_layer``; ``effective``: each adapted
+        weight is ``base + B @ A`` of the adapter served (float32, cast back), as a merge computes it.
         vLLM's CPU backend packs linear weights into kernel formats and leaves the parameter empty
         (``shape (0,)``); such a weight is read back by applying the layer's kernel to the identity
         (``I @ W^T``), which is exact in float32. Vocabulary-padded rows are cut off."""
@@ -75,12 +95,115 @@ class FlowrlWorkerExtension:
             rows = getattr(module, "org_vocab_size", None)
             if rows is not None and name.endswith("weight"):  # padded vocabulary (one rank: tp = 1)
                 value = value[: int(rows)]
-            out[name] = value.to("cpu").contiguous().clone()
+            out[name.replace(".base_layer.", ".")] = value.to("cpu").contiguous().clone()
+        if effective and getattr(self.model_runner, "lora_manager", None) is not None:
+            mgr = self.model_runner.lora_manager._adapter_manager
+            lora = mgr.get_adapter(LORA_ID)
+            for module in mgr.modules if lora is not None else ():
+                w = mgr._get_lora_layer_weights(lora, module)
+                if w is None or f"{module}.weight" not in out:
+                    continue
+                base = out[f"{module}.weight"]
+                parts = list(zip(w.lora_a, w.lora_b)) if isinstance(w.lora_a, list) else [(w.lora_a, w.lora_b)]
+                sizes = _slice_sizes(mgr.modules[module], base.shape[0], len(parts))
+                rows = []
+                for (a, b), chunk in zip(parts, base.split(sizes)):
+                    rows.append(chunk if a is None else
+                                (chunk.float() + b.float() @ a.float()).to(base.dtype))
+                out[f"{module}.weight"] = torch.cat(rows)
         return out
 
-    def flowrl_digest(self) -> str:
+    def flowrl_lora_set(self, tensors: dict[str, torch.Tensor] | None, rank: int,
+                        fail_after: int | None = None, restore_fail_after: int | None = None) -> dict:
+        """Serve ``tensors`` (peft names: ``base_model.model.<P>.lora_A.weight`` [r, in], ``..lora_B.weight``
+        [out, r], pre-scaled) as adapter ``LORA_ID``; None: the empty adapter (the base). Checked
+        whole before any slot changes (a ``ValueError`` then). Returns ``{"modules": written}``, or
+        ``{"error": ..., "restored": bool}`` when writing raised partway and the previous adapter was
+        written back (or that failed too). Tests: ``fail_after`` / ``restore_fail_after`` make the
+        write / the write back raise once that many modules were written."""
+        from vllm.lora.lora_model import LoRAModel
+        from vllm.lora.peft_helper import PEFTHelper
+
+        manager = self.model_runner.lora_manager
+        mgr = manager._adapter_manager
+        tensors = tensors or {}
+        r = max(int(rank), 1)
+        targets = sorted({n.split(".")[-3] for n in tensors})
+        peft = PEFTHelper(r=r, lora_alpha=r, target_modules=targets)  # alpha = r: B arrives pre-scaled
+        peft.validate_legal(manager.lora_config)
+        lora = LoRAModel.from_lora_tensors(LORA_ID, tensors, peft, device="cpu", dtype=manager.lora_config.lora_dtype)
+        if lora.loras:  # (vLLM's packing assumes at least one)
+            mgr._create_merged_loras_inplace(lora)
+        unknown = sorted(set(lora.loras) - set(mgr.modules))
+        if unknown:
+            raise ValueError(f"vLLM serves no LoRA on {unknown[:3]} (it adapts {sorted(mgr.supported_lora_modules)} "
+                             "and their parts); nothing was applied. Use `lora: merge` to merge such adapters")
+        previous = mgr.get_adapter(LORA_ID)
+        if previous is None:  # start-up
+            _register(mgr, lora)
+            return {"modules": len(lora.loras)}
+        index = mgr.lora_index_to_id.index(LORA_ID)
+        try:
+            written = _write_slot(mgr, index, lora, fail_after)
+        except Exception as e:  # noqa: BLE001 - the previous adapter goes back, then the caller hears it
+            error = f"{type(e).__name__}: {e}"
+            try:
+                _write_slot(mgr, index, previous, restore_fail_after)
+            except Exception as again:  # noqa: BLE001
+                return {"error": f"{error}; restoring the previous adapter failed too ({again})", "restored": False}
+            return {"error": error, "restored": True}
+        mgr._registered_adapters[LORA_ID] = lora  # pinned key, new value
+        return {"modules": written}
+
+    def flowrl_lora_weights(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """What each LoRA layer's slot of ``LORA_ID`` holds, by checkpoint module name (``..q_proj``,
+        fused layers split into their parts): ``(A [max_rank, in], B [out, max_rank])``, zero-padded."""
+        mgr = self.model_runner.lora_manager._adapter_manager
+        index = mgr.lora_index_to_id.index(LORA_ID)
+        packed = mgr.packed_modules_mapping
+        out = {}
+        for name, module in mgr.modules.items():
+            a_stacked, b_stacked = getattr(module, "lora_a_stacked", None), getattr(module, "lora_b_stacked", None)
+            if not isinstance(a_stacked, tuple) or not isinstance(b_stacked, tuple):
+                continue  # embeddings, logits: not a linear layer's adapter
+            stem, leaf = name.rsplit(".", 1)
+            parts = packed.get(leaf, [leaf]) if len(a_stacked) > 1 else [leaf]
+            for part, a, b in zip(parts, a_stacked, b_stacked):
+                out[f"{stem}.{part}"] = (a[index, 0].detach().cpu().clone(), b[index, 0].detach().cpu().clone())
+        return out
+
+    def flowrl_digest(self, effective: bool = False) -> str:
         """sha256 over (name, dtype, shape, bytes) of :meth:`flowrl_engine_weights`, names sorted."""
-        return digest(self.flowrl_engine_weights())
+        return digest(self.flowrl_engine_weights(effective))
+
+
+def _register(mgr, lora) -> None:
+    """Register the adapter (packed already), write it into a slot and pin it there (never evicted,
+    never read from a path)."""
+    mgr._registered_adapters[LORA_ID] = lora
+    mgr.activate_adapter(LORA_ID)
+    mgr.pin_adapter(LORA_ID)
+
+
+def _write_slot(mgr, index: int, lora, fail_after: int | None) -> int:
+    """Write ``lora`` into slot ``index`` of every LoRA layer (what ``activate_adapter`` does)."""
+    written = 0
+    for n, (name, module) in enumerate(mgr.modules.items()):
+        if fail_after is not None and n >= fail_after:
+            raise RuntimeError(f"injected adapter failure after {fail_after} modules")
+        w = mgr._get_lora_layer_weights(lora, name)
+        if w is None:
+            module.reset_lora(index)
+            continue
+        module.set_lora(index, w.lora_a, w.lora_b)
+        written += 1
+    return written
+
+
+def _slice_sizes(module, rows: int, n: int) -> list[int]:
+    """Output rows of each part of a fused LoRA layer (q/k/v, gate/up) on this rank."""
+    sizes = list(getattr(module, "output_slices", ()) or ())
+    return sizes if len(sizes) == n and sum(sizes) == rows else [rows]
 
 
 def abort_layerwise_reload(model) -> int:
