@@ -14,7 +14,9 @@
    after, bitwise on wake; and the weight handoff between two processes on ONE GPU
    (`flowrl.weights.handoff`: the send buckets' CUDA IPC handle travels sealed in the store; the
    subscriber copies out of the shared region into its own weights), per version, against step 3's
-   NCCL broadcast of the same bytes (--cpu: a memfd region against gloo between the same processes).
+   NCCL broadcast of the same bytes (--cpu: a memfd region against gloo between the same processes);
+5. (2 GPUs) LoRA: an adapter-only version (r = 16 on every matrix of step 3's state) published and
+   applied by the subscriber (base + B @ A), its bytes and time against the full publish.
 
 Each role is its own process (this file with --role), given one GPU through CUDA_VISIBLE_DEVICES
 and a deadline; NCCL refuses two ranks on one GPU, so with one GPU step 3 is skipped.
@@ -54,7 +56,8 @@ def _spawn(role: str, ranks: int, args, extra_env: dict | None = None, relay: bo
             g = 0 if same_device else r  # our logical GPU r, one per rank (or all on the first)
             env["CUDA_VISIBLE_DEVICES"] = visible[g] if visible else str(g)
         procs.append(subprocess.Popen([sys.executable, __file__, "--role", role, "--mb", str(args.mb)]
-                                      + (["--cpu"] if args.cpu else []), env=env, text=True,
+                                      + (["--cpu"] if args.cpu else []) + (["--lora"] if args.lora else []),
+                                      env=env, text=True,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE))
     try:
         if relay:  # rank 0's first line (the publisher's store address) goes to rank 1
@@ -131,8 +134,23 @@ def state_dict(mb: int, device: str):
     return out
 
 
+def adapters_of(sd: dict, r: int = 16) -> dict:
+    """LoRA adapters (flowrl.weights.adapters: `P.lora_A` [r, in], `P.lora_B` [out, r]) of every 2-D weight."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    out = {}
+    for name, w in sd.items():
+        if w.dim() == 2:
+            stem = name.removesuffix(".weight")
+            out[f"{stem}.lora_A"] = (torch.randn(r, w.shape[1], generator=g) * 0.01).to(w.device)
+            out[f"{stem}.lora_B"] = (torch.randn(w.shape[0], r, generator=g) * 0.01).to(w.device)
+    return out
+
+
 def sync(args) -> None:
-    """Publisher (rank 0) or subscriber (rank 1): raw broadcast, then flowrl's publish, timed."""
+    """Publisher (rank 0) or subscriber (rank 1): raw broadcast, then flowrl's publish, timed. With
+    --lora the publisher sends adapter versions only and the subscriber applies them (base + B @ A)."""
     import torch
 
     from flowrl.weights import WeightGroup, WeightPublisher, WeightSubscriber
@@ -140,6 +158,8 @@ def sync(args) -> None:
 
     device, rank, secret = ("cpu" if args.cpu else "cuda:0"), int(os.environ["RANK"]), os.environ["GPU_CHECK_SECRET"]
     sd = state_dict(args.mb, device)
+    sent = {f"{k}.weight": v for k, v in sd.items()} if args.lora else sd  # adapters name the weights they adapt
+    sd = adapters_of(sent) if args.lora and rank == 0 else sent
     nbytes = sum(t.numel() * t.element_size() for t in sd.values())
     if rank == 0:
         pub = WeightPublisher(lambda: sd, device=device, secret=secret)
@@ -147,7 +167,8 @@ def sync(args) -> None:
         print(json.dumps({"addr": addr}), flush=True)
     else:
         addr = tuple(json.loads(sys.stdin.readline())["addr"])
-        sub = WeightSubscriber({k: torch.zeros_like(v) for k, v in sd.items()}, device=device)
+        base = {k: (v.clone() if args.lora else torch.zeros_like(v)) for k, v in sd.items()}  # --lora: adapters apply to it
+        sub = WeightSubscriber(base, device=device)
         sub.join(1, 1, 2, addr, secret, timeout_s=TIMEOUT_S, ready_timeout_s=TIMEOUT_S)
     raw = WeightGroup.join(epoch=0, rank=rank, world_size=2, store=connect(addr, secret).child("raw"),
                            timeout_s=TIMEOUT_S, device=device)
@@ -177,7 +198,14 @@ def sync(args) -> None:
         if rep:
             res["raw"].append(raw_s)
             res["publish"].append(time.perf_counter() - t0)
-    ok = rank == 0 or all(torch.equal(sub.live[k], v) for k, v in sd.items())
+    if args.lora and rank == 1:
+        from flowrl.weights.adapters import merged
+
+        want = merged(sent, adapters_of(sent))
+        ok = all(torch.equal(sub.live[k], v) for k, v in want.items())
+        nbytes = sum(t.numel() * t.element_size() for t in adapters_of(sent).values())
+    else:
+        ok = rank == 0 or all(torch.equal(sub.live[k], v) for k, v in sd.items())
     print(json.dumps({"rank": rank, "mb": nbytes / 2**20, "bitwise": ok, **{k: min(v) for k, v in res.items()}}),
           flush=True)
 
@@ -283,6 +311,7 @@ def main() -> int:
     ap.add_argument("--mb", type=int, default=512, help="MiB of fp32 weights to publish (default 512)")
     ap.add_argument("--cpu", action="store_true", help="run the same code over gloo on CPU (a smoke test)")
     ap.add_argument("--role", choices=["train", "sync", "handoff"], help=argparse.SUPPRESS)
+    ap.add_argument("--lora", action="store_true", help=argparse.SUPPRESS)  # the sync role sends adapters
     args = ap.parse_args()
     if args.role:
         {"train": train, "sync": sync, "handoff": handoff}[args.role](args)
@@ -306,6 +335,12 @@ def main() -> int:
         rows.append(("weight publish", f"{sub['mb']:.0f} MiB", f"{sub['publish'] * 1e3:.1f} ms",
                      (f"{gb / sub['publish']:.1f} GiB/s, {sub['publish'] / sub['raw']:.2f}x raw, "
                       f"bitwise={sub['bitwise']}")))
+        args.lora = True
+        _, lora = _spawn("sync", 2, args, {"GPU_CHECK_SECRET": secrets.token_hex(32)}, relay=True)
+        args.lora = False
+        rows.append(("LoRA adapter sync", f"r=16: {lora['mb']:.1f} MiB ({lora['mb'] / sub['mb']:.1%})",
+                     f"{lora['publish'] * 1e3:.1f} ms", (f"{lora['publish'] / sub['publish']:.3f}x the full publish, "
+                                                        f"applied bitwise={lora['bitwise']}")))
     else:
         rows.append(("weight publish", "skipped", "", "needs 2 GPUs: NCCL refuses two ranks on one GPU"))
     rows.append(sleep_wake(args))

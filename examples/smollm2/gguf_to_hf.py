@@ -26,11 +26,9 @@ def find_gguf() -> Path:
     return files[0]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="models/smollm2-135m-instruct")
-    ap.add_argument("--question", default="What is 12 + 7? Answer with the number only.")
-    args = ap.parse_args()
+def convert(out: str | Path, question: str | None = None) -> Path:
+    """Write the package's GGUF as a float32 Hugging Face folder at ``out``; with ``question``, ask it
+    greedily and print the answer."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -46,13 +44,23 @@ def main() -> None:
     model = type(loaded)(config)
     model.load_state_dict(loaded.state_dict())
     model = model.eval()
-    model.save_pretrained(args.out)
-    tok.save_pretrained(args.out)
-    print(f"wrote {args.out}")
-    ids = tok.apply_chat_template([{"role": "user", "content": args.question}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)
-    out = model.generate(**ids, max_new_tokens=12, do_sample=False)
-    print(f"{args.question!r} -> {tok.decode(out[0, ids['input_ids'].shape[1]:], skip_special_tokens=True)!r}")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    print(f"wrote {out}")
+    if question:
+        ids = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)
+        answer = model.generate(**ids, max_new_tokens=12, do_sample=False)
+        print(f"{question!r} -> {tok.decode(answer[0, ids['input_ids'].shape[1]:], skip_special_tokens=True)!r}")
+    return Path(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="models/smollm2-135m-instruct")
+    ap.add_argument("--question", default="What is 7 + 5? Answer with the number only.")
+    args = ap.parse_args()
+    convert(args.out, args.question)
 
 
 if __name__ == "__main__":

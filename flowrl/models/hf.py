@@ -155,9 +155,20 @@ def load_hf_model(spec: HFModelSpec, *, value_head: bool = False, seed: int = 0)
     transformers = _transformers()
     auto = transformers.AutoModel if value_head else transformers.AutoModelForCausalLM
     backbone = auto.from_pretrained(spec.path, **_load_kwargs(spec, transformers))
+    own_memory(backbone)
     model = HFCausalLM(backbone, value_head=value_head, seed=seed)
     model.source_path = str(spec.path)  # which base a LoRA checkpoint belongs to (flowrl.models.lora)
     return model
+
+
+def own_memory(module: nn.Module) -> None:
+    """Give every tensor still mapped from the checkpoint file (safetensors loads by mmap) memory of
+    its own: a mapped storage cannot be resized, so it could neither be released between turns
+    (flowrl.rl.offload) nor outlive a rewrite of the file. Tied weights stay tied (one Parameter)."""
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            if not t.untyped_storage().resizable():
+                t.data = t.data.clone()
 
 
 def load_tokenizer(path: str, *, trust_remote_code: bool = False) -> Any:

@@ -37,6 +37,8 @@ class Offload:
         seen: dict[int, tuple[torch.UntypedStorage, int]] = {}
         for t in tensors.values():
             st = t.untyped_storage()
+            if not st.resizable():  # mapped from a file (or another process): not ours to release
+                continue
             if st.nbytes() and st.data_ptr() not in seen:
                 seen[st.data_ptr()] = (st, st.nbytes())
         self.storages = list(seen.values())

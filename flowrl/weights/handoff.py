@@ -288,10 +288,13 @@ class SharedSubscriber(WeightSubscriber):
              ready_timeout_s: float = 60.0, handoff: bool = False) -> None:
         super().join(epoch, rank, world_size, store_addr, secret, timeout_s, ready_timeout_s=ready_timeout_s)
         self.handoff = handoff
+        # a node that applies adapter versions itself reads them after the commit: they need a buffer
+        # of our own (a few MB), not the region, which is let go at the commit
+        self.zero_copy = self.mode in ("copy", "loader") and not (self.adapters and not self.apply_adapters)
         if handoff and self.zero_copy:
             self.staging = []  # no buffer of our own: the region is the staging buffer, for a round
         elif not self.staging and self.plan is not None:
-            self._allocate(self.layout)
+            self._allocate(self.plan.layout)  # what travels: our layout, or the publisher's adapters
 
     @property
     def nbytes(self) -> int:
@@ -310,9 +313,10 @@ class SharedSubscriber(WeightSubscriber):
             await_release(self._store, r, self.ready_timeout_s, stop=lambda: self._stale(epoch))
             self._held_round = r  # from here on the publisher waits for our verdict
             offer = json.loads(self._store.get(f"round-{r}/offer"))
-            if offer.get("layout") != layout_digest(self.layout):
+            wire = self.plan.layout  # what travels: our own layout, or the publisher's adapters (LoRA)
+            if offer.get("layout") != layout_digest(wire):
                 raise WeightSyncError(f"the offer's layout digest {offer.get('layout')} is not ours "
-                                      f"({layout_digest(self.layout)})")
+                                      f"({layout_digest(wire)})")
             self._staging_holds_version = False
             self._region = Region.open(offer["region"], self.device)
             views = self._region.buckets(self.plan)

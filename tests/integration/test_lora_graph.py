@@ -103,3 +103,23 @@ def test_a_lora_actor_syncs_its_adapters_into_the_rollout(tmp_path, model_dir):
 
     pairs = consumed(result.ledger)
     assert len(pairs) == STEPS and all(row["policy_version"] == i for i, row in pairs)  # on-policy: version n
+
+
+@pytest.mark.timeout(240)
+def test_a_lora_actor_and_its_rollout_take_turns_on_one_core_and_hand_adapters_over(tmp_path, model_dir):
+    """LoRA and colocation together: actor and rollout share a core and take turns; each adapter
+    version goes to the rollout by the shared-memory handoff (no broadcast), applied by its engine."""
+    import json
+
+    overrides = ["nodes.rollout.colocate_with=[actor]", "nodes.rollout.take_turns=true"]
+    result = run_graph(graph(tmp_path, model_dir, sync=True), tmp_path / "run", overrides=overrides, timeout_s=220,
+                       cwd=ROOT)
+    check_run(result, model_dir, tmp_path)
+    plan = json.loads((result.run_dir / "plan.json").read_text())
+    cores = {p["node"]: tuple(p["devices"]) for p in plan["placements"]} if "placements" in plan else None
+    if cores is not None:
+        assert cores["actor"] == cores["rollout"], cores
+    trace = json.loads((result.run_dir / "trace.json").read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    syncs = [e for e in events if e.get("name") == "weight_sync" and e.get("ph") == "X"]
+    assert syncs and all(e["args"].get("handoff") for e in syncs), syncs[:3]

@@ -33,3 +33,5 @@ def test_gpu_check_runs_its_trainer_and_publish_paths_over_gloo_and_prints_the_t
     gap = float(rows["DP actor step"].split("params vs 1 rank: ")[1].split()[0])
     assert gap < 1e-5
     assert "bitwise=True" in rows["weight publish"] and "raw broadcast" in rows
+    assert "applied bitwise=True" in rows["LoRA adapter sync"]  # base + B @ A, as the trainer computes it
+    assert "bitwise=True" in rows["memfd handoff"] and "bitwise=True" in rows["sleep / wake"]
