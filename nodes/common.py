@@ -149,6 +149,25 @@ def _first_true(mask):
     return out
 
 
+class OffloadsTrainer:
+    """Mixin of the trainer nodes (`self.trainer`): between its turns on shared devices (`take_turns`)
+    its parameters, gradients and optimizer state leave memory (host memory on a GPU, a file under
+    RUN_DIR/sleep on a CPU) and come back exactly on `wake`."""
+
+    offload: Any = None
+
+    async def sleep(self):
+        from flowrl.rl.offload import Offload, sleep_path, trainer_tensors
+
+        if self.offload is None:
+            self.offload = Offload(sleep_path(self.ctx, "trainer"))
+        self.offload.put(trainer_tensors(self.trainer.model, self.trainer.optimizer))
+
+    async def wake(self):
+        if self.offload is not None:
+            self.offload.take()
+
+
 class ModelConfig(flowrl.NodeConfig):
     """Config of a node that holds a model."""
 

@@ -8,11 +8,11 @@ each batch changes its state exactly once and actor and critic stay at the same 
 from pydantic import Field
 
 import flowrl
-from flowrl.nodes.common import ModelConfig, Sequences, check_fits, model_on
+from flowrl.nodes.common import ModelConfig, OffloadsTrainer, Sequences, check_fits, model_on
 from flowrl.rl import AdvantageConfig, CriticConfig
 
 
-class Critic(flowrl.Node):
+class Critic(OffloadsTrainer, flowrl.Node):
     role = "critic"
     requires = {"tokens": "int64", "logprobs": "float32", "scores": "float32"}
     stateful = True
@@ -58,16 +58,3 @@ class Critic(flowrl.Node):
 
     def load_state_dict(self, state):
         self.trainer.load_state_dict(state)
-
-    async def sleep(self):
-        """A colocated node's turn (`take_turns`): parameters, gradients and optimizer state leave
-        memory (host memory on a GPU, a file under RUN_DIR/sleep on a CPU), back exactly on `wake`."""
-        from flowrl.rl.offload import Offload, sleep_path, trainer_tensors
-
-        if getattr(self, "offload", None) is None:
-            self.offload = Offload(sleep_path(self.ctx, "trainer"))
-        self.offload.put(trainer_tensors(self.trainer.model, self.trainer.optimizer))
-
-    async def wake(self):
-        if getattr(self, "offload", None) is not None:
-            self.offload.take()

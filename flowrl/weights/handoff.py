@@ -215,22 +215,7 @@ class SharedPublisher(WeightPublisher):
         with the broadcast's refusals (a stale or failed epoch) and handshake; returns the version."""
         if not handoff:
             return super().serve(epoch, world_size, timeout_s=timeout_s, ready_timeout_s=ready_timeout_s)
-        if self.version is None:
-            raise ValueError("serve() before any snapshot(): publish the initial weights with snapshot(version=0) first")
-        store, r = self._store.child(f"epoch-{epoch}"), self._rounds.get(epoch, 0)
-        self._rounds[epoch] = r + 1
-        refusal = self._stale(epoch)
-        if refusal is None and epoch == self._epoch and self._failed:
-            refusal = f"weight-sync epoch {epoch} already failed; the controller must form a new epoch"
-        if refusal:
-            if world_size >= 2:
-                release(store, r, f"abort: {refusal}")
-            self._forget_old_rounds()
-            raise WeightSyncError(refusal)
-        if epoch != self._epoch:
-            self._close_group()
-            self._epoch, self._failed = epoch, False
-            self._forget_old_rounds()
+        store, r = self._open_round(epoch, world_size)
         if world_size < 2:
             return self.version
         stop = lambda: self._stale(epoch)  # noqa: E731

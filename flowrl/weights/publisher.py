@@ -77,22 +77,7 @@ class WeightPublisher:
         naming the member at fault; the epoch is then over (the controller forms a new one).
         Every call is one round of `epoch`, the round its subscribers' `receive` waits on: one this
         refuses (a stale epoch, one that failed) still gets its verdict, `abort: WHY`."""
-        if self.version is None:
-            raise ValueError("serve() before any snapshot(): publish the initial weights with snapshot(version=0) first")
-        store, r = self._store.child(f"epoch-{epoch}"), self._rounds.get(epoch, 0)
-        self._rounds[epoch] = r + 1
-        refusal = self._stale(epoch)  # fencing: an order from before a newer epoch
-        if refusal is None and epoch == self._epoch and self._failed:
-            refusal = f"weight-sync epoch {epoch} already failed; the controller must form a new epoch"
-        if refusal:
-            if world_size >= 2:
-                release(store, r, f"abort: {refusal}")
-            self._forget_old_rounds()
-            raise WeightSyncError(refusal)
-        if epoch != self._epoch:
-            self._close_group()
-            self._epoch, self._failed = epoch, False
-            self._forget_old_rounds()
+        store, r = self._open_round(epoch, world_size)
         if world_size < 2:
             return self.version
         stop = lambda: self._stale(epoch)  # noqa: E731
@@ -117,6 +102,27 @@ class WeightPublisher:
             self._failed = True
             self._close_group()
             raise
+
+    def _open_round(self, epoch: int, world_size: int):
+        """The next round of `epoch`: its store and number, or a refusal every member hears (a
+        stale or failed epoch: WeightSyncError). A new epoch drops the old group."""
+        if self.version is None:
+            raise ValueError("serve() before any snapshot(): publish the initial weights with snapshot(version=0) first")
+        store, r = self._store.child(f"epoch-{epoch}"), self._rounds.get(epoch, 0)
+        self._rounds[epoch] = r + 1
+        refusal = self._stale(epoch)  # fencing: an order from before a newer epoch
+        if refusal is None and epoch == self._epoch and self._failed:
+            refusal = f"weight-sync epoch {epoch} already failed; the controller must form a new epoch"
+        if refusal:
+            if world_size >= 2:
+                release(store, r, f"abort: {refusal}")
+            self._forget_old_rounds()
+            raise WeightSyncError(refusal)
+        if epoch != self._epoch:
+            self._close_group()
+            self._epoch, self._failed = epoch, False
+            self._forget_old_rounds()
+        return store, r
 
     def fence(self, epoch: int) -> None:
         """Orders of epochs below `epoch` are stale from now on (any thread may call this, e.g. the

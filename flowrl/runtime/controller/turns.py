@@ -30,21 +30,11 @@ log = logging.getLogger("flowrl.controller")
 
 def colocation_groups(spec) -> dict[str, str]:
     """Node -> the name of its colocation group (`colocate_with`, transitive), for groups of two or more."""
-    parent = {n: n for n in spec.nodes}
+    from flowrl.placement.requests import colocation_groups as representatives
 
-    def find(n: str) -> str:
-        while parent[n] != n:
-            parent[n] = parent[parent[n]]
-            n = parent[n]
-        return n
-
-    for name, node in spec.nodes.items():
-        for other in getattr(node, "colocate_with", None) or ():
-            if other in parent:
-                parent[find(name)] = find(other)
     groups: dict[str, list[str]] = {}
-    for n in spec.nodes:
-        groups.setdefault(find(n), []).append(n)
+    for n, rep in representatives(spec).items():
+        groups.setdefault(rep, []).append(n)
     return {n: "+".join(sorted(members)) for members in groups.values() if len(members) > 1 for n in members}
 
 
