@@ -112,13 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)
-    except ImportError as e:  # an optional package missing, anywhere below the command
-        if _extra_missing(args.command, e):
+    except Exception as e:  # noqa: BLE001 - an optional package missing, else a flowrl bug
+        if isinstance(e, ImportError) and _extra_missing(args.command, e):
             return EXIT_EXTRA
-        if args.command not in ("check", "run"):
-            raise
-        return internal_error(args.command, e, getattr(args, "run_dir", None) or getattr(args, "resume", None))
-    except Exception as e:  # noqa: BLE001 - every exception that gets here is a flowrl bug
         if args.command not in ("check", "run"):
             raise
         return internal_error(args.command, e, getattr(args, "run_dir", None) or getattr(args, "resume", None))

@@ -124,7 +124,7 @@ from flowrl.engines.spec import VLLMEngineSpec
 from flowrl.engines.vllm_worker import LORA_ID, LORA_NAME, LORA_PATH
 from flowrl.models.generation import Generation
 from flowrl.transport.ragged import Ragged
-from flowrl.weights.adapters import AdaptedWeights, adapter_targets, is_adapter_version
+from flowrl.weights.adapters import AdaptedWeights, adapter_targets, fits, is_adapter_version, similar
 
 EXTENSION = "flowrl.engines.vllm_worker.FlowrlWorkerExtension"
 PREFIX = "backbone."
@@ -559,12 +559,10 @@ class VLLMEngine(RolloutEngine):
         for weight, (a, b) in adapter_targets(adapters).items():
             held = self.staging.get(weight)
             if held is None:
-                close = [k for k in self.staging if k.endswith(weight.rsplit(".", 2)[-2] + ".weight")][:3]
-                raise KeyError(f"adapter targets {weight!r}, which the rollout model does not have (similar: {close}); "
-                               "nothing was applied")
+                raise KeyError(f"adapter targets {weight!r}, which the rollout model does not have (similar: "
+                               f"{similar(weight, self.staging)}); nothing was applied")
             la, lb = adapters[a], adapters[b]
-            if not (la.dim() == lb.dim() == held.dim() == 2 and la.shape[1] == held.shape[1]
-                    and lb.shape[0] == held.shape[0] and la.shape[0] == lb.shape[1]):
+            if not fits(held.shape, la.shape, lb.shape):
                 raise ValueError(f"adapter of {weight!r}: A {tuple(la.shape)}, B {tuple(lb.shape)} do not fit its "
                                  f"{tuple(held.shape)} (need A [r, in], B [out, r]); nothing was applied")
             rank = max(rank, la.shape[0])

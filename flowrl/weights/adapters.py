@@ -66,9 +66,22 @@ def adapter_targets(names: Iterable[str]) -> dict[str, tuple[str, str]]:
     return out
 
 
+def similar(weight: str, names: Iterable[str]) -> list[str]:
+    """Up to three of ``names`` for the same kind of layer as ``weight`` (``...q_proj.weight``): what
+    an error about a target the model does not hold suggests instead."""
+    stem = weight.rsplit(".", 2)[-2] if weight.count(".") >= 2 else weight
+    return [n for n in names if f".{stem}." in f".{n}"][:3]
+
+
+def fits(weight: Iterable[int], lora_a: Iterable[int], lora_b: Iterable[int]) -> bool:
+    """Whether adapters of shapes A ``[r, in]`` and B ``[out, r]`` fit a weight of shape ``[out, in]``."""
+    w, a, b = list(weight), list(lora_a), list(lora_b)
+    return len(w) == len(a) == len(b) == 2 and a[1] == w[1] and b[0] == w[0] and a[0] == b[1]
+
+
 def effective(base: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor) -> torch.Tensor:
     """``base + lora_B @ lora_A`` in ``base``'s dtype (computed in float32)."""
-    if lora_b.shape[0] != base.shape[0] or lora_a.shape[1] != base.shape[1] or lora_a.shape[0] != lora_b.shape[1]:
+    if not fits(base.shape, lora_a.shape, lora_b.shape):
         raise ValueError(f"adapter shapes A {tuple(lora_a.shape)}, B {tuple(lora_b.shape)} do not fit a weight of "
                          f"shape {tuple(base.shape)} (need A [r, in], B [out, r])")
     delta = lora_b.to(torch.float32) @ lora_a.to(torch.float32)
@@ -80,8 +93,8 @@ def merged(base: Mapping[str, torch.Tensor], adapters: Mapping[str, torch.Tensor
     out = dict(base)
     for weight, (a, b) in adapter_targets(adapters).items():
         if weight not in base:
-            close = [k for k in base if k.endswith(weight.rsplit(".", 2)[-2] + ".weight")][:3]
-            raise KeyError(f"adapter targets {weight!r}, which the model does not have (similar: {close})")
+            raise KeyError(f"adapter targets {weight!r}, which the model does not have (similar: "
+                           f"{similar(weight, base)})")
         out[weight] = effective(base[weight], adapters[a], adapters[b])
     return out
 
@@ -97,13 +110,12 @@ def adapter_mismatch(adapters: Layout, full: Layout) -> str | None:
         return str(e)
     for weight, (a, b) in targets.items():
         if weight not in held:
-            stem = weight.rsplit(".", 2)[-2] if weight.count(".") >= 2 else weight
-            close = [n for n in held if f".{stem}." in f".{n}"][:3]
-            return (f"the publisher's adapter targets {weight!r}, which the subscriber does not hold (similar: {close}); "
+            return (f"the publisher's adapter targets {weight!r}, which the subscriber does not hold (similar: "
+                    f"{similar(weight, held)}); "
                     "trainer and rollout must build the same model, and the adapter names must be "
                     "`<full weight name without .weight>.lora_A/.lora_B`")
         w, sa, sb = held[weight], shapes[a], shapes[b]
-        if not (len(w) == len(sa) == len(sb) == 2 and sa[1] == w[1] and sb[0] == w[0] and sa[0] == sb[1]):
+        if not fits(w, sa, sb):
             return (f"adapter of {weight!r} does not fit it: {a} is {sa} and {b} is {sb}, but the subscriber's "
                     f"weight is {w} (need A [r, in], B [out, r]); trainer and rollout must build the same model")
     return None
@@ -132,10 +144,8 @@ class AdaptedWeights:
         out: dict[str, torch.Tensor] = {}
         for weight, (a, b) in targets.items():
             if weight not in live:
-                stem = weight.rsplit(".", 2)[-2] if weight.count(".") >= 2 else weight
-                close = [k for k in live if f".{stem}." in f".{k}"][:3]
-                raise KeyError(f"adapter targets {weight!r}, which the model does not have (similar: {close}); "
-                               "nothing was applied")
+                raise KeyError(f"adapter targets {weight!r}, which the model does not have (similar: "
+                               f"{similar(weight, live)}); nothing was applied")
             base = self.base.get(weight)
             try:
                 out[weight] = effective(live[weight] if base is None else base, adapters[a], adapters[b])

@@ -48,6 +48,7 @@ import base64
 import contextlib
 import io
 import json
+import logging
 import mmap
 import os
 import pickle
@@ -64,12 +65,9 @@ from flowrl.weights.publisher import WeightPublisher
 from flowrl.weights.store import blocking, wait_until
 from flowrl.weights.subscriber import WeightSubscriber
 
-ENV = "FLOWRL_WEIGHT_HANDOFF"
+log = logging.getLogger("flowrl.weights")
+ENV = "FLOWRL_WEIGHT_HANDOFF"  # "0" in the controller's environment: broadcasts only (controller/weightorders.py)
 ALIGN = 256  # every bucket starts at a multiple of this many bytes in the region
-
-
-def handoff_enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0"
 
 
 def plan_offsets(plan: BucketPlan) -> tuple[list[tuple[int, int]], int]:
@@ -243,9 +241,7 @@ class SharedPublisher(WeightPublisher):
                 self.seconds = time.perf_counter() - t0
             failed = {k: v for k, v in verdicts.items() if v != "ok"}
             if failed:  # the subscriber reports its own failure; the epoch is not the publisher's to end
-                import logging
-
-                logging.getLogger("flowrl.weights").info("handoff of version %s: %s", self.version, failed)
+                log.info("handoff of version %s: %s", self.version, failed)
             return self.version
         except Exception:
             self._failed = True

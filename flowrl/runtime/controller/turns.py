@@ -155,7 +155,7 @@ class Turns:
 
     async def act(self, actions: list[tuple]) -> None:
         for what, proc_id, turn in actions:
-            proc = self._procs.get(proc_id) if hasattr(self._procs, "get") else None
+            proc = self._procs.get(proc_id)
             if proc is None or not proc.alive:
                 continue
             msg = m.TurnGrant(turn=turn) if what == "grant" else m.TurnYield(turn=turn)
