@@ -5,7 +5,8 @@ the framework's time by category, from the CPU accounting in metrics.jsonl.
     b = cpu_breakdown(rows, uses=node_utilisation(events))   # None for a run without the data
     print("\\n".join(breakdown_table(b, order)))
 
-What the numbers are (per process; a node's replicas add up; ms per step = sum / steps):
+What the numbers are (per process; a node's replicas add up; ms per step = sum / steps, over the
+steps up to the node's last CPU read, `steps` in its entry):
 
     compute    CPU of the compute thread inside `compute` spans (runner.py reads the thread's CPU
                clock where the span starts and ends), plus unnamed native threads (torch's
@@ -38,14 +39,33 @@ ROLE_CATEGORY = {"loop": "control", "compute": "other", "pythreads": "other", "h
                  "sampler": "metrics", "zmq": "transport", "gloo": "weight_sync", "native": "other"}
 
 
+def _last_sampled(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """node -> index of the last row that carries a read of its threads' CPU. Spans come with each
+    completed ticket while the threads are read on a timer (every ~0.2-0.5 s), so the rows after a
+    node's last read hold spans whose thread CPU no row holds: its sums stop at that row."""
+    last: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        for key, value in row.items():
+            node, _, rest = key.partition("/")
+            if rest == CPU_PROCESS_METRIC and isinstance(value, (int, float)) and value > 0:
+                last[node] = i
+    return last
+
+
 def _node_sums(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """node -> {"thread/<role>", "process", "span/<span>", "sampled/<role>/<category>": seconds}."""
+    """node -> {"thread/<role>", "process", "span/<span>", "sampled/<role>/<category>": seconds,
+    "rows": how many rows the sums cover}, each node's up to its last CPU read (_last_sampled)."""
     out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for row in rows:
+    last = _last_sampled(rows)
+    for node, i in last.items():
+        out[node]["rows"] = i + 1
+    for i, row in enumerate(rows):
         for key, value in row.items():
             if not isinstance(value, (int, float)) or "/" not in key:
                 continue
             node, _, rest = key.partition("/")
+            if i > last.get(node, len(rows)):
+                continue
             name, _, labels = rest.partition("/")
             if name == CPU_THREAD_METRIC:
                 out[node][f"thread/{labels}"] += value
@@ -116,11 +136,12 @@ def cpu_breakdown(rows: list[dict[str, Any]], uses: dict | None = None) -> dict[
         b = process_breakdown(s)
         use = (uses or {}).get(node)
         replicas = use.replicas if use is not None else 1
-        node_wall = wall * replicas
+        covered = int(s.get("rows") or steps)  # rows up to the node's last CPU read
+        node_wall = sum(r.get("step_time_s") or 0.0 for r in body[:covered]) * replicas
         cpu = b["cpu_s"]
-        per = 1e3 / steps
+        per = 1e3 / covered
         entry = {
-            "replicas": replicas, "sampled": b["sampled"],
+            "replicas": replicas, "sampled": b["sampled"], "steps": covered,
             "wall_ms": node_wall * per, "cpu_ms": cpu * per,
             "compute_ms": b["compute_s"] * per, "framework_ms": b["framework_s"] * per,
             "categories_ms": {c: v * per for c, v in b["categories_s"].items()},
@@ -135,15 +156,15 @@ def cpu_breakdown(rows: list[dict[str, Any]], uses: dict | None = None) -> dict[
             "sampled_ms": {r: {c: v * per for c, v in cs.items()} for r, cs in b["sampled_s"].items()},
         }
         nodes[node] = entry
-        for k in ("compute_s", "framework_s", "cpu_s"):
-            total[k] += b[k]
+        for k in ("compute_s", "framework_s", "cpu_s"):  # per step: the nodes' windows may differ
+            total[k] += b[k] / covered
         for c, v in b["categories_s"].items():
-            total["categories_s"][c] += v
-    per = 1e3 / steps
+            total["categories_s"][c] += v / covered
+    per = 1e3
     cpu = total["cpu_s"]
     return {
         "steps": steps, "first_step": body[0].get("step"), "last_step": body[-1].get("step"),
-        "step_wall_ms": wall * per, "nodes": nodes,
+        "step_wall_ms": wall * per / steps, "nodes": nodes,
         "total": {"cpu_ms": cpu * per, "compute_ms": total["compute_s"] * per,
                   "framework_ms": total["framework_s"] * per,
                   "categories_ms": {c: v * per for c, v in total["categories_s"].items()},

@@ -261,3 +261,15 @@ def test_flowrl_report_on_a_run_without_cpu_accounting_says_so(synthetic_runs, t
     paths = make_report(synthetic_runs["actor_bound"], tmp_path / "out")
     assert not any(Path(p).name == "cpu.json" for p in paths)
     assert "this run has no CPU accounting" in (tmp_path / "out" / "summary.txt").read_text()
+
+
+def test_rows_after_a_nodes_last_cpu_read_are_left_out_of_its_per_step_numbers():
+    # spans ride on every completed ticket, thread CPU on a timer: a short run's last rows carry
+    # compute spans whose thread CPU no row holds; counting them made compute exceed the process
+    read = {"actor/cpu_thread_s/compute": 0.3, "actor/cpu_process_s": 0.3}
+    rows = [_row(1)] + [_row(i, **{"actor/span_cpu_s/compute": 0.1, **(read if i % 3 == 0 else {})})
+                        for i in range(2, 12)]  # reads at rows 3, 6 and 9 of 2..11
+    a = cpu_breakdown(rows)["nodes"]["actor"]
+    assert a["steps"] == 8  # rows 2..9
+    assert a["compute_ms"] == pytest.approx(100) and a["process_cpu_ms"] == pytest.approx(900 / 8)
+    assert a["cpu_ms"] == pytest.approx(a["process_cpu_ms"])

@@ -36,10 +36,10 @@ def test_a_real_runs_report_breaks_each_processs_cpu_into_compute_framework_and_
         # compute + framework + idle = wall, unless threads ran side by side for more CPU than wall
         if n["cpu_ms"] <= n["wall_ms"]:
             assert n["compute_ms"] + n["framework_ms"] + n["idle_ms"] == pytest.approx(n["wall_ms"], rel=1e-6)
-        # the per-thread sums cover the process's own CPU total (CLOCK_PROCESS_CPUTIME_ID): within 10%
-        # on a quiet machine; a CI run with other runs on the cores saw the actor's at 1.4x (82.7 against
-        # 58.6 ms a step over this short run), not yet explained, so only the order of magnitude here
-        assert n["cpu_ms"] == pytest.approx(n["process_cpu_ms"], rel=0.5, abs=2.0), name
+        # the per-thread sums cover the process's own CPU total (CLOCK_PROCESS_CPUTIME_ID) over the
+        # rows up to the node's last CPU read (compute spans ride on every ticket, thread reads on a
+        # timer: counting spans past the last read once gave the actor 2.2x its process total)
+        assert n["cpu_ms"] == pytest.approx(n["process_cpu_ms"], rel=0.25, abs=2.0), name
     actor = b["nodes"]["actor"]
     assert actor["compute_ms"] > actor["framework_ms"] > 0  # the trainer trains
     assert actor["threads_ms"]["compute_in_span"] > 0
