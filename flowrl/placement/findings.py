@@ -39,6 +39,8 @@ CODES: dict[str, tuple[Severity, str, str]] = {
                        "(error between float16 and bfloat16 nodes, on any edge)"),
     "bf16-unsupported": ("error", "dtype", "bfloat16 on a GPU below compute capability 8.0"),
     "rank-layout": ("error", "hosts", "a multi-host group has an uneven or interleaved torchrun rank layout"),
+    "group-network": ("info", "hosts", "a group spans hosts: where its store listens and which network interface each host's "
+                      "ranks use (or that it cannot be told from here)"),
     "tp-across-hosts": ("warning", "hosts", "the tensor-parallel (last) dimension of a multi-dimensional mesh crosses hosts"),
     "no-weight-subscriber": ("warning", "weights", "a node that publishes weights (a trainer) in a graph where no node takes weights"),
     "unfed-subscriber": ("error", "weights", "a node that takes weights has no `weights:` edge into it while a trainer publishes"),

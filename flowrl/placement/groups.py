@@ -147,7 +147,16 @@ def pick_gpus(inv: Inventory, size: int, hosts: list[str], load: dict[Key, int],
 def pick_cores(inv: Inventory, size: int, hosts: list[str], load: dict[Key, int],
                cursor: dict[str, int]) -> list[Device] | None:
     """`size` least-loaded cores on one host, ties broken round-robin from that host's cursor.
-    Ranks of one group get distinct cores while there are enough; beyond that they cycle."""
+    Ranks of one group get distinct cores while there are enough. A group bigger than any one host
+    but not than the hosts together spans them as torchrun does: packed per host, in host order
+    (every core of the first host, then the next's); beyond all of them, ranks cycle on one host."""
+    sizes = {h: len(inv.host(h).visible_devices()) for h in hosts}
+    if sizes and size > max(sizes.values()) and size <= sum(sizes.values()):
+        chosen: list[Device] = []
+        for h in hosts:
+            cores = sorted(inv.host(h).visible_devices(), key=lambda d: load.get((h, d.id), 0))
+            chosen += sorted(cores[:size - len(chosen)], key=lambda d: d.id)
+        return chosen
     best = None
     for h in hosts:
         cores = inv.host(h).visible_devices()

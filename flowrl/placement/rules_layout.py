@@ -51,9 +51,43 @@ def _hosts(req: Request, r: int, group, mesh: list[int]) -> list[Finding]:
     return []
 
 
+def _network(req: Request, r: int, group, inv: Inventory, local: bool) -> Finding | None:
+    """Where a group that spans hosts meets: its store on rank 0's host address, and the interface
+    each host's ranks use (known only for this machine's addresses)."""
+    from flowrl.placement.network import interface_of
+
+    hosts = list(dict.fromkeys(d.host for d in group))
+    if len(hosts) < 2:
+        return None
+    backend = "NCCL" if group[0].type == "cuda" else "gloo"
+    var = "NCCL_SOCKET_IFNAME" if backend == "NCCL" else "GLOO_SOCKET_IFNAME"
+    parts = []
+    for h in hosts:
+        ranks = [i for i, d in enumerate(group) if d.host == h]
+        address = inv.host(h).address
+        name = interface_of(address) if local or address.startswith("127.") else None
+        where = f"interface {name}" if name else "cannot tell from here (set at start there to the interface holding " \
+            "it; set " + var + " if that host routes elsewhere)"
+        parts.append(f"{h} ranks {ranks[0]}-{ranks[-1]} at {address}: {where}")
+    return Finding("group-network", req.name,
+                   f"node `{req.name}` replica {r} spans {len(hosts)} hosts: its store listens on {hosts[0]} "
+                   f"({inv.host(hosts[0]).address}, rank 0's host, sealed by the run's secret), {backend} on: "
+                   + "; ".join(parts) + ". Each host must reach the others' addresses (flowrl fails at start naming "
+                   "both hosts if not)")
+
+
 def check(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request]) -> list[Finding]:
+    from flowrl.placement.cpu import CpuInventory
+    from flowrl.placement.nvml import NvmlInventory
+
+    local = isinstance(inv, (CpuInventory, NvmlInventory))
     out: list[Finding] = []
     for req in reqs.values():
+        for group in req.placed:
+            net = _network(req, req.placed.index(group), group, inv, local)
+            if net is not None:
+                out.append(net)
+                break  # the replicas share the layout
         for r, group in enumerate(req.placed):
             found = _hosts(req, r, group, req.mesh)
             out += found

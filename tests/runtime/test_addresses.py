@@ -66,15 +66,25 @@ def test_one_host_stays_ipc_everywhere_and_curve_off_leaves_tcp_without_keys(tmp
     assert plain.server_key("scale", 0, "tcp://127.0.0.2:1") == ""
 
 
-def test_sockets_never_bind_all_interfaces_and_ranks_of_one_replica_must_share_a_host(tmp_path):
+def test_sockets_never_bind_all_interfaces_and_ranks_across_hosts_talk_tcp_with_curve(tmp_path):
     for host in ("0.0.0.0", "::", ""):
         with pytest.raises(ValueError, match="all interfaces"):
             tcp_address(host)
     assert tcp_address("fe80::1", 7) == "tcp://[fe80::1]:7"
-    net = network(tmp_path, {"scale/0/0": "127.0.0.1", "scale/0/1": "127.0.0.2"})
-    ranks = [types.SimpleNamespace(rank=0), types.SimpleNamespace(rank=1)]
-    with pytest.raises(ValueError, match="replica 0 has ranks on several hosts"):
-        net.check_ranks({("scale", 0): ranks})
+    net = network(tmp_path, {"scale/0/0": "127.0.0.1", "scale/0/1": "127.0.0.1", "scale/0/2": "127.0.0.2",
+                             "scale/0/3": "127.0.0.2"})
+    ports = iter(range(7001, 7100))
+    where = {r: net.rank_address("scale", 0, r, lambda host: next(ports)) for r in range(4)}
+    # the leader hears from followers on both hosts: tcp on its own address; rank 1 hears only from
+    # the leader on its own host: ipc; ranks 2 and 3 (host b) hear from the leader on host a: tcp on b
+    assert where[0] == "tcp://127.0.0.1:7001" and where[1].startswith("ipc://") and where[1].endswith("scale.0.rank1")
+    assert where[2] == "tcp://127.0.0.2:7002" and where[3] == "tcp://127.0.0.2:7003"
+    keys = {r: net.keys[f"scale/0/{r}"][0] for r in range(4)}
+    assert net.rank_clients("scale", 0, 0) == sorted(keys[r] for r in (1, 2, 3))  # every follower, none else
+    assert net.rank_clients("scale", 0, 2) == [keys[0]] and net.rank_clients("scale", 0, 1) is None
+    assert net.rank_key("scale", 0, 2, where[2]) == keys[2] and net.rank_key("scale", 0, 1, where[1]) == ""
+    plain = network(tmp_path, {"scale/0/0": "127.0.0.1", "scale/0/1": "127.0.0.2"}, curve=False)
+    assert plain.rank_clients("scale", 0, 1) is None and plain.rank_key("scale", 0, 1, "tcp://127.0.0.2:1") == ""
 
 
 async def _data_channel_refuses_a_stranger():

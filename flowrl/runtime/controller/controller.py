@@ -77,10 +77,6 @@ class Controller:
         net = Network(spec, classes, "", launcher.controller_address(), curve=spec.launcher.curve)
         for entry in plan.entries:
             net.place(f"{entry.node}/{entry.replica}/{entry.rank}", launcher.host_address(entry.host))
-        try:
-            net.check_ranks(plan.groups())
-        except ValueError as e:
-            raise RunFailed(str(e)) from None
         self.control = control = ControlSocket(net, run_dir)
         for sub in ("logs", "procs", "checkpoints"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -112,7 +108,7 @@ class Controller:
         self.restarts = Restarts(supervisor, launcher, procs, wiring=wiring, report=report, ledger=ledger,
                                  fail=outcome.fail, replan=partial(move_off, launcher=launcher, procs=procs, spec=spec,
                                                                    classes=classes, net=net, ledger=ledger,
-                                                                   report=report))
+                                                                   report=report, relink=wiring.relink_ranks))
         self.retirement = Retirement(procs, sync, report, stop_timeout_s=sup.stop_timeout_s)
         wiring.build_procs()
         if resume:

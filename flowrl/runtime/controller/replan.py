@@ -26,15 +26,21 @@ from flowrl.runtime.protocol.ledger import Replanned
 log = logging.getLogger("flowrl.replan")
 
 
-def move_off(lost: str, *, launcher, procs, spec, classes: dict, net, ledger, report=None) -> str | None:
+def move_off(lost: str, *, launcher, procs, spec, classes: dict, net, ledger, report=None,
+             relink=None) -> str | None:
     """Move every process of host `lost` (procs: the process table; net: the run's addresses, where
-    the moved processes are placed again; report: the run's report, told of the move). Returns None,
-    or why the run must fail."""
+    the moved processes are placed again; report: the run's report, told of the move; relink: gives
+    a data-parallel replica's ranks their shard channels again, `Wiring.relink_ranks`). A replica
+    with a rank there is planned again whole: its ranks restart together anyway, and its layout
+    (rank 0's host, each rank's cores) comes from one plan. Returns None, or why the run must fail."""
     from flowrl.placement import make_plan
-    from flowrl.runtime.controller.wiring import free_port
 
     gone = launcher.lost_node(lost)
-    procs = [p for p in procs if p.spec.host == lost]
+    table = list(procs)
+    hit = {(p.spec.node, p.spec.replica) for p in table if p.spec.host == lost}
+    procs = [p for p in table if (p.spec.node, p.spec.replica) in hit]
+    if not procs:  # moved already
+        return None
     where = f"Ray node {lost!r} ({gone.address}, node id {gone.node_id[:8]}) is gone"
     nodes = sorted({p.spec.node for p in procs})
     try:
@@ -58,12 +64,25 @@ def move_off(lost: str, *, launcher, procs, spec, classes: dict, net, ledger, re
     for p in procs:
         e = fresh[(p.spec.node, p.spec.replica, p.spec.rank)]
         ps = p.spec
+        if ps.host == lost or e.host != ps.host:
+            moved[p.id] = e.host
         ps.host, ps.devices = e.host, list(e.devices)
         ps.cpu_cores = list(e.local_devices) if e.device_type == "cpu" else []
-        ps.env = dict(plan.env_for(e, master_port=int(ps.env.get("MASTER_PORT") or free_port())))
         net.place(p.id, launcher.host_address(e.host))
         ps.host_address = net.where[p.id]
-        moved[p.id] = e.host
+    ports: dict[tuple, int] = {}
+    for p in procs:  # a replica's group: its store on rank 0's (new) host, at a port free there
+        ps = p.spec
+        e = fresh[(ps.node, ps.replica, ps.rank)]
+        master = net.where.get(f"{ps.node}/{ps.replica}/0", e.master_addr)
+        if (ps.node, ps.replica) not in ports:
+            ports[ps.node, ps.replica] = launcher.free_port(master) if ps.world_size > 1 else 0
+        ps.env = dict(plan.env_for(e, master_port=ports[ps.node, ps.replica]))
+        if ps.world_size > 1:
+            ps.env["MASTER_ADDR"] = master
+    if relink is not None:
+        for node, replica in sorted(hit):
+            relink([p for p in table if (p.spec.node, p.spec.replica) == (node, replica)])
     for p in procs:  # addresses after every move: a port's producers may have moved with it
         ps = p.spec
         for port in ps.inputs:

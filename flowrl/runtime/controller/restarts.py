@@ -22,7 +22,7 @@ from typing import Callable
 from flowrl.runtime.controller.procs import Proc, ProcTable
 from flowrl.runtime.controller.report import RunReport
 from flowrl.runtime.controller.supervisor import Supervisor
-from flowrl.runtime.controller.wiring import Wiring, free_port
+from flowrl.runtime.controller.wiring import Wiring
 from flowrl.runtime.protocol.ledger import NodeDown
 
 log = logging.getLogger("flowrl.controller")
@@ -76,7 +76,7 @@ class Restarts:
         group = self.rank_group(proc)
         if len(group) < 2:
             return
-        port = str(free_port())
+        port = str(self.launcher.free_port(group[0].spec.env.get("MASTER_ADDR") or "127.0.0.1"))
         for p in group:
             p.spec.env["MASTER_PORT"] = port
             if p is proc:
@@ -90,11 +90,12 @@ class Restarts:
 
     def restart(self, proc: Proc) -> None:
         """Start `proc`'s next incarnation (moved off its host first when that host is lost)."""
-        if self.launcher.is_lost(proc.spec.host):
-            why = self.replan(proc.spec.host)
-            if why:
-                self.fail(proc, why)
-                return
+        for host in sorted({p.spec.host for p in self.rank_group(proc) or [proc]}, key=str):
+            if self.launcher.is_lost(host):  # a rank there: the replica's group moves as one
+                why = self.replan(host)
+                if why:
+                    self.fail(proc, why)
+                    return
         proc.spec.incarnation += 1
         self.wiring.prepare_start(proc)
         self.launch(proc)

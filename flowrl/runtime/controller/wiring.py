@@ -34,7 +34,7 @@ from flowrl.runtime.controller.roles import Roles
 from flowrl.runtime.controller.scheduler import Scheduler
 from flowrl.runtime.controller.turns import TurnBook, Turns, colocation_groups, refuse_multi_rank, turn_groups
 from flowrl.runtime.protocol.procspec import OutputRoute, ProcSpec
-from flowrl.runtime.protocol.addresses import SERVE_PORT, shard_address
+from flowrl.runtime.protocol.addresses import SERVE_PORT, free_port  # noqa: F401 - used by restarts, scaling
 
 
 @dataclass(frozen=True)
@@ -111,8 +111,23 @@ class Wiring:
         for entry in self.plan.entries:
             group = (entry.node, entry.replica)
             if group not in master_ports:
-                master_ports[group] = free_port()
+                master_ports[group] = self.launcher.free_port(self.net.where.get(f"{entry.node}/{entry.replica}/0")
+                                                              or entry.master_addr)
             self.procs.add(Proc(spec=self.proc_spec(entry, master_ports[group])))
+
+    def rank_links(self, node: str, replica: int, world_size: int) -> tuple[list[str], list[str]]:
+        """Each rank's shard channel address and key (addresses.py `Network.rank_links`)."""
+        return self.net.rank_links(node, replica, world_size, self.launcher.free_port)
+
+    def relink_ranks(self, group: list[Proc]) -> None:
+        """A replica's ranks after some moved host: every rank's shard addresses and keys again."""
+        if not group:
+            return
+        ps0 = group[0].spec
+        addresses, keys = self.rank_links(ps0.node, ps0.replica, ps0.world_size)
+        for p in group:
+            p.spec.rank_addresses, p.spec.rank_keys = addresses, keys
+            p.spec.rank_clients = self.net.rank_clients(p.spec.node, p.spec.replica, p.spec.rank)
 
     # the plan as `flowrl scale` changes it ----------------------------------------------------
     def plan_replicas(self, node: str, replicas: int):
@@ -151,8 +166,9 @@ class Wiring:
                                capacity=self.spec.edge_capacity(e), capacity_bytes=e.capacity_bytes)
                    for e in spec.edges if e.src == entry.node]
         env = dict(self.plan.env_for(entry, master_port=master_port))
-        rank_addresses = ([shard_address(str(self.net.sockdir), entry.node, entry.replica, r)
-                           for r in range(entry.world_size)] if entry.world_size > 1 else [])
+        if entry.world_size > 1:  # the group's store binds rank 0's host address, as the launcher knows it
+            env["MASTER_ADDR"] = self.net.where.get(f"{entry.node}/{entry.replica}/0", env["MASTER_ADDR"])
+        rank_addresses, rank_keys = self.rank_links(entry.node, entry.replica, entry.world_size)
         run_dir = self.facts.run_dir
         return ProcSpec(node=entry.node, kind=node.kind, replica=entry.replica, replicas=node.replicas,
                         rank=entry.rank, world_size=entry.world_size, incarnation=0, run_dir=str(run_dir),
@@ -164,6 +180,8 @@ class Wiring:
                         peer_timeout_s=spec.supervision.peer_timeout_s, secret=self.facts.secret,
                         serving_dtype=next((spec.nodes[w.dst].dtype for w in spec.weights if w.src == entry.node), None),
                         sys_path=[p for p in sys.path if p and os.path.isdir(p)], rank_addresses=rank_addresses,
+                        rank_keys=rank_keys, rank_clients=self.net.rank_clients(entry.node, entry.replica, entry.rank)
+                        if entry.world_size > 1 else None,
                         host=getattr(entry, "host", None), host_address=self.net.where[pid],
                         curve_public=self.net.keys[pid][0], curve_secret=self.net.keys[pid][1],
                         control_key=self.net.control_key(pid), input_clients=clients,
@@ -211,12 +229,3 @@ def make_sockdir() -> Path:
     os.chmod(path, 0o700)
     (path / "pid").write_text(str(os.getpid()))
     return path
-
-
-def free_port() -> int:
-    """A free TCP port on loopback for a node's own torch.distributed group (MASTER_PORT)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -83,6 +83,13 @@ class Launcher(ABC):
         """The cluster address of the controller's own host."""
         return "127.0.0.1"
 
+    def free_port(self, address: str) -> int:
+        """A TCP port free now on `address` (a host's cluster address), for a socket a process there
+        binds at start and its peers are told before (a group's MASTER_PORT, a shard channel)."""
+        from flowrl.runtime.protocol.addresses import free_port
+
+        return free_port(address)
+
     def is_lost(self, host: str | None) -> bool:
         """True when `host` has left the cluster (its processes must move: flowrl/runtime/controller/replan.py)."""
         return False

@@ -102,3 +102,13 @@ class FlowrlNodeProcess:
         import socket
 
         return os.getpid(), socket.gethostname()
+
+
+def free_port(address: str) -> int:
+    """A TCP port free now on `address`, run on the host that has it (a Ray task pinned there): a
+    group's MASTER_PORT or a rank's shard channel, bound by a process that starts there next."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]

@@ -193,6 +193,26 @@ class RayLauncher(Launcher):
     def host_address(self, host: str | None) -> str:
         return self.node_for(host, f"a process on {host}").address
 
+    def free_port(self, address: str) -> int:
+        """A port free on `address`, asked of the Ray node that has it (a task pinned there); the
+        controller's own host answers here."""
+        if self.local is not None and address == self.local.address or address in LOCAL_HOSTS:
+            return super().free_port(address)
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node = next((n for n in self.nodes.values() if n.address == address), None)
+        if node is None:
+            raise RunFailed(f"no live Ray node has the address {address} (nodes: "
+                            f"{', '.join(f'{n.name} {n.address}' for n in self.nodes.values())}); cannot pick a port there")
+        ray = import_ray()
+        task = ray.remote(num_cpus=0, max_retries=0)(ray_actor.free_port).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node.node_id, soft=False))
+        try:
+            return int(ray.get(task.remote(address), timeout=60))
+        except Exception as e:  # noqa: BLE001 - the node cannot answer: name it
+            raise RunFailed(f"cannot pick a free port on Ray node {node.name!r} ({address}): "
+                            f"{str(e).splitlines()[0][:200]}") from None
+
     def controller_address(self) -> str:
         if self.local is None:
             raise RunFailed("the controller does not run on a node of the Ray cluster; run flowrl on a cluster node")

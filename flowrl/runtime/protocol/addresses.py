@@ -14,6 +14,8 @@ stays ipc. The rules (docs/multi-host.md):
 | data edge (one consumer port) | ipc in the run's 0700 socket folder | tcp bound to the consumer's host address (port chosen at bind, reported in READY) + CURVE |
 | control (node -> controller) | ipc | tcp bound to the controller's host address + CURVE |
 | weight store | the publisher's host address | the same; keys and values sealed by the run's secret |
+| shard channel (one rank's, from its data-parallel peers) | ipc | tcp on the rank's host address, port picked free there before start + CURVE |
+| a replica's torch.distributed group | its store on rank 0's host address | the same, sealed by the run's secret; gloo/NCCL on the interface that holds each rank's host address |
 
 "One host" means one address: two Ray nodes that share an IP address share a machine. A consumer
 port binds tcp as soon as one of its producers runs elsewhere (its producers on its own host then
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Callable
 
 import zmq
 
@@ -37,8 +40,19 @@ CONTROL_DOMAIN = "flowrl-control"  # the control's ZAP domain (data channels hav
 
 
 def shard_address(sockdir: str, node: str, replica: int, rank: int) -> str:
-    """Where rank `rank` of a data-parallel replica takes its shards from its leader (one host)."""
+    """Where rank `rank` of a data-parallel replica takes its shards from its leader (its peers on its host)."""
     return f"ipc://{sockdir}/{node}.{replica}.rank{rank}"
+
+
+def free_port(address: str = LOOPBACK) -> int:
+    """A TCP port free now on `address`, one of this machine's (a group's MASTER_PORT, a rank's
+    shard channel); a launcher's `free_port` asks the host that has the address."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family) as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
 
 
 def keypair() -> tuple[str, str]:
@@ -73,6 +87,7 @@ class Network:
         self.keys: dict[str, tuple[str, str]] = {}  # process id -> (public, secret), Z85
         self.control_keys = keypair()
         self.control_tcp: str | None = None  # the controller's tcp address, once bound
+        self.rank_ports: dict[tuple, tuple[str, int]] = {}  # (node, replica, rank) -> (host address, its tcp port)
 
     def place(self, proc_id: str, address: str) -> None:
         self.where[proc_id] = address or LOOPBACK
@@ -121,14 +136,54 @@ class Network:
         address = self.control_address(proc_id)
         return self.control_keys[0] if self.curve and address.startswith("tcp://") else None
 
-    def check_ranks(self, groups: dict) -> None:
-        """The ranks of one node replica exchange shards over ipc: they must share a host."""
-        for (node, replica), entries in groups.items():
-            hosts = {self.where.get(f"{node}/{replica}/{e.rank}") for e in entries}
-            if len(hosts) > 1:
-                raise ValueError(f"node {node!r} replica {replica} has ranks on several hosts ({', '.join(sorted(hosts))}); "
-                                 "the ranks of one replica must share a host in this release: give the node "
-                                 "`host:` or fewer devices, or use replicas across hosts")
+    # the ranks of one data-parallel replica ----------------------------------------------------
+    def rank_peers(self, node: str, replica: int, rank: int) -> list[str]:
+        """Who sends into `rank`'s shard channel: every follower into the leader's, the leader into
+        a follower's."""
+        if rank:
+            return [f"{node}/{replica}/0"]
+        return [p for p in self.where if p.startswith(f"{node}/{replica}/") and not p.endswith("/0")]
+
+    def rank_crosses(self, node: str, replica: int, rank: int) -> bool:
+        me = self.where[f"{node}/{replica}/{rank}"]
+        return any(self.where[p] != me for p in self.rank_peers(node, replica, rank))
+
+    def rank_address(self, node: str, replica: int, rank: int, port: Callable[[str], int]) -> str:
+        """Where `rank` takes its shards (a follower) or its followers' replies (the leader): ipc when
+        its peers share its host, else tcp on its host's address at `port(address)` (a port picked
+        free there: its peers are told the address before it starts, so it is fixed, as ipc is)."""
+        if not self.rank_crosses(node, replica, rank):
+            return shard_address(self.sockdir, node, replica, rank)
+        host = self.where[f"{node}/{replica}/{rank}"]
+        return tcp_address(host, port(host))
+
+    def rank_links(self, node: str, replica: int, world_size: int,
+                   free_port: Callable[[str], int]) -> tuple[list[str], list[str]]:
+        """Where each rank of a replica takes its shards, and the CURVE key to expect there. A tcp
+        port is picked free on the rank's host once (`free_port(address)`, the launcher's) and kept
+        while the rank stays there: its restarts bind it again, as they would an ipc path."""
+        if world_size < 2:
+            return [], []
+        addresses, keys = [], []
+        for r in range(world_size):
+            def port(host: str, key=(node, replica, r)) -> int:
+                if self.rank_ports.get(key, (None,))[0] != host:
+                    self.rank_ports[key] = (host, free_port(host))
+                return self.rank_ports[key][1]
+            address = self.rank_address(node, replica, r, port)
+            addresses.append(address)
+            keys.append(self.rank_key(node, replica, r, address))
+        return addresses, keys
+
+    def rank_clients(self, node: str, replica: int, rank: int) -> list[str] | None:
+        """CURVE on a tcp shard channel: the public keys of the ranks it admits (None: no CURVE)."""
+        if not self.curve or not self.rank_crosses(node, replica, rank):
+            return None
+        return sorted(self.keys[p][0] for p in self.rank_peers(node, replica, rank))
+
+    def rank_key(self, node: str, replica: int, rank: int, address: str) -> str:
+        """The public key a peer must expect at `rank`'s shard channel ('' for ipc or no CURVE)."""
+        return self.keys[f"{node}/{replica}/{rank}"][0] if self.curve and address.startswith("tcp://") else ""
 
 
 def apply_control_client(sock, proc_public: str, proc_secret: str, server_key: str | None) -> None:
@@ -185,6 +240,19 @@ def input_security(spec, port: str, address: str) -> dict:
     if not address.startswith("tcp://"):
         return {}
     clients = spec.input_clients.get(port)
+    curve = None if clients is None else CurveConfig(
+        server_public=spec.curve_public, server_secret=spec.curve_secret, authorized_clients=tuple(clients))
+    return {"transport": "tcp", "allow_remote": True, "curve": curve}
+
+
+def rank_security(spec, address: str) -> dict:
+    """ChannelConfig fields of a rank's shard channel: across hosts a tcp bind on its host address,
+    CURVE server admitting only its data-parallel peers' keys (`ProcSpec.rank_clients`)."""
+    from flowrl.transport import CurveConfig
+
+    if not address.startswith("tcp://"):
+        return {}
+    clients = spec.rank_clients
     curve = None if clients is None else CurveConfig(
         server_public=spec.curve_public, server_secret=spec.curve_secret, authorized_clients=tuple(clients))
     return {"transport": "tcp", "allow_remote": True, "curve": curve}

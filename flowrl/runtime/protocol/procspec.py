@@ -58,6 +58,8 @@ class ProcSpec:
     peer_timeout_s: float = 300.0  # data channels wait this long for a silent peer (supervision.peer_timeout_s)
     host: str | None = None  # the plan's host for this process (the ray launcher pins it there)
     rank_addresses: list[str] = field(default_factory=list)  # data-parallel nodes: where each rank listens
+    rank_keys: list[str] = field(default_factory=list)  # each rank's CURVE public key where its address is tcp, else ''
+    rank_clients: list[str] | None = None  # this rank's tcp shard channel: the peer keys it admits (None: no CURVE)
     serving_dtype: str | None = None  # publishers: the dtype their subscribers hold weights in
     secret: str = ""  # the run's control-plane secret (the file is readable by its owner only)
     sys_path: list[str] = field(default_factory=list)  # the controller's import path, for user node modules

@@ -22,6 +22,7 @@ from flowrl.runtime.protocol.procspec import ProcSpec
 from flowrl.runtime.worker.compute import ComputeThread
 from flowrl.runtime.worker.datapath import DataPath
 from flowrl.runtime.worker.faults import FaultInjector
+from flowrl.runtime.worker.group import join_node_group
 from flowrl.runtime.worker.inputs import Policies
 from flowrl.runtime.worker.nodestate import NodeState
 from flowrl.runtime.worker.orders import OrderTaker
@@ -94,11 +95,8 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
     version = WeightVersion(nctx)
     sched = graph.schedule
     policies = Policies.of(shape, spec.epoch, spec.watermark, spec.consumed, per_update=sched.tickets_per_update)
-    if spec.world_size > 1:
-        import torch.distributed as dist
-
-        dist.init_process_group("nccl" if spec.device_type == "cuda" else "gloo",
-                                rank=spec.rank, world_size=spec.world_size)
+    if spec.world_size > 1:  # the replica's own group: a sealed store on rank 0's host address
+        join_node_group(spec, timeout_s=graph.supervision.startup_timeout_s)
     if spec.incarnation == 0 or any(f.every for f in faults.faults):
         faults.check_setup()
     runner = NodeRunner(compute, faults, recorder, make=lambda: cls(config, nctx))

@@ -6,19 +6,18 @@ Order of start-up matters: devices are fixed (affinity / CUDA_VISIBLE_DEVICES) b
 can touch CUDA, the node's `setup` runs and its input channels are bound before READY is reported,
 so the controller only relies on a process that can already receive.
 
-One event loop, one consumer: batches from every input, tickets and control orders are put on one
-queue and handled in order, so weight swaps, checkpoints and rollbacks fall between two calls
-into the node (with `concurrency`, calls run as tasks and a weight swap between their steps). The node's own code (every hook) runs on the process's compute thread
-(`compute.py`), never on the event loop's: while a hook computes, the loop goes on serving
-channels (frames, credit, acks), control orders, metrics and dump requests. What to do with each
-arrival is decided by the input policies of the node's shape (`inputs.py`): fence (recovery
-epochs), version gate (subscribers), join buffer, in-order delivery with an output cache (stateful
-nodes), and once-only consumption (sinks).
+One event loop, one consumer: batches from every input, tickets and control orders are put on one queue and
+handled in order, so weight swaps, checkpoints and rollbacks fall between two calls into the node (with
+`concurrency`, calls run as tasks and a weight swap between their steps). The node's own code (every hook)
+runs on the process's compute thread (`compute.py`), never on the event loop's: while a hook computes, the
+loop goes on serving channels (frames, credit, acks), control orders, metrics and dump requests. What to do
+with each arrival is decided by the input policies of the node's shape (`inputs.py`): fence (recovery epochs),
+version gate (subscribers), join buffer, in-order delivery with an output cache (stateful nodes), and
+once-only consumption (sinks).
 
-The work is done by components that each own their state and are given what they need
-(`startup.py` builds and wires them); `Worker` keeps the control socket, the channels, the loops
-that fill and drain the event queue (control orders go to a handler table keyed by their type),
-and the process's lifetime:
+The work is done by components that each own their state and are given what they need (`startup.py` builds
+and wires them); `Worker` keeps the control socket, the channels, the loops that fill and drain the event
+queue (control orders go to a handler table keyed by their type), and the process's lifetime:
 
     WeightVersion  the process's policy version; keeps the node's `ctx.policy_version` equal (version.py)
     NodeRunner     the node instance and every call into it, `busy` for the heartbeat (runner.py)
@@ -45,7 +44,7 @@ import zmq
 import zmq.asyncio
 
 from flowrl.runtime.protocol import messages as m
-from flowrl.runtime.protocol.addresses import apply_control_client, input_security, output_curve
+from flowrl.runtime.protocol.addresses import apply_control_client, input_security, output_curve, rank_security
 from flowrl.runtime.protocol.procspec import ProcSpec
 from flowrl.runtime.worker.compute import ComputeThread
 from flowrl.runtime.worker.dump import task_lines
@@ -130,10 +129,10 @@ class Worker:
         """Bind this rank's channel from its data-parallel peers (shards, or the followers' replies)."""
         from flowrl.transport import ChannelConfig, Receiver
 
-        spec = self.spec
-        self.rank_rx = Receiver(ChannelConfig(capacity_messages=4, peer_timeout_s=self.peer_timeout_s, secret=self.channel_secret),
-                                name=f"{spec.node}.rank{spec.rank}", task_group=self.channel_tg)
-        await self.rank_rx.bind(spec.rank_addresses[spec.rank])
+        spec, address = self.spec, self.spec.rank_addresses[self.spec.rank]
+        self.rank_rx = Receiver(ChannelConfig(capacity_messages=4, peer_timeout_s=self.peer_timeout_s, secret=self.channel_secret,
+                                              **rank_security(spec, address)), name=f"{spec.node}.rank{spec.rank}", task_group=self.channel_tg)
+        await self.rank_rx.bind(address)
         return self.rank_rx
 
     async def wire(self, msg: m.Wire) -> None:
@@ -159,9 +158,10 @@ class Worker:
         log.info("wired %.2f s after start", time.monotonic() - self.t_start)
         if parts.ranks is not None:  # the leader sends shards to every follower; followers send results back to it
             peers = range(1, self.spec.world_size) if self.spec.rank == 0 else [0]
-            for r in peers:
-                tx = Sender(ChannelConfig(capacity_messages=4, peer_timeout_s=self.peer_timeout_s, secret=self.channel_secret), name=f"rank{r}", task_group=self.channel_tg)
-                await tx.connect(self.spec.rank_addresses[r])
+            for r in peers:  # ipc on one host; tcp + CURVE (the peer's key) across hosts
+                tx = Sender(ChannelConfig(capacity_messages=4, peer_timeout_s=self.peer_timeout_s, secret=self.channel_secret,
+                                          allow_remote=True), name=f"rank{r}", task_group=self.channel_tg)
+                await tx.connect(self.spec.rank_addresses[r], curve=output_curve(self.spec, self.spec.rank_keys[r]))
                 parts.ranks.add_peer(r, tx)
             if self.spec.rank > 0:
                 self.tg.start_soon(self.input_loop, SHARD, self.rank_rx)
