@@ -44,8 +44,10 @@ def sockets_of(pids: dict[str, int]) -> dict[str, dict]:
 def spec_facts(path: Path) -> dict:
     """What a process was told about its links (its secret key left out)."""
     spec = json.loads(path.read_text())
-    return {k: spec[k] for k in ("host", "host_address", "inputs", "input_clients", "control", "curve_public")} | {
-        "control_key": bool(spec["control_key"]), "outputs": {o["edge"]: o["addresses"] for o in spec["outputs"]}}
+    return {k: spec[k] for k in ("host", "host_address", "inputs", "input_clients", "control", "curve_public",
+                                 "rank_addresses", "rank_keys", "rank_clients")} | {
+        "control_key": bool(spec["control_key"]), "outputs": {o["edge"]: o["addresses"] for o in spec["outputs"]},
+        "master": [spec["env"].get("MASTER_ADDR"), spec["env"].get("MASTER_PORT")]}
 
 
 def probes(run_dir: Path, names, sockets: dict) -> dict:
@@ -62,9 +64,21 @@ def probes(run_dir: Path, names, sockets: dict) -> dict:
         producer = next(s for s in raw.values() if s["curve_public"] in sum(spec["input_clients"].values(), []))
         for listen in sockets[name]["listen"]:
             address = f"tcp://{listen}"
-            out[f"{name} {address} stranger"] = handshake(address, spec["curve_public"])
-            out[f"{name} {address} producer"] = handshake(address, spec["curve_public"],
-                                                          (producer["curve_public"], producer["curve_secret"]), send=None)
+            if address in spec["rank_addresses"]:
+                continue  # its shard channel: probed below, with a peer rank's keys
+            stranger = handshake(address, spec["curve_public"], timeout_s=2.0)
+            mine = handshake(address, spec["curve_public"], (producer["curve_public"], producer["curve_secret"]),
+                             send=None, timeout_s=2.0)
+            if stranger == mine == "timeout":
+                continue  # no ZeroMQ there: gloo's sockets, a group's store
+            out[f"{name} {address} stranger"], out[f"{name} {address} producer"] = stranger, mine
+    for name, spec in raw.items():  # a rank's tcp shard channel admits only its data-parallel peers
+        mine = spec["rank_addresses"][spec["rank"]] if spec["rank_addresses"] else ""
+        if mine.startswith("tcp://"):
+            peer = next(s for s in raw.values() if s["curve_public"] in spec["rank_clients"])
+            out[f"{name} rank {mine} stranger"] = handshake(mine, spec["curve_public"])
+            out[f"{name} rank {mine} peer"] = handshake(mine, spec["curve_public"],
+                                                        (peer["curve_public"], peer["curve_secret"]), send=None)
     remote = next((s for s in raw.values() if s["control"].startswith("tcp://")), None)
     if remote is not None:
         out[f"control {remote['control']} stranger"] = handshake(remote["control"], remote["control_key"])

@@ -209,7 +209,23 @@ class Wiring:
                 for p in self.procs:
                     await self.send(p, m.Wire(routes=self.routes_for(p)))
             return
-        await self.send(proc, m.Wire(routes=self.routes_for(proc)))
+        if self.reachable(proc):
+            await self.send(proc, m.Wire(routes=self.routes_for(proc)))
+        # producers that waited for this consumer: its address is known now (a moved consumer binds anew)
+        for p in self.producers_of(proc.spec.node):
+            if p is not proc and p.ready and not p.wired and p.down_since is None and self.reachable(p):
+                await self.send(p, m.Wire(routes=self.routes_for(p)))
+
+    def producers_of(self, node: str) -> list[Proc]:
+        srcs = {e.src for e in self.spec.edges if e.dst == node} | {s.src for s in self.spec.services if s.dst == node}
+        return [p for p in self.procs if p.spec.node in srcs]
+
+    def reachable(self, proc: Proc) -> bool:
+        """Whether every consumer `proc` sends to is up (READY): a restarted producer is wired only
+        then, since a consumer that is down may come back at another address (moved to another host)
+        and a Wire to its old one would hold the producer in a connect until peer_timeout_s."""
+        dsts = {e.dst for e in self.spec.edges if e.src == proc.spec.node} | set(proc.spec.services)
+        return all(p.ready for p in self.procs if p.spec.node in dsts and p.spec.rank == 0 and not p.retired)
 
 
 def make_sockdir() -> Path:
