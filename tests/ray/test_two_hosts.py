@@ -167,3 +167,30 @@ def test_losing_the_trainers_host_moves_actor_and_critic_rolls_back_and_weights_
     assert facts["audit"] == {"exactly_once": True, "issued": steps, "lost": [], "duplicated": []}
     assert facts["versions"][-1] == steps - 1  # the moved actor published every version, the rollout took them
     assert facts["left_alive"] == [] and facts["cluster_released"] is True and facts["sockdirs_left"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_actor_whose_ranks_span_two_hosts_trains_the_same_parameters_as_four_ranks_on_one_host(tmp_path):
+    from flowrl.testing import node_state
+    from flowrl.testing.harness import run_graph
+
+    steps, same = 8, ["nodes.actor.devices=4", "schedule.steps=8", "schedule.checkpoint_every=8"]
+    hosts = [f"nodes.{node}.host={host}" for node, host in SPANNING.items()]
+    facts = run_scenario(tmp_path, {"graph": str(ROOT / "graphs" / "ppo.yaml"),
+                                    "overrides": ["launcher.type=ray", *same, *hosts], "processes": 9,
+                                    "timeout_s": 200, "kill": None, "remove_at_step": None}, timeout_s=280)
+    assert facts["rc"] == 0, facts["stderr"]
+    assert {n: h for n, h in facts["hosts"].items() if n.startswith("actor")} == {
+        f"actor.0.{r}": h for r, h in ACTOR_HOSTS.items()}
+    assert facts["node_down"] == [] and facts["audit"]["exactly_once"]  # fault-free: nothing restarted
+    one = run_graph(ROOT / "graphs" / "ppo.yaml", tmp_path / "one-host", overrides=same, timeout_s=200, cwd=ROOT)
+    assert one.exit_code == 0, one.stderr[-3000:]
+    two = tmp_path / "run"
+    for rank in range(4):  # each rank's model after 8 PPO updates, from the final checkpoint of each run
+        a, b = node_state(two, "actor", rank=rank)["model"], node_state(one.run_dir, "actor", rank=rank)["model"]
+        assert set(a) == set(b) and a and node_state(two, "actor", rank=rank)["updates"] == steps
+        for name, tensor in a.items():
+            gap = (tensor.float() - b[name].float()).abs().max() / b[name].float().abs().max().clamp_min(1e-12)
+            assert gap <= 1e-5, (rank, name, float(gap))
+    assert json.loads((two / "checkpoints" / "latest.json").read_text())["step"] == steps
