@@ -102,3 +102,53 @@ def test_a_cluster_that_cannot_be_read_fails_the_run_naming_the_host(tmp_path, d
     c.launcher.inventory = broken
     assert move_off(c, "host-c") == ("Ray node 'host-c' (127.0.0.3, node id cccccccc) is gone, and its processes "
                                      "cannot be re-planned: the Ray cluster at 127.0.0.1:6379 has no live node")
+
+
+def test_a_replica_with_ranks_on_the_lost_host_is_planned_again_whole_with_its_group_on_the_host_left(tmp_path):
+    path = tmp_path / "g.yaml"
+    path.write_text(f"""\
+nodes:
+  numbers: {{kind: "{N}:Numbers", host: host-a}}
+  scale: {{kind: "{N}:Scale", devices: 4}}
+  collect: {{kind: "{N}:Collect", host: host-a}}
+edges: [numbers -> scale, scale -> collect]
+""")
+    spec = load_graph(path, check=False)
+    net = Network(spec, {}, tmp_path / "socks", "127.0.0.1")
+    where = {"numbers/0/0": "host-a", "collect/0/0": "host-a", "scale/0/0": "host-a", "scale/0/1": "host-a",
+             "scale/0/2": "host-c", "scale/0/3": "host-c"}
+    address = {"host-a": "127.0.0.1", "host-c": "127.0.0.3"}
+    for pid, host in where.items():
+        net.place(pid, address[host])
+    ports = iter(range(9001, 9100))
+    links = net.rank_links("scale", 0, 4, lambda host: next(ports))
+    assert links[0][2].startswith("tcp://127.0.0.3:")
+    procs = []
+    for pid, host in where.items():
+        node, _, rank = pid.split("/")
+        procs.append(types.SimpleNamespace(id=pid, spec=ProcSpec(
+            node=node, kind="x", replica=0, replicas=1, rank=int(rank), world_size=4 if node == "scale" else 1,
+            incarnation=1, run_dir="r", graph_file="g", control="ipc://c", host=host, host_address=address[host],
+            inputs={"in": net.input_address(node, 0, "in")} if node != "numbers" else {},
+            env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}, rank_addresses=links[0], rank_keys=links[1])))
+    launcher = Launcher([A], C)
+    launcher.free_port = lambda address: 4242 if address == "127.0.0.1" else pytest.fail(f"a port on {address}")
+    relinked = []
+
+    def relink(group):
+        relinked.append(sorted(p.id for p in group))
+        addresses, keys = net.rank_links("scale", 0, 4, launcher.free_port)
+        for p in group:
+            p.spec.rank_addresses, p.spec.rank_keys = addresses, keys
+
+    rows = []
+    why = replan.move_off("host-c", launcher=launcher, procs=procs, spec=spec, classes=node_classes(spec), net=net,
+                          ledger=types.SimpleNamespace(record=rows.append), relink=relink)
+    assert why is None
+    scale = [p for p in procs if p.spec.node == "scale"]
+    assert rows == [Replanned(host="host-c", moved={"scale/0/2": "host-a", "scale/0/3": "host-a"})]
+    assert {p.spec.host for p in scale} == {"host-a"} and relinked == [[f"scale/0/{r}" for r in range(4)]]
+    # one group again: every rank's store on host-a at the port picked there; shard channels ipc now
+    assert {(p.spec.env["MASTER_ADDR"], p.spec.env["MASTER_PORT"], p.spec.env["WORLD_SIZE"]) for p in scale} == {
+        ("127.0.0.1", "4242", "4")}
+    assert all(a.startswith("ipc://") for a in scale[0].spec.rank_addresses) and set(scale[0].spec.rank_keys) == {""}
