@@ -262,7 +262,9 @@ class Controller:
         await self.sync.sync_failed(proc, msg, self.scheduler.version, recovering=self.recovery.active)
 
     async def on_checkpointed(self, proc: Proc, msg: m.Checkpointed) -> None:
-        self.book.report(proc.id, step=msg.step, epoch=msg.epoch, file=msg.file, version=msg.version)
+        shard = None if msg.sha256 is None else {"sha256": msg.sha256, "size": msg.size, "host": proc.spec.host,
+                                                  "folder": str(Path(proc.spec.home).absolute())}
+        self.book.report(proc.id, step=msg.step, epoch=msg.epoch, file=msg.file, version=msg.version, shard=shard)
         self.commit_if_ready()
 
     async def on_recovered(self, proc: Proc, msg: m.Recovered) -> None:

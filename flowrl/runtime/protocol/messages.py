@@ -126,6 +126,8 @@ class Checkpointed:
     epoch: int
     file: str
     version: int = 0
+    sha256: str | None = None  # of the shard as saved (after the atomic rename)
+    size: int | None = None  # bytes
 
 
 @message("recovered", "node -> controller")

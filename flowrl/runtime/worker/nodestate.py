@@ -107,20 +107,21 @@ class NodeState:
 
     async def save(self, step: int) -> None:
         """Save the state as of watermark `step` (every ticket < step applied, none after)."""
-        from flowrl.runtime.protocol.checkpoints import file_name, save_state
+        from flowrl.runtime.protocol.checkpoints import file_digest, file_name, save_state
 
         self._faults.on_checkpoint(step)
         self._saved_at = (self._fence.epoch, step)
         name = file_name(self._log_name, step, self._fence.epoch)
         epoch, version = self._fence.epoch, self._version.value
 
-        def save() -> None:
+        def save() -> tuple[str, int]:
             save_state(self._dir / name, self._runner.node.state_dict(), step=step, epoch=epoch, version=version)
+            return file_digest(self._dir / name)  # what the commit record names (a fetch checks it)
 
         with self._recorder.span("checkpoint", step=step):
-            await self._runner.run(save)
+            sha256, size = await self._runner.run(save)
         await self._report(m.Checkpointed(step=step, epoch=self._fence.epoch, file=name,
-                                          version=max(self._version.value, 0)))
+                                          version=max(self._version.value, 0), sha256=sha256, size=size))
 
     # weights --------------------------------------------------------------------------------
     async def publish(self) -> None:
