@@ -1,0 +1,161 @@
+"""No shared filesystem between hosts (`launcher.host_dirs`, docs/multi-host.md).
+
+- The fetch path on a real two-node Ray cluster on loopback: a checkpoint shard in host-b's
+  folder is copied to host-a's folder by tasks pinned to each node, its sha256 checked; a wrong
+  digest and a holder that is not in the cluster give a clear error naming the holder, the file
+  and the digest.
+- graphs/ppo.yaml on two hosts in a network namespace (tests/ray/two_hosts.py, scenario "nofs"),
+  host-b's run folder elsewhere than RUN_DIR, the trainers on host-b: their logs, pid files and
+  shards stay in host-b's folder; latest.json names each shard's host and sha256; kill -9 of the
+  controller, then `flowrl run --resume RUN_DIR` ends exactly once, host-b's shards read on host-b.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from flowrl.runtime.protocol.checkpoints import CheckpointError, file_digest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Ledger:
+    def __init__(self):
+        self.rows = []
+
+    def record(self, event):
+        self.rows.append(event)
+
+
+def shard_setup(tmp_path: Path, payload: bytes):
+    b_dir, a_dir = tmp_path / "b" / "run", tmp_path / "a" / "run"
+    name = "step00000005/actor.0.0.e0.pt"
+    (b_dir / "checkpoints" / name).parent.mkdir(parents=True)
+    (b_dir / "checkpoints" / name).write_bytes(payload)
+    digest = hashlib.sha256(payload).hexdigest()
+    record = {"step": 5, "files": {"actor/0/0": name},
+              "shards": {"actor/0/0": {"file": name, "sha256": digest, "size": len(payload), "host": "host-b",
+                                       "folder": str(b_dir)}}}
+    return a_dir, b_dir, name, digest, record
+
+
+@pytest.mark.timeout(180)
+def test_a_shard_is_fetched_from_its_holder_host_through_ray_digest_checked(ray_cluster, tmp_path):
+    from flowrl.ray_cluster import RayCluster
+    from flowrl.runtime.controller.shards import ensure_shard
+    from flowrl.runtime.launch.ray_launcher import RayLauncher
+
+    cluster, _ = ray_cluster
+    launcher = RayLauncher(cluster=RayCluster(cluster.address, owned=False, joined=False))
+    payload = b"\x00checkpoint bytes\xff" * 5000
+    a_dir, b_dir, name, digest, record = shard_setup(tmp_path, payload)
+    dst = a_dir / "checkpoints" / name
+    spec = SimpleNamespace(proc_id="actor/0/0", host="host-a", home=str(a_dir), resume_from=str(dst))
+    book, ledger = SimpleNamespace(committed=record), Ledger()
+    host_dirs = {"host-b": str(tmp_path / "b")}
+
+    ensure_shard(book, spec, launcher, host_dirs, ledger)  # host-b's folder -> host-a's, through Ray tasks
+    assert dst.read_bytes() == payload and file_digest(dst) == (digest, len(payload))
+    assert [(r.proc, r.holder, r.host, r.fetched, r.sha256) for r in ledger.rows] == [
+        ("actor/0/0", "host-b", "host-a", True, digest)]
+    assert not list(dst.parent.glob("*.tmp"))
+    # there already with the right digest: nothing copied
+    assert launcher.fetch_checkpoint(src_host="host-b", src=str(b_dir / "checkpoints" / name), dst_host="host-a",
+                                     dst=str(dst), sha256=digest) == "present"
+    # on its own host, in its own folder: read there, nothing to fetch
+    home_b = SimpleNamespace(proc_id="actor/0/0", host="host-b", home=str(b_dir),
+                             resume_from=str(b_dir / "checkpoints" / name))
+    ensure_shard(book, home_b, launcher, host_dirs, ledger)
+    assert ledger.rows[-1].fetched is False and ledger.rows[-1].host == "host-b"
+
+    # the holder's file changed since the commit: refused, the target left without it
+    dst.unlink()
+    (b_dir / "checkpoints" / name).write_bytes(payload + b"tampered")
+    with pytest.raises(CheckpointError) as e:
+        ensure_shard(book, spec, launcher, host_dirs, ledger)
+    text = str(e.value)
+    assert "held by host 'host-b'" in text and name in text and digest in text and "not the committed" in text
+    assert not dst.exists() and not list(dst.parent.glob("*.tmp"))
+
+    # the holder is not in the cluster: the run cannot go on, and says how to fix it
+    gone = {**record, "shards": {"actor/0/0": {**record["shards"]["actor/0/0"], "host": "host-z"}}}
+    with pytest.raises(CheckpointError) as e:
+        ensure_shard(SimpleNamespace(committed=gone), spec, launcher, {**host_dirs, "host-z": "/nowhere"}, ledger)
+    text = str(e.value)
+    assert "Ray node 'host-z'" in text and "not in the cluster" in text and name in text and digest in text
+    assert "launcher.host_dirs" in text and "--resume" in text
+
+
+@pytest.mark.timeout(60)
+def test_the_local_launcher_copies_a_shard_between_folders_digest_checked(tmp_path):
+    from flowrl.runtime.controller.shards import ensure_shard, needs_fetch
+    from flowrl.runtime.launch.launcher import SubprocessLauncher
+
+    payload = b"state" * 1000
+    a_dir, b_dir, name, digest, record = shard_setup(tmp_path, payload)
+    dst = a_dir / "checkpoints" / name
+    spec = SimpleNamespace(proc_id="actor/0/0", host="host-a", home=str(a_dir), resume_from=str(dst))
+    ensure_shard(SimpleNamespace(committed=record), spec, SubprocessLauncher(), {"host-b": "x"}, Ledger())
+    assert dst.read_bytes() == payload
+    # hosts that share the run directory (neither listed): the same folder is the same file
+    shard = record["shards"]["actor/0/0"]
+    assert not needs_fetch(shard, "host-c", str(b_dir), {})
+    assert needs_fetch(shard, "host-c", str(b_dir), {"host-b": "x"})
+    assert not needs_fetch(shard, "host-b", str(b_dir), {"host-b": "x"})
+
+
+STEPS = 25
+HOST_OF = {"actor": "host-b", "critic": "host-b", "reference": "host-a",
+           "prompts": "host-a", "rollout": "host-a", "reward": "host-a"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_ppo_with_host_b_in_its_own_folder_checkpoints_there_and_resumes_after_kill_9_of_the_controller(tmp_path):
+    from tests.ray.test_two_hosts import run_scenario
+
+    host_b = tmp_path / "host-b-disk"
+    run_dir = tmp_path / "run"
+    hosts = [f"nodes.{node}.host={host}" for node, host in HOST_OF.items()]
+    facts = run_scenario(tmp_path, {
+        "nofs": True, "graph": str(ROOT / "graphs" / "ppo.yaml"), "host_b_run": str(host_b / "run"),
+        "overrides": ["launcher.type=ray", f"schedule.steps={STEPS}", "schedule.checkpoint_every=5",
+                      f"launcher.host_dirs.host-b={host_b}", *hosts],
+        "processes": 6, "timeout_s": 200, "kill_controller_at": 10}, timeout_s=400)
+    assert facts["hosts"] == {f"{n}.0.0": h for n, h in HOST_OF.items()}
+    assert facts["first_rc"] == -9 and facts["killed_controller_at"] >= 10
+    assert facts["rc"] == 0, facts["stderr"]
+    on_b, on_a = {"actor.0.0", "critic.0.0"}, {f"{n}.0.0" for n, h in HOST_OF.items() if h == "host-a"}
+    # host-b's processes keep their logs, pid files and shards in host-b's folder, none in RUN_DIR
+    for where, running in ((facts["before_resume"], True), (facts, False)):  # pid files go at a clean exit
+        b, a = where["host_b"], where["run_dir"]
+        assert set(b["logs"]) == {f"logs/{n}.log" for n in on_b} and set(a["logs"]) == {f"logs/{n}.log" for n in on_a}
+        assert set(b["pids"]) == ({f"procs/{n}.pid" for n in on_b} if running else set())
+        assert set(a["pids"]) == ({f"procs/{n}.pid" for n in on_a} if running else set())
+        assert b["shards"] and {Path(s).name.split(".e")[0] for s in b["shards"]} == on_b
+        assert a["shards"] == []
+    # the commit record (on the controller's host) names each shard's host, folder and digest
+    record = facts["latest"]
+    assert record["step"] == STEPS
+    shards = record["shards"]
+    assert set(shards) == {"actor/0/0", "critic/0/0"}
+    for proc, shard in shards.items():
+        assert shard["host"] == "host-b" and shard["folder"] == str(host_b / "run")
+        assert shard["sha256"] == facts["digests"][proc] and len(shard["sha256"]) == 64
+        assert shard["size"] == (host_b / "run" / "checkpoints" / shard["file"]).stat().st_size
+    assert (run_dir / "checkpoints" / "latest.json").exists() and not (host_b / "run" / "checkpoints" / "latest.json").exists()
+    # the resumed run read host-b's shards on host-b (nothing fetched) and ended exactly once, no restarts
+    resumed = facts["events"]["resumed"]
+    assert len(resumed) == 1 and resumed[0]["step"] >= 10
+    assert sorted((r["proc"], r["host"], r["holder"], r["fetched"]) for r in facts["events"]["shard"]) == [
+        ("actor/0/0", "host-b", "host-b", False), ("critic/0/0", "host-b", "host-b", False)]
+    assert facts["events"]["node_down"] == [] and facts["events"]["recovery"] == []
+    assert facts["audit"] == {"exactly_once": True, "issued": STEPS, "lost": [], "duplicated": []}
+    rewards = facts["rewards"]
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:3]) / 3 + 0.1, [round(r, 2) for r in rewards]  # it learns a bit
+    assert facts["left_alive"] == []
