@@ -117,6 +117,9 @@ HOST_OF = {"actor": "host-b", "critic": "host-b", "reference": "host-a",
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_ppo_with_host_b_in_its_own_folder_checkpoints_there_and_resumes_after_kill_9_of_the_controller(tmp_path):
+    """Actor and critic on host-b (own folder); kill -9 of the controller after the checkpoint at
+    step >= 10; `--resume` plans the actor on host-a: its shard is fetched from host-b, the
+    critic's is read where it is."""
     from tests.ray.test_two_hosts import run_scenario
 
     host_b = tmp_path / "host-b-disk"
@@ -126,34 +129,40 @@ def test_ppo_with_host_b_in_its_own_folder_checkpoints_there_and_resumes_after_k
         "nofs": True, "graph": str(ROOT / "graphs" / "ppo.yaml"), "host_b_run": str(host_b / "run"),
         "overrides": ["launcher.type=ray", f"schedule.steps={STEPS}", "schedule.checkpoint_every=5",
                       f"launcher.host_dirs.host-b={host_b}", *hosts],
+        "resume_overrides": ["nodes.actor.host=host-a"],
         "processes": 6, "timeout_s": 200, "kill_controller_at": 10}, timeout_s=400)
     assert facts["hosts"] == {f"{n}.0.0": h for n, h in HOST_OF.items()}
     assert facts["first_rc"] == -9 and facts["killed_controller_at"] >= 10
     assert facts["rc"] == 0, facts["stderr"]
     on_b, on_a = {"actor.0.0", "critic.0.0"}, {f"{n}.0.0" for n, h in HOST_OF.items() if h == "host-a"}
     # host-b's processes keep their logs, pid files and shards in host-b's folder, none in RUN_DIR
-    for where, running in ((facts["before_resume"], True), (facts, False)):  # pid files go at a clean exit
-        b, a = where["host_b"], where["run_dir"]
-        assert set(b["logs"]) == {f"logs/{n}.log" for n in on_b} and set(a["logs"]) == {f"logs/{n}.log" for n in on_a}
-        assert set(b["pids"]) == ({f"procs/{n}.pid" for n in on_b} if running else set())
-        assert set(a["pids"]) == ({f"procs/{n}.pid" for n in on_a} if running else set())
-        assert b["shards"] and {Path(s).name.split(".e")[0] for s in b["shards"]} == on_b
-        assert a["shards"] == []
-    # the commit record (on the controller's host) names each shard's host, folder and digest
+    b, a = facts["before_resume"]["host_b"], facts["before_resume"]["run_dir"]
+    assert set(b["logs"]) == {f"logs/{n}.log" for n in on_b} and set(a["logs"]) == {f"logs/{n}.log" for n in on_a}
+    assert set(b["pids"]) == {f"procs/{n}.pid" for n in on_b} and set(a["pids"]) == {f"procs/{n}.pid" for n in on_a}
+    assert b["shards"] and {Path(s).name.split(".e")[0] for s in b["shards"]} == on_b
+    assert a["shards"] == []
+    # after the resume the actor runs on host-a (RUN_DIR), the critic still on host-b; pid files gone at the end
+    b, a = facts["host_b"], facts["run_dir"]
+    assert set(a["logs"]) == {f"logs/{n}.log" for n in on_a | {"actor.0.0"}} and a["pids"] == []
+    assert set(b["pids"]) <= {"procs/actor.0.0.pid"}  # at most the one the controller's kill -9 left
+    assert {Path(s).name.split(".e")[0] for s in a["shards"]} == {"actor.0.0"}
+    assert any(s.startswith("checkpoints/step00000025/critic.0.0") for s in b["shards"])
+    # the commit record (on the controller's host only) names each shard's host, folder and digest
+    assert (run_dir / "checkpoints" / "latest.json").exists() and not (host_b / "run" / "checkpoints").joinpath(
+        "latest.json").exists()
     record = facts["latest"]
     assert record["step"] == STEPS
     shards = record["shards"]
-    assert set(shards) == {"actor/0/0", "critic/0/0"}
+    assert {p: (s["host"], s["folder"]) for p, s in shards.items()} == {
+        "actor/0/0": ("host-a", str(run_dir)), "critic/0/0": ("host-b", str(host_b / "run"))}
     for proc, shard in shards.items():
-        assert shard["host"] == "host-b" and shard["folder"] == str(host_b / "run")
         assert shard["sha256"] == facts["digests"][proc] and len(shard["sha256"]) == 64
-        assert shard["size"] == (host_b / "run" / "checkpoints" / shard["file"]).stat().st_size
-    assert (run_dir / "checkpoints" / "latest.json").exists() and not (host_b / "run" / "checkpoints" / "latest.json").exists()
-    # the resumed run read host-b's shards on host-b (nothing fetched) and ended exactly once, no restarts
+        assert shard["size"] == (Path(shard["folder"]) / "checkpoints" / shard["file"]).stat().st_size
+    # the resume fetched the actor's shard from host-b, read the critic's on host-b; exactly once, no restarts
     resumed = facts["events"]["resumed"]
     assert len(resumed) == 1 and resumed[0]["step"] >= 10
     assert sorted((r["proc"], r["host"], r["holder"], r["fetched"]) for r in facts["events"]["shard"]) == [
-        ("actor/0/0", "host-b", "host-b", False), ("critic/0/0", "host-b", "host-b", False)]
+        ("actor/0/0", "host-a", "host-b", True), ("critic/0/0", "host-b", "host-b", False)]
     assert facts["events"]["node_down"] == [] and facts["events"]["recovery"] == []
     assert facts["audit"] == {"exactly_once": True, "issued": STEPS, "lost": [], "duplicated": []}
     rewards = facts["rewards"]

@@ -196,7 +196,7 @@ def run_nofs(sc: dict, facts: dict) -> None:
     """Scenario "nofs" (no shared filesystem, tests/ray/test_no_shared_fs.py): `flowrl run` with
     host-b's run folder elsewhere (`launcher.host_dirs`); kill -9 of the controller once a checkpoint
     at step >= sc["kill_controller_at"] is committed; every node process gone; then
-    `flowrl run --resume RUN_DIR` on the same cluster. Records both folders, the commit record,
+    `flowrl run --resume RUN_DIR [sc["resume_overrides"]]` on the same cluster. Records both folders, the commit record,
     each shard's sha256 as read from the folder the record names, and the ledger."""
     import hashlib
 
@@ -235,7 +235,7 @@ def run_nofs(sc: dict, facts: dict) -> None:
         facts["first_rc"], facts["first_stderr"] = proc.returncode, err[-3000:]
         wait_for(lambda: not node_processes(run_dir), 60, "every node process to go with the controller")
         facts["before_resume"] = {"run_dir": listing(run_dir), "host_b": listing(Path(sc["host_b_run"]))}
-        resume = [sys.executable, "-m", "flowrl", "run", "--resume", str(run_dir), address, "--quiet",
+        resume = [sys.executable, "-m", "flowrl", "run", "--resume", str(run_dir), address, *sc.get("resume_overrides", []), "--quiet",
                   "--inventory", f"ray:{cluster.address}"]
         proc = subprocess.Popen(resume, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True, cwd=sc.get("cwd"))
