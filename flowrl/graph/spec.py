@@ -331,6 +331,10 @@ class LauncherSpec(StrictModel):
     listed use the run directory itself (a shared filesystem). The controller's own files (ledger,
     metrics, plan, commit records) stay in the run directory on its host; a shard that a process
     needs on another host is fetched through the launcher, its sha256 checked."""
+    checkpoint_uri: str | None = None
+    """A folder every host can reach (a mounted bucket, NFS): each process also copies its
+    checkpoint shard to `checkpoint_uri/<run directory's name>/checkpoints/...` when it saves, and a
+    shard whose host is gone is fetched from there (docs/multi-host.md)."""
 
 
 class MetricsSpec(StrictModel):

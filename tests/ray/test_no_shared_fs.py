@@ -88,7 +88,20 @@ def test_a_shard_is_fetched_from_its_holder_host_through_ray_digest_checked(ray_
         ensure_shard(SimpleNamespace(committed=gone), spec, launcher, {**host_dirs, "host-z": "/nowhere"}, ledger)
     text = str(e.value)
     assert "Ray node 'host-z'" in text and "not in the cluster" in text and name in text and digest in text
-    assert "launcher.host_dirs" in text and "--resume" in text
+    assert "launcher.host_dirs" in text and "--resume" in text and "checkpoint_uri" in text
+    # ... unless the shard has its copy under launcher.checkpoint_uri: the target reads that one
+    copy = tmp_path / "bucket" / "run" / "checkpoints" / name
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes(payload)
+    gone["shards"]["actor/0/0"]["copy"] = str(copy)
+    ensure_shard(SimpleNamespace(committed=gone), spec, launcher, {**host_dirs, "host-z": "/nowhere"}, ledger)
+    assert dst.read_bytes() == payload
+    assert (ledger.rows[-1].holder, ledger.rows[-1].fetched) == ("checkpoint_uri", True)
+    dst.unlink()
+    copy.write_bytes(b"not it")
+    with pytest.raises(CheckpointError) as e:
+        ensure_shard(SimpleNamespace(committed=gone), spec, launcher, {**host_dirs, "host-z": "/nowhere"}, ledger)
+    assert f"nor from its copy {copy}" in str(e.value) and "not the committed" in str(e.value) and not dst.exists()
 
 
 @pytest.mark.timeout(60)
@@ -132,7 +145,7 @@ def test_ppo_with_host_b_in_its_own_folder_checkpoints_there_and_resumes_after_k
         "resume_overrides": ["nodes.actor.host=host-a"],
         "processes": 6, "timeout_s": 200, "kill_controller_at": 10}, timeout_s=400)
     assert facts["hosts"] == {f"{n}.0.0": h for n, h in HOST_OF.items()}
-    assert facts["first_rc"] == -9 and facts["killed_controller_at"] >= 10
+    assert facts["first_rc"] == -9 and facts["checkpoint_before"] >= 10
     assert facts["rc"] == 0, facts["stderr"]
     on_b, on_a = {"actor.0.0", "critic.0.0"}, {f"{n}.0.0" for n, h in HOST_OF.items() if h == "host-a"}
     # host-b's processes keep their logs, pid files and shards in host-b's folder, none in RUN_DIR
@@ -167,4 +180,38 @@ def test_ppo_with_host_b_in_its_own_folder_checkpoints_there_and_resumes_after_k
     assert facts["audit"] == {"exactly_once": True, "issued": STEPS, "lost": [], "duplicated": []}
     rewards = facts["rewards"]
     assert sum(rewards[-5:]) / 5 > sum(rewards[:3]) / 3 + 0.1, [round(r, 2) for r in rewards]  # it learns a bit
+    assert facts["left_alive"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_losing_the_trainers_host_and_its_folder_restores_their_shards_from_the_checkpoint_uri_copies(tmp_path):
+    """Actor and critic on host-b (own folder), each shard also copied to `launcher.checkpoint_uri`;
+    host-b leaves the cluster and its folder is deleted after the checkpoint at step >= 10: both
+    move to host-a and start from the copies, digests checked; the run ends exactly once."""
+    from tests.ray.test_two_hosts import run_scenario
+
+    host_b, bucket, run_dir = tmp_path / "host-b-disk", tmp_path / "bucket", tmp_path / "run"
+    hosts = [f"nodes.{node}.host={host}" for node, host in HOST_OF.items()]
+    facts = run_scenario(tmp_path, {
+        "nofs": True, "graph": str(ROOT / "graphs" / "ppo.yaml"), "host_b_run": str(host_b / "run"),
+        "overrides": ["launcher.type=ray", f"schedule.steps={STEPS}", "schedule.checkpoint_every=5",
+                      f"launcher.host_dirs.host-b={host_b}", f"launcher.checkpoint_uri={bucket}", *hosts],
+        "processes": 6, "timeout_s": 200, "remove_at_checkpoint": 10}, timeout_s=400)
+    assert facts["hosts"] == {f"{n}.0.0": h for n, h in HOST_OF.items()}
+    assert facts["rc"] == 0, facts["stderr"]
+    assert facts["before"]["run_dir"]["shards"] == [] and facts["before"]["host_b"]["shards"]
+    assert not (host_b / "run").exists()
+    assert facts["events"]["replanned"][0]["moved"] == {"actor/0/0": "host-a", "critic/0/0": "host-a"}
+    assert facts["events"]["recovery"], "moving the trainers rolls every stateful node back"
+    placed = sorted((r["proc"], r["host"], r["holder"], r["fetched"]) for r in facts["events"]["shard"])
+    assert placed == [("actor/0/0", "host-a", "checkpoint_uri", True), ("critic/0/0", "host-a", "checkpoint_uri", True)]
+    record = facts["latest"]
+    assert record["step"] == STEPS
+    for proc, shard in record["shards"].items():  # after the move: on host-a, in RUN_DIR, and copied again
+        assert (shard["host"], shard["folder"]) == ("host-a", str(run_dir))
+        assert shard["sha256"] == facts["digests"][proc]
+        assert shard["copy"] == str(bucket / "run" / "checkpoints" / shard["file"])
+        assert file_digest(Path(shard["copy"]))[0] == shard["sha256"]
+    assert facts["audit"] == {"exactly_once": True, "issued": STEPS, "lost": [], "duplicated": []}
     assert facts["left_alive"] == []

@@ -194,11 +194,13 @@ def listing(folder: Path) -> dict[str, list[str]]:
 
 def run_nofs(sc: dict, facts: dict) -> None:
     """Scenario "nofs" (no shared filesystem, tests/ray/test_no_shared_fs.py): `flowrl run` with
-    host-b's run folder elsewhere (`launcher.host_dirs`); kill -9 of the controller once a checkpoint
-    at step >= sc["kill_controller_at"] is committed; every node process gone; then
-    `flowrl run --resume RUN_DIR [sc["resume_overrides"]]` on the same cluster. Records both folders, the commit record,
-    each shard's sha256 as read from the folder the record names, and the ledger."""
+    host-b's run folder elsewhere (`launcher.host_dirs`); once a checkpoint at step >=
+    sc["kill_controller_at"] is committed, kill -9 of the controller and `--resume` (kill_and_resume);
+    or at sc["remove_at_checkpoint"], host-b leaves the cluster and its folder is deleted. Records
+    both folders, the commit record, each shard's sha256 as read from the folder the record names,
+    and the ledger."""
     import hashlib
+    import shutil
 
     import ray
 
@@ -226,19 +228,20 @@ def run_nofs(sc: dict, facts: dict) -> None:
         pids = wait_for(lambda: (p := node_processes(run_dir)) and len(p) == sc["processes"] and p, 180,
                         "every node process to start")
         facts["hosts"] = {name: host_of(pid, raylets) for name, pid in pids.items()}
-        at = sc["kill_controller_at"]
+        at = sc.get("kill_controller_at") or sc["remove_at_checkpoint"]
         wait_for(lambda: latest.exists() and json.loads(latest.read_text())["step"] >= at or proc.poll() is not None,
                  240, f"a checkpoint at step >= {at}")
-        facts["killed_controller_at"] = json.loads(latest.read_text())["step"]
-        os.kill(proc.pid, signal.SIGKILL)  # the controller alone; Ray ends its actors, their children die with them
-        _, err = proc.communicate()
-        facts["first_rc"], facts["first_stderr"] = proc.returncode, err[-3000:]
-        wait_for(lambda: not node_processes(run_dir), 60, "every node process to go with the controller")
-        facts["before_resume"] = {"run_dir": listing(run_dir), "host_b": listing(Path(sc["host_b_run"]))}
-        resume = [sys.executable, "-m", "flowrl", "run", "--resume", str(run_dir), address, *sc.get("resume_overrides", []), "--quiet",
-                  "--inventory", f"ray:{cluster.address}"]
-        proc = subprocess.Popen(resume, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True, cwd=sc.get("cwd"))
+        facts["checkpoint_before"] = json.loads(latest.read_text())["step"]
+        facts["before"] = {"run_dir": listing(run_dir), "host_b": listing(Path(sc["host_b_run"]))}
+        if sc.get("remove_at_checkpoint"):  # host-b (and its folder) gone: its processes move, shards from the copies
+            import psutil
+
+            cluster.remove_node(node_b)
+            gone = [pid for name, pid in pids.items() if facts["hosts"][name] == "host-b"]
+            wait_for(lambda: not any(psutil.pid_exists(p) for p in gone), 60, "host-b's processes to die with it")
+            shutil.rmtree(sc["host_b_run"], ignore_errors=True)
+        else:
+            proc = kill_and_resume(sc, facts, proc, run_dir, address, cluster.address)
         try:
             out, err = proc.communicate(timeout=sc["timeout_s"])
         except subprocess.TimeoutExpired:
@@ -256,7 +259,8 @@ def run_nofs(sc: dict, facts: dict) -> None:
         audit = audit_ledger(ledger)
         facts["audit"] = {"exactly_once": audit.exactly_once, "issued": len(audit.issued),
                           "lost": audit.lost[:5], "duplicated": audit.duplicated[:5]}
-        facts["events"] = {e: [r for r in ledger if r["event"] == e] for e in ("node_down", "shard", "resumed", "recovery")}
+        facts["events"] = {e: [r for r in ledger if r["event"] == e]
+                           for e in ("node_down", "shard", "resumed", "recovery", "replanned")}
         facts["rewards"] = [r["reward_mean"] for r in read_jsonl(run_dir / "metrics.jsonl") if "reward_mean" in r]
         facts["left_alive"] = list(node_processes(run_dir).values())
     finally:
@@ -265,9 +269,23 @@ def run_nofs(sc: dict, facts: dict) -> None:
             proc.wait()
         ray.shutdown()
         cluster.shutdown()
-        import shutil
-
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def kill_and_resume(sc: dict, facts: dict, proc, run_dir: Path, address: str, cluster_address: str):
+    """kill -9 of the controller (Ray ends its actors, their children die with them), every node
+    process gone, then `flowrl run --resume RUN_DIR [sc["resume_overrides"]]`."""
+    from tests.ray.test_launcher import node_processes, wait_for
+
+    os.kill(proc.pid, signal.SIGKILL)
+    _, err = proc.communicate()
+    facts["first_rc"], facts["first_stderr"] = proc.returncode, err[-3000:]
+    wait_for(lambda: not node_processes(run_dir), 60, "every node process to go with the controller")
+    facts["before_resume"] = {"run_dir": listing(run_dir), "host_b": listing(Path(sc["host_b_run"]))}
+    resume = [sys.executable, "-m", "flowrl", "run", "--resume", str(run_dir), address, *sc.get("resume_overrides", []),
+              "--quiet", "--inventory", f"ray:{cluster_address}"]
+    return subprocess.Popen(resume, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            cwd=sc.get("cwd"))
 
 
 if __name__ == "__main__":

@@ -263,7 +263,8 @@ class Controller:
 
     async def on_checkpointed(self, proc: Proc, msg: m.Checkpointed) -> None:
         shard = None if msg.sha256 is None else {"sha256": msg.sha256, "size": msg.size, "host": proc.spec.host,
-                                                  "folder": str(Path(proc.spec.home).absolute())}
+                                                  "folder": str(Path(proc.spec.home).absolute()),
+                                                  **({"copy": msg.copy} if msg.copy else {})}
         self.book.report(proc.id, step=msg.step, epoch=msg.epoch, file=msg.file, version=msg.version, shard=shard)
         self.commit_if_ready()
 

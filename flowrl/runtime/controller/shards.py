@@ -6,8 +6,9 @@ names per process its file, sha256, size, host and folder there (`shards`). When
 starts again on another host (its host was lost and it was re-planned; `--resume` planned it
 elsewhere), the controller has the launcher copy the shard from the host that holds it before the
 process starts (`launcher.fetch_checkpoint`: under Ray a task pinned to the holder reads it, one
-pinned to the target writes it atomically after checking the digest). A holder that is gone fails
-the run naming it, the file and how to fix it.
+pinned to the target writes it atomically after checking the digest); when the holder is gone,
+from its copy under `launcher.checkpoint_uri` if the run makes one. Else the run fails naming the
+holder, the file and how to fix it.
 
     ensure_shard(book, proc.spec, launcher, host_dirs, ledger)   # before the launcher starts it
 """
@@ -31,26 +32,40 @@ def needs_fetch(shard: dict, host: str | None, home: str, host_dirs: dict) -> bo
 
 def ensure_shard(book, ps, launcher, host_dirs: dict, ledger) -> None:
     """Make `ps.resume_from` exist on `ps.host` (a stateful process about to start from the
-    committed checkpoint). Raises CheckpointError, naming the holder, file and digest, when the
+    committed checkpoint): from the host that holds the shard, else from its copy under
+    `launcher.checkpoint_uri`. Raises CheckpointError, naming the holder, file and digest, when the
     shard cannot be brought there."""
     committed = book.committed
     shard = ((committed or {}).get("shards") or {}).get(ps.proc_id)
     if not ps.resume_from or not shard or not shard.get("folder"):
         return  # nothing committed, or a record without shard facts (older runs: a shared folder)
+    holder = str(shard.get("host"))
     fetched = needs_fetch(shard, ps.host, ps.home, host_dirs)
     if fetched:
         src = str(confine(Path(shard["folder"]) / "checkpoints", shard["file"]))
+        fetch = dict(dst_host=ps.host, dst=ps.resume_from, sha256=shard["sha256"], size=shard.get("size"))
         try:
-            how = launcher.fetch_checkpoint(src_host=shard.get("host"), src=src, dst_host=ps.host,
-                                            dst=ps.resume_from, sha256=shard["sha256"], size=shard.get("size"))
+            how = launcher.fetch_checkpoint(src_host=shard.get("host"), src=src, **fetch)
         except CheckpointError as e:
-            raise CheckpointError(
-                f"{ps.proc_id} cannot start on host {ps.host!r}: its checkpoint shard {shard['file']} (step "
-                f"{committed['step']}, sha256 {shard['sha256']}, {shard.get('size')} bytes) is held by host "
-                f"{shard.get('host')!r} at {src}, and {e}. Fix: bring host {shard.get('host')!r} back (same "
-                "folder) and `flowrl run --resume RUN_DIR`, or keep the run directory on a filesystem every host "
-                "shares (leave that host out of launcher.host_dirs)") from None
+            why, fix = str(e), ("bring host {h} back (same folder) and `flowrl run --resume RUN_DIR`, or set "
+                                "launcher.checkpoint_uri (a folder every host reaches) or keep the run directory on a "
+                                "filesystem every host shares (leave that host out of launcher.host_dirs)")
+            if not shard.get("copy"):
+                raise CheckpointError(unreachable(ps, shard, committed, src, why, fix)) from None
+            try:  # the second copy: the target host reads it where every host can
+                how = launcher.fetch_checkpoint(src_host=ps.host, src=shard["copy"], **fetch)
+            except CheckpointError as e2:
+                raise CheckpointError(unreachable(ps, shard, committed, src, f"{why}; nor from its copy "
+                                                  f"{shard['copy']}: {e2}", fix)) from None
+            holder = "checkpoint_uri"
         fetched = how != "present"
     if fetched or host_dirs:
-        ledger.record(ShardPlaced(proc=ps.proc_id, file=shard["file"], host=str(ps.host), holder=str(shard.get("host")),
+        ledger.record(ShardPlaced(proc=ps.proc_id, file=shard["file"], host=str(ps.host), holder=holder,
                                   fetched=fetched, sha256=shard["sha256"]))
+
+
+def unreachable(ps, shard: dict, committed: dict, src: str, why: str, fix: str) -> str:
+    host = shard.get("host")
+    return (f"{ps.proc_id} cannot start on host {ps.host!r}: its checkpoint shard {shard['file']} (step "
+            f"{committed['step']}, sha256 {shard['sha256']}, {shard.get('size')} bytes) is held by host {host!r} at "
+            f"{src}, and {why}. Fix: " + fix.format(h=repr(host)))

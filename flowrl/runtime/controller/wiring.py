@@ -182,6 +182,8 @@ class Wiring:
         ps.own_dir = str(own) if own is not None else None
         ps.graph_file = str((own or run_dir) / "graph.yaml")
         ps.graph_text = (run_dir / "graph.yaml").read_text() if own is not None else ""
+        uri = self.spec.launcher.checkpoint_uri
+        ps.checkpoint_copy = str(Path(uri) / Path(run_dir).absolute().name) if uri else None
 
     def prepare_start(self, proc: Proc) -> None:
         """Where a (re)started process begins: the current epoch, the committed checkpoint."""

@@ -53,7 +53,7 @@ def host_folder(run_dir: str | Path, host_dirs: dict, host: str | None) -> Path:
     """Where a process on `host` keeps its files: `FOLDER/<run directory's name>` for a host listed
     in `launcher.host_dirs`, else the run directory itself (shared)."""
     run_dir = Path(run_dir)
-    return Path(host_dirs[host]) / run_dir.name if host in host_dirs else run_dir
+    return Path(host_dirs[host]) / run_dir.absolute().name if host in host_dirs else run_dir
 
 
 def file_digest(path: Path) -> tuple[str, int]:
@@ -66,6 +66,21 @@ def file_digest(path: Path) -> tuple[str, int]:
             h.update(chunk)
             size += len(chunk)
     return h.hexdigest(), size
+
+
+def copy_file(src: Path, dst: Path) -> Path:
+    """Copy `src` to `dst` whole or not at all (temp file, fsync, rename)."""
+    import shutil
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")
+    with open(src, "rb") as f, open(tmp, "wb") as g:
+        shutil.copyfileobj(f, g, 1 << 20)
+        g.flush()
+        os.fsync(g.fileno())
+    os.replace(tmp, dst)
+    fsync_dir(dst.parent)
+    return dst
 
 
 def fsync_dir(path: Path) -> None:

@@ -73,6 +73,7 @@ class ProcSpec:
     turn_timeout_s: float = 1200.0  # the longest a member waits for its turn (a holder's call is bounded by process_timeout_s)
     own_dir: str | None = None  # its host's run folder (`launcher.host_dirs`): logs, pid file, checkpoints; None: run_dir
     graph_text: str = ""  # the graph's YAML, written to graph_file when that host lacks it (no shared run directory)
+    checkpoint_copy: str | None = None  # `launcher.checkpoint_uri`'s folder for this run: shards are copied there too
 
     @property
     def proc_id(self) -> str:

@@ -107,7 +107,8 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
     await runner.build()
     state = NodeState(runner, version, policies.fence, faults=faults, recorder=recorder, report=report,
                       publishes=shape.publishes, run_dir=spec.home, log_name=spec.log_name,
-                      steps=spec.steps or sched.total_tickets, checkpoint_every=sched.checkpoint_every_tickets)
+                      steps=spec.steps or sched.total_tickets, checkpoint_every=sched.checkpoint_every_tickets,
+                      copy_dir=spec.checkpoint_copy)
     if spec.resume_from:
         await state.load(spec.resume_from)
     weights = None
