@@ -159,7 +159,9 @@ def test_ppo_with_host_b_in_its_own_folder_checkpoints_there_and_resumes_after_k
     assert set(a["logs"]) == {f"logs/{n}.log" for n in on_a | {"actor.0.0"}} and a["pids"] == []
     assert set(b["pids"]) <= {"procs/actor.0.0.pid"}  # at most the one the controller's kill -9 left
     assert {Path(s).name.split(".e")[0] for s in a["shards"]} == {"actor.0.0"}
-    assert any(s.startswith("checkpoints/step00000025/critic.0.0") for s in b["shards"])
+    # old steps are pruned in host-b's folder as in RUN_DIR (keep_checkpoints: 2), the moved actor's too
+    assert b["shards"] == ["checkpoints/step00000020/critic.0.0.e1.pt", "checkpoints/step00000025/critic.0.0.e1.pt"]
+    assert {s.split("/")[1] for s in a["shards"]} == {"step00000020", "step00000025"}
     # the commit record (on the controller's host only) names each shard's host, folder and digest
     assert (run_dir / "checkpoints" / "latest.json").exists() and not (host_b / "run" / "checkpoints").joinpath(
         "latest.json").exists()
@@ -213,5 +215,26 @@ def test_losing_the_trainers_host_and_its_folder_restores_their_shards_from_the_
         assert shard["sha256"] == facts["digests"][proc]
         assert shard["copy"] == str(bucket / "run" / "checkpoints" / shard["file"])
         assert file_digest(Path(shard["copy"]))[0] == shard["sha256"]
+    assert sorted(p.name for p in (bucket / "run" / "checkpoints").iterdir()) == ["step00000020", "step00000025"]
     assert facts["audit"] == {"exactly_once": True, "issued": STEPS, "lost": [], "duplicated": []}
     assert facts["left_alive"] == []
+
+
+def test_after_a_commit_host_folders_and_copies_keep_the_steps_run_dir_keeps(tmp_path):
+    from flowrl.runtime.controller.shards import prune_shards
+    from flowrl.runtime.launch.launcher import SubprocessLauncher
+
+    run_dir, b_run, bucket = tmp_path / "run", tmp_path / "b" / "run", tmp_path / "bucket" / "run"
+    for step in (5, 10):
+        (run_dir / "checkpoints" / f"step{step:08d}").mkdir(parents=True)
+        (run_dir / "checkpoints" / f"step{step:08d}" / "commit.json").write_text("{}")
+    for root in (b_run, bucket):
+        for step in (0, 3, 5, 10, 15):  # 3: a partial save never committed; 15: being written now
+            (root / "checkpoints" / f"step{step:08d}").mkdir(parents=True)
+    record = {"step": 10, "shards": {"actor/0/0": {"file": "step00000010/actor.0.0.e0.pt", "host": "host-b",
+                                                   "folder": str(b_run),
+                                                   "copy": str(bucket / "checkpoints/step00000010/actor.0.0.e0.pt")}}}
+    prune_shards(SimpleNamespace(committed=record, root=run_dir / "checkpoints"), SubprocessLauncher(), run_dir)
+    for root in (b_run, bucket):
+        assert sorted(p.name for p in (root / "checkpoints").iterdir()) == ["step00000005", "step00000010",
+                                                                           "step00000015"]

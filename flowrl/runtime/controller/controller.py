@@ -48,6 +48,7 @@ from flowrl.runtime.controller.restarts import Restarts
 from flowrl.runtime.controller.roles import Roles, node_shapes
 from flowrl.runtime.controller.scaling import Retirement, ScaleError, scale
 from flowrl.runtime.controller.scheduler import Scheduler
+from flowrl.runtime.controller.shards import prune_shards
 from flowrl.runtime.controller.supervisor import Supervisor
 from flowrl.runtime.controller.tickets import TicketDesk
 from flowrl.runtime.controller.weightorders import SyncGroup
@@ -146,6 +147,7 @@ class Controller:
         step = self.book.committable(self.scheduler.complete_below)
         if step is not None:
             self.book.commit(step, self.scheduler.state_dict(step))
+            prune_shards(self.book, self.restarts.launcher, self.book.root.parent)  # host folders, checkpoint_uri
             log.info("checkpoint %d committed", step)
 
     async def begin_recovery(self, reason: str) -> None:

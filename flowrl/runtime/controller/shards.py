@@ -11,6 +11,7 @@ from its copy under `launcher.checkpoint_uri` if the run makes one. Else the run
 holder, the file and how to fix it.
 
     ensure_shard(book, proc.spec, launcher, host_dirs, ledger)   # before the launcher starts it
+    prune_shards(book, launcher, run_dir)                        # after a commit: old steps go everywhere
 """
 
 from __future__ import annotations
@@ -69,3 +70,20 @@ def unreachable(ps, shard: dict, committed: dict, src: str, why: str, fix: str) 
     return (f"{ps.proc_id} cannot start on host {ps.host!r}: its checkpoint shard {shard['file']} (step "
             f"{committed['step']}, sha256 {shard['sha256']}, {shard.get('size')} bytes) is held by host {host!r} at "
             f"{src}, and {why}. Fix: " + fix.format(h=repr(host)))
+
+
+def prune_shards(book, launcher, run_dir) -> None:
+    """After a commit: the host folders and the `checkpoint_uri` copies of the committed shards keep
+    the same steps as RUN_DIR/checkpoints (`schedule.keep_checkpoints`; the book pruned that)."""
+    record = book.committed or {}
+    kept = sorted(int(d.name[4:]) for d in book.root.glob("step*") if d.name[4:].isdigit()
+                  and (d / "commit.json").exists())
+    here = str(Path(run_dir).absolute())
+    roots = set()
+    for shard in (record.get("shards") or {}).values():
+        if shard.get("folder") and shard["folder"] != here:
+            roots.add((shard.get("host"), str(Path(shard["folder"]) / "checkpoints")))
+        if shard.get("copy"):  # URI/<run>/checkpoints/stepN/file: readable from the controller's host
+            roots.add((None, str(Path(shard["copy"]).parent.parent)))
+    for host, root in sorted(roots, key=str):
+        launcher.prune_checkpoints(host, root, kept, record.get("step", 0))

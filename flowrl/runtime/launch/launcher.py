@@ -97,6 +97,13 @@ class Launcher(ABC):
         os.replace(tmp, dst)
         return "fetched"
 
+    def prune_checkpoints(self, host: str | None, root: str, keep: list[int], newest: int) -> None:
+        """Drop the checkpoint steps under `root` on `host` that the run no longer keeps (a host
+        folder of `launcher.host_dirs`, or `checkpoint_uri`). One machine: here."""
+        from flowrl.runtime.launch.ray_actor import prune_steps
+
+        prune_steps(root, keep, newest)
+
     # where processes run (flowrl/runtime/protocol/addresses.py decides links from these) ---------------
     def host_address(self, host: str | None) -> str:
         """The cluster address of a plan host: what its processes bind. One machine: loopback."""

@@ -139,3 +139,20 @@ def write_shard(path: str, data: bytes, sha256: str) -> int:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return len(data)
+
+
+def prune_steps(root: str, keep: list[int], newest: int) -> list[str]:
+    """Delete the `stepNNNNNNNN` folders under `root` at or below `newest` that are not in `keep`
+    (the committed checkpoints the run keeps); returns what went. Newer ones are being written."""
+    import shutil
+
+    gone = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return gone
+    for name in names:
+        if name.startswith("step") and name[4:].isdigit() and int(name[4:]) <= newest and int(name[4:]) not in keep:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            gone.append(name)
+    return gone

@@ -327,9 +327,28 @@ class RayLauncher(Launcher):
         log.info("checkpoint shard %s fetched from %s to %s:%s (sha256 %s)", src, src_host, target.name, dst, sha256[:12])
         return "fetched"
 
+    def prune_checkpoints(self, host: str | None, root: str, keep: list[int], newest: int) -> None:
+        """Under Ray: a task pinned to `host` deletes them there (not waited for; a host that is
+        gone keeps nothing anyway)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node = self.nodes.get(host)
+        if host in LOCAL_HOSTS or (node is not None and self.local is not None and node.node_id == self.local.node_id):
+            super().prune_checkpoints(host, root, keep, newest)
+            return
+        if node is None:
+            return
+        ray = import_ray()
+        task = ray.remote(ray_actor.prune_steps).options(num_cpus=0, max_retries=0, scheduling_strategy=(
+            NodeAffinitySchedulingStrategy(node_id=node.node_id, soft=False)))
+        self.pruning = [r for r in getattr(self, "pruning", []) if not ray.wait([r], timeout=0)[0]]
+        self.pruning.append(task.remote(root, list(keep), newest))
+
     def close(self) -> None:
         for h in self.handles:
             if h.code is None:
                 h.release()
+        if getattr(self, "pruning", None):  # the last commit's pruning, before the driver leaves
+            import_ray().wait(self.pruning, num_returns=len(self.pruning), timeout=10)
         self.handles = []
         self.cluster.close()
