@@ -1,47 +1,29 @@
 """No shared filesystem between hosts (`launcher.host_dirs`, docs/multi-host.md).
 
-- The fetch path on a real two-node Ray cluster on loopback: a checkpoint shard in host-b's
+- The fetch path (controller/shards.py, RayLauncher.fetch_checkpoint) on a real two-node Ray cluster on loopback: a checkpoint shard in host-b's
   folder is copied to host-a's folder by tasks pinned to each node, its sha256 checked; a wrong
   digest and a holder that is not in the cluster give a clear error naming the holder, the file
   and the digest.
 - graphs/ppo.yaml on two hosts in a network namespace (tests/ray/two_hosts.py, scenario "nofs"),
   host-b's run folder elsewhere than RUN_DIR, the trainers on host-b: their logs, pid files and
   shards stay in host-b's folder; latest.json names each shard's host and sha256; kill -9 of the
-  controller, then `flowrl run --resume RUN_DIR` ends exactly once, host-b's shards read on host-b.
+  controller, then `flowrl run --resume RUN_DIR` (the actor planned on host-a) ends exactly once:
+  the actor's shard fetched from host-b, the critic's read on host-b.
+- The same with `launcher.checkpoint_uri`, host-b and its folder lost at step 10: actor and critic
+  move to host-a and start from the copies there.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from flowrl.runtime.protocol.checkpoints import CheckpointError, file_digest
+from tests.runtime.test_shards import Events, shard_setup
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class Ledger:
-    def __init__(self):
-        self.rows = []
-
-    def record(self, event):
-        self.rows.append(event)
-
-
-def shard_setup(tmp_path: Path, payload: bytes):
-    b_dir, a_dir = tmp_path / "b" / "run", tmp_path / "a" / "run"
-    name = "step00000005/actor.0.0.e0.pt"
-    (b_dir / "checkpoints" / name).parent.mkdir(parents=True)
-    (b_dir / "checkpoints" / name).write_bytes(payload)
-    digest = hashlib.sha256(payload).hexdigest()
-    record = {"step": 5, "files": {"actor/0/0": name},
-              "shards": {"actor/0/0": {"file": name, "sha256": digest, "size": len(payload), "host": "host-b",
-                                       "folder": str(b_dir)}}}
-    return a_dir, b_dir, name, digest, record
 
 
 @pytest.mark.timeout(180)
@@ -56,7 +38,7 @@ def test_a_shard_is_fetched_from_its_holder_host_through_ray_digest_checked(ray_
     a_dir, b_dir, name, digest, record = shard_setup(tmp_path, payload)
     dst = a_dir / "checkpoints" / name
     spec = SimpleNamespace(proc_id="actor/0/0", host="host-a", home=str(a_dir), resume_from=str(dst))
-    book, ledger = SimpleNamespace(committed=record), Ledger()
+    book, ledger = SimpleNamespace(committed=record), Events()
     host_dirs = {"host-b": str(tmp_path / "b")}
 
     ensure_shard(book, spec, launcher, host_dirs, ledger)  # host-b's folder -> host-a's, through Ray tasks
@@ -102,24 +84,6 @@ def test_a_shard_is_fetched_from_its_holder_host_through_ray_digest_checked(ray_
     with pytest.raises(CheckpointError) as e:
         ensure_shard(SimpleNamespace(committed=gone), spec, launcher, {**host_dirs, "host-z": "/nowhere"}, ledger)
     assert f"nor from its copy {copy}" in str(e.value) and "not the committed" in str(e.value) and not dst.exists()
-
-
-@pytest.mark.timeout(60)
-def test_the_local_launcher_copies_a_shard_between_folders_digest_checked(tmp_path):
-    from flowrl.runtime.controller.shards import ensure_shard, needs_fetch
-    from flowrl.runtime.launch.launcher import SubprocessLauncher
-
-    payload = b"state" * 1000
-    a_dir, b_dir, name, digest, record = shard_setup(tmp_path, payload)
-    dst = a_dir / "checkpoints" / name
-    spec = SimpleNamespace(proc_id="actor/0/0", host="host-a", home=str(a_dir), resume_from=str(dst))
-    ensure_shard(SimpleNamespace(committed=record), spec, SubprocessLauncher(), {"host-b": "x"}, Ledger())
-    assert dst.read_bytes() == payload
-    # hosts that share the run directory (neither listed): the same folder is the same file
-    shard = record["shards"]["actor/0/0"]
-    assert not needs_fetch(shard, "host-c", str(b_dir), {})
-    assert needs_fetch(shard, "host-c", str(b_dir), {"host-b": "x"})
-    assert not needs_fetch(shard, "host-b", str(b_dir), {"host-b": "x"})
 
 
 STEPS = 25
@@ -219,22 +183,3 @@ def test_losing_the_trainers_host_and_its_folder_restores_their_shards_from_the_
     assert facts["audit"] == {"exactly_once": True, "issued": STEPS, "lost": [], "duplicated": []}
     assert facts["left_alive"] == []
 
-
-def test_after_a_commit_host_folders_and_copies_keep_the_steps_run_dir_keeps(tmp_path):
-    from flowrl.runtime.controller.shards import prune_shards
-    from flowrl.runtime.launch.launcher import SubprocessLauncher
-
-    run_dir, b_run, bucket = tmp_path / "run", tmp_path / "b" / "run", tmp_path / "bucket" / "run"
-    for step in (5, 10):
-        (run_dir / "checkpoints" / f"step{step:08d}").mkdir(parents=True)
-        (run_dir / "checkpoints" / f"step{step:08d}" / "commit.json").write_text("{}")
-    for root in (b_run, bucket):
-        for step in (0, 3, 5, 10, 15):  # 3: a partial save never committed; 15: being written now
-            (root / "checkpoints" / f"step{step:08d}").mkdir(parents=True)
-    record = {"step": 10, "shards": {"actor/0/0": {"file": "step00000010/actor.0.0.e0.pt", "host": "host-b",
-                                                   "folder": str(b_run),
-                                                   "copy": str(bucket / "checkpoints/step00000010/actor.0.0.e0.pt")}}}
-    prune_shards(SimpleNamespace(committed=record, root=run_dir / "checkpoints"), SubprocessLauncher(), run_dir)
-    for root in (b_run, bucket):
-        assert sorted(p.name for p in (root / "checkpoints").iterdir()) == ["step00000005", "step00000010",
-                                                                           "step00000015"]

@@ -46,7 +46,9 @@ class Restarts:
 
     def launch(self, proc: Proc) -> None:
         try:  # a stateful process starting where its checkpoint shard is not gets it first (shards.py)
-            ensure_shard(self.wiring.book, proc.spec, self.launcher, self.wiring.spec.launcher.host_dirs, self.ledger)
+            if proc.spec.resume_from:
+                ensure_shard(self.wiring.book, proc.spec, self.launcher, self.wiring.spec.launcher.host_dirs,
+                             self.ledger)
         except CheckpointError as e:
             self.fail(None, str(e))
             return
