@@ -115,3 +115,43 @@ def test_after_a_commit_host_folders_and_copies_keep_the_steps_run_dir_keeps(tmp
     for root in (b_run, bucket):
         assert sorted(p.name for p in (root / "checkpoints").iterdir()) == ["step00000005", "step00000010",
                                                                            "step00000015"]
+
+
+@pytest.mark.timeout(200)
+def test_a_local_run_with_its_own_folder_commits_digests_and_a_resume_without_it_copies_the_shards(tmp_path):
+    """graphs/ppo.yaml under the local launcher with `launcher.host_dirs.localhost`: the node
+    processes' logs and shards are in that folder, the record names them; `--resume` with the
+    folder dropped from the graph copies each shard into RUN_DIR (digest checked) and goes on
+    exactly once."""
+    import json
+
+    from flowrl.runtime.protocol.checkpoints import file_digest, node_state
+    from flowrl.testing.harness import run_graph
+
+    root = Path(__file__).resolve().parents[2]
+    run_dir, disk = tmp_path / "run", tmp_path / "disk"
+    first = run_graph(root / "graphs" / "ppo.yaml", run_dir, overrides=[
+        "schedule.steps=8", "schedule.checkpoint_every=4", f"launcher.host_dirs.localhost={disk}"], timeout_s=150)
+    assert first.exit_code == 0, first.stderr[-2000:]
+    own = disk / "run"
+    nodes = ("actor", "critic", "prompts", "reference", "reward", "rollout")
+    assert sorted(p.name for p in (own / "logs").iterdir()) == [f"{n}.0.0.log" for n in nodes]
+    assert not list((run_dir / "logs").iterdir()) and not list((run_dir / "checkpoints").glob("step*/*.pt"))
+    record = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
+    assert record["step"] == 8 and set(record["shards"]) == {"actor/0/0", "critic/0/0"}
+    for proc, shard in record["shards"].items():
+        path = own / "checkpoints" / shard["file"]
+        assert (shard["host"], shard["folder"]) == ("localhost", str(own))
+        assert file_digest(path) == (shard["sha256"], shard["size"])
+    assert node_state(run_dir, "actor")  # read from the folder the record names
+    assert [r["event"] for r in first.ledger].count("shard") == 0  # nothing started from a checkpoint
+
+    resumed = run_graph(None, run_dir, overrides=["launcher.host_dirs={}"],
+                        extra=["--resume", str(run_dir), "--steps", "12"], timeout_s=150)
+    assert resumed.exit_code == 0, resumed.stderr[-2000:]
+    placed = sorted((r["proc"], r["fetched"], r["sha256"]) for r in resumed.ledger if r["event"] == "shard")
+    assert placed == [(p, True, record["shards"][p]["sha256"]) for p in ("actor/0/0", "critic/0/0")]
+    assert resumed.audit().exactly_once and len(resumed.audit().issued) == 12
+    assert not [r for r in resumed.ledger if r["event"] == "node_down"]
+    after = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
+    assert after["step"] == 12 and {s["folder"] for s in after["shards"].values()} == {str(run_dir.absolute())}

@@ -170,6 +170,7 @@ class LocalLauncher(Launcher):
         if self.server.poll() is not None:
             raise RuntimeError(f"the fork server exited ({describe_exit(self.server.returncode)}); "
                                "run with launcher: {type: subprocess} to see why")
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)  # a host folder (launcher.host_dirs) is here
         self.server.stdin.write(encode(StartRequest(spec=str(spec_path), log=str(log_path))))
         self.server.stdin.flush()
         try:
@@ -212,6 +213,7 @@ class SubprocessLauncher(Launcher):
         self.entry = entry
 
     def start(self, spec_path: Path, log_path: Path) -> ProcessHandle:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)  # a host folder (launcher.host_dirs) is here
         log = open(log_path, "ab")
         try:
             popen = subprocess.Popen([sys.executable, "-m", self.entry, str(spec_path)],
