@@ -324,6 +324,17 @@ class LauncherSpec(StrictModel):
     """CURVE (encryption + per-process keys) on the tcp channels and control between hosts (ray,
     docs/multi-host.md). Turn it off only inside a network you trust: the per-run secret then
     still keeps strangers out, but batches travel in the clear."""
+    host_dirs: dict[str, str] = Field(default_factory=dict)
+    """Run folders of hosts that do not share the run directory (`ray`, docs/multi-host.md):
+    `{HOST: FOLDER}`. A process planned on a listed host keeps its files (logs, pid file,
+    checkpoint shards, the graph's copy) in `FOLDER/<run directory's name>` on that host; hosts not
+    listed use the run directory itself (a shared filesystem). The controller's own files (ledger,
+    metrics, plan, commit records) stay in the run directory on its host; a shard that a process
+    needs on another host is fetched through the launcher, its sha256 checked."""
+    checkpoint_uri: str | None = None
+    """A folder every host can reach (a mounted bucket, NFS): each process also copies its
+    checkpoint shard to `checkpoint_uri/<run directory's name>/checkpoints/...` when it saves, and a
+    shard whose host is gone is fetched from there (docs/multi-host.md)."""
 
 
 class MetricsSpec(StrictModel):

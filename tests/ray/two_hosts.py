@@ -4,7 +4,7 @@ run inside a network namespace that the test makes, so every packet stays inside
     unshare -n sh -c 'ip link set lo up && exec python -m tests.ray.two_hosts SCENARIO.json'
 
 SCENARIO.json: {"graph", "overrides", "run_dir", "out", "timeout_s", "kill": [NAME, STEP] | null,
-"remove_at_step": STEP | null}. The driver starts the cluster, runs `flowrl run` on it, records
+"remove_at_step": STEP | null}; or {"nofs": true, ...} (run_nofs). The driver starts the cluster, runs `flowrl run` on it, records
 where each node process runs and what its sockets listen on and talk to, kills a node process of
 host-b (kill -9) and/or removes host-b from the cluster at the given steps, waits for the run,
 and writes what it saw to "out" as JSON; the test asserts on that (tests/ray/test_two_hosts.py).
@@ -91,7 +91,7 @@ def main(path: str) -> int:
     sc = json.loads(Path(path).read_text())
     facts: dict = {}
     try:
-        run(sc, facts)
+        (run_nofs if sc.get("nofs") else run)(sc, facts)
     except Exception:  # noqa: BLE001 - the test shows it
         facts["driver_error"] = traceback.format_exc()
     Path(sc["out"]).write_text(json.dumps(facts, indent=1, default=str))
@@ -198,6 +198,108 @@ def run(sc: dict, facts: dict) -> None:
         import shutil
 
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def listing(folder: Path) -> dict[str, list[str]]:
+    """Logs, pid files and checkpoint shards under a run folder (relative names)."""
+    return {kind: sorted(str(p.relative_to(folder)) for p in folder.glob(pattern))
+            for kind, pattern in (("logs", "logs/*.log"), ("pids", "procs/*.pid"), ("shards", "checkpoints/step*/*.pt"))}
+
+
+def run_nofs(sc: dict, facts: dict) -> None:
+    """Scenario "nofs" (no shared filesystem, tests/ray/test_no_shared_fs.py): `flowrl run` with
+    host-b's run folder elsewhere (`launcher.host_dirs`); once a checkpoint at step >=
+    sc["kill_controller_at"] is committed, kill -9 of the controller and `--resume` (kill_and_resume);
+    or at sc["remove_at_checkpoint"], host-b leaves the cluster and its folder is deleted. Records
+    both folders, the commit record, each shard's sha256 as read from the folder the record names,
+    and the ledger."""
+    import hashlib
+    import shutil
+
+    import ray
+
+    from flowrl.ray_cluster import loopback_cluster, loopback_node_args
+    from flowrl.testing import audit_ledger, read_jsonl
+    from flowrl.testing.harness import flowrl_command, kill_group
+    from tests.ray.test_launcher import host_of, node_processes, wait_for
+
+    temp_dir = tempfile.mkdtemp(prefix="frl-ray-")
+    cluster = loopback_cluster(num_cpus=2, node_name="host-a", temp_dir=temp_dir, no_monitor=True)
+    proc = None
+    try:
+        node_b = cluster.add_node(**loopback_node_args(num_cpus=2, node_name="host-b", temp_dir=temp_dir,
+                                                       node_ip_address=HOSTS["host-b"]))
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        raylets = {"host-a": cluster.head_node.all_processes["raylet"][0].process.pid,
+                   "host-b": node_b.all_processes["raylet"][0].process.pid}
+        run_dir, address = Path(sc["run_dir"]), f"launcher.address={cluster.address}"
+        latest = run_dir / "checkpoints" / "latest.json"
+        cmd = flowrl_command(sc["graph"], run_dir, overrides=sc["overrides"] + [address],
+                             extra=["--inventory", f"ray:{cluster.address}"])
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                cwd=sc.get("cwd"))
+        pids = wait_for(lambda: (p := node_processes(run_dir)) and len(p) == sc["processes"] and p, 180,
+                        "every node process to start")
+        facts["hosts"] = {name: host_of(pid, raylets) for name, pid in pids.items()}
+        at = sc.get("kill_controller_at") or sc["remove_at_checkpoint"]
+        wait_for(lambda: latest.exists() and json.loads(latest.read_text())["step"] >= at or proc.poll() is not None,
+                 240, f"a checkpoint at step >= {at}")
+        facts["checkpoint_before"] = json.loads(latest.read_text())["step"]
+        facts["before"] = {"run_dir": listing(run_dir), "host_b": listing(Path(sc["host_b_run"]))}
+        if sc.get("remove_at_checkpoint"):  # host-b (and its folder) gone: its processes move, shards from the copies
+            import psutil
+
+            cluster.remove_node(node_b)
+            gone = [pid for name, pid in pids.items() if facts["hosts"][name] == "host-b"]
+            wait_for(lambda: not any(psutil.pid_exists(p) for p in gone), 60, "host-b's processes to die with it")
+            shutil.rmtree(sc["host_b_run"], ignore_errors=True)
+        else:
+            proc = kill_and_resume(sc, facts, proc, run_dir, address, cluster.address)
+        try:
+            out, err = proc.communicate(timeout=sc["timeout_s"])
+        except subprocess.TimeoutExpired:
+            kill_group(proc.pid)
+            out, err = proc.communicate()
+            err += f"\n[two_hosts] killed after {sc['timeout_s']} s"
+        facts["wall_s"] = time.monotonic() - t0
+        facts["rc"], facts["stdout"], facts["stderr"] = proc.returncode, out[-4000:], err[-6000:]
+        facts["run_dir"], facts["host_b"] = listing(run_dir), listing(Path(sc["host_b_run"]))
+        record = json.loads(latest.read_text())
+        facts["latest"] = record
+        facts["digests"] = {p: hashlib.sha256((Path(s["folder"]) / "checkpoints" / s["file"]).read_bytes()).hexdigest()
+                            for p, s in record.get("shards", {}).items()}
+        ledger = read_jsonl(run_dir / "ledger.jsonl")
+        audit = audit_ledger(ledger)
+        facts["audit"] = {"exactly_once": audit.exactly_once, "issued": len(audit.issued),
+                          "lost": audit.lost[:5], "duplicated": audit.duplicated[:5]}
+        facts["events"] = {e: [r for r in ledger if r["event"] == e]
+                           for e in ("node_down", "shard", "resumed", "recovery", "replanned")}
+        facts["rewards"] = [r["reward_mean"] for r in read_jsonl(run_dir / "metrics.jsonl") if "reward_mean" in r]
+        facts["left_alive"] = list(node_processes(run_dir).values())
+    finally:
+        if proc is not None and proc.poll() is None:
+            kill_group(proc.pid)
+            proc.wait()
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def kill_and_resume(sc: dict, facts: dict, proc, run_dir: Path, address: str, cluster_address: str):
+    """kill -9 of the controller (Ray ends its actors, their children die with them), every node
+    process gone, then `flowrl run --resume RUN_DIR [sc["resume_overrides"]]`."""
+    from tests.ray.test_launcher import node_processes, wait_for
+
+    os.kill(proc.pid, signal.SIGKILL)
+    _, err = proc.communicate()
+    facts["first_rc"], facts["first_stderr"] = proc.returncode, err[-3000:]
+    wait_for(lambda: not node_processes(run_dir), 60, "every node process to go with the controller")
+    facts["before_resume"] = {"run_dir": listing(run_dir), "host_b": listing(Path(sc["host_b_run"]))}
+    resume = [sys.executable, "-m", "flowrl", "run", "--resume", str(run_dir), address, *sc.get("resume_overrides", []),
+              "--quiet", "--inventory", f"ray:{cluster_address}"]
+    return subprocess.Popen(resume, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            cwd=sc.get("cwd"))
 
 
 if __name__ == "__main__":

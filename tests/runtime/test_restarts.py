@@ -38,6 +38,11 @@ class Launcher:
     def is_lost(self, host):
         return host in self.lost
 
+    def free_port(self, address):
+        from flowrl.runtime.protocol.addresses import free_port
+
+        return free_port(address)
+
 
 def restarts(tmp_path, *pids, policy="restart", lost=(), replan=lambda host: None):
     (tmp_path / "procs").mkdir(exist_ok=True)

@@ -48,6 +48,7 @@ from flowrl.runtime.controller.restarts import Restarts
 from flowrl.runtime.controller.roles import Roles, node_shapes
 from flowrl.runtime.controller.scaling import Retirement, ScaleError, scale
 from flowrl.runtime.controller.scheduler import Scheduler
+from flowrl.runtime.controller.shards import prune_shards
 from flowrl.runtime.controller.supervisor import Supervisor
 from flowrl.runtime.controller.tickets import TicketDesk
 from flowrl.runtime.controller.weightorders import SyncGroup
@@ -142,6 +143,7 @@ class Controller:
         step = self.book.committable(self.scheduler.complete_below)
         if step is not None:
             self.book.commit(step, self.scheduler.state_dict(step))
+            prune_shards(self.book, self.restarts.launcher, self.book.root.parent)  # host folders, checkpoint_uri
             log.info("checkpoint %d committed", step)
 
     async def begin_recovery(self, reason: str) -> None:
@@ -258,7 +260,10 @@ class Controller:
         await self.sync.sync_failed(proc, msg, self.scheduler.version, recovering=self.recovery.active)
 
     async def on_checkpointed(self, proc: Proc, msg: m.Checkpointed) -> None:
-        self.book.report(proc.id, step=msg.step, epoch=msg.epoch, file=msg.file, version=msg.version)
+        shard = None if msg.sha256 is None else {"sha256": msg.sha256, "size": msg.size, "host": proc.spec.host,
+                                                  "folder": str(Path(proc.spec.home).absolute()),
+                                                  **({"copy": msg.copy} if msg.copy else {})}
+        self.book.report(proc.id, step=msg.step, epoch=msg.epoch, file=msg.file, version=msg.version, shard=shard)
         self.commit_if_ready()
 
     async def on_recovered(self, proc: Proc, msg: m.Recovered) -> None:

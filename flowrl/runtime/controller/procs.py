@@ -69,10 +69,13 @@ class Proc:
         return self.handle is not None and self.handle.poll() is None
 
     def log_tail(self, run_dir: Path, lines: int = 15) -> str:
-        path = run_dir / "logs" / f"{self.spec.log_name}.log"
+        """The last lines of its log (in its host's folder when `launcher.host_dirs` lists the host)."""
+        path = Path(self.spec.home) / "logs" / f"{self.spec.log_name}.log"
         try:
             text = path.read_text(errors="replace").splitlines()
         except OSError:
+            if self.spec.own_dir:  # another host's folder: not readable from the controller's host
+                return f"(the log is on host {self.spec.host!r} at {path}; read it there)"
             return "(no log)"
         return "\n".join(text[-lines:])
 

@@ -58,6 +58,7 @@ class RecoveryBook:
         self._epoch = epoch
         self.committed = committed
         self.reports: dict[int, dict[str, tuple[str, int]]] = {}  # step -> proc -> (file, version)
+        self.shards: dict[int, dict[str, dict]] = {}  # step -> proc -> {file, sha256, size, host, folder}
 
     @property
     def epoch(self) -> int:
@@ -74,7 +75,7 @@ class RecoveryBook:
         return self.committed["version"] if self.committed else 0
 
     # reports -----------------------------------------------------------------------------------
-    def report(self, proc: str, *, step: int, epoch: int, file: str, version: int) -> bool:
+    def report(self, proc: str, *, step: int, epoch: int, file: str, version: int, shard: dict | None = None) -> bool:
         """A stateful process saved `step`. Reports of another epoch, of a non-member, of a step
         already committed or of a file outside the checkpoint folder do not count."""
         if epoch != self.epoch or proc not in self.members:
@@ -86,6 +87,8 @@ class RecoveryBook:
         except ValueError:
             return False
         self.reports.setdefault(step, {})[proc] = (file, version)
+        if shard is not None:  # where the file is and what it holds: {sha256, size, host, folder}
+            self.shards.setdefault(step, {})[proc] = {"file": file, **shard}
         return True
 
     def committable(self, complete_below: int) -> int | None:
@@ -100,11 +103,16 @@ class RecoveryBook:
     # commit ------------------------------------------------------------------------------------
     def commit(self, step: int, scheduler_state: dict) -> dict:
         got = self.reports.pop(step)
+        shards = self.shards.pop(step, {})
         for s in [s for s in self.reports if s < step]:
             del self.reports[s]
+        for s in [s for s in self.shards if s < step]:
+            del self.shards[s]
         versions = {p: v for p, (_, v) in got.items() if p.split("/")[0] in self.publishers}
         record = {"step": step, "epoch": self.epoch, "files": {p: f for p, (f, _) in sorted(got.items())},
                   "version": max(versions.values()) if versions else step, "scheduler": scheduler_state}
+        if shards:  # each shard's file, sha256, size, host and folder there (controller/shards.py)
+            record["shards"] = {p: shards[p] for p in sorted(shards) if p in got}
         self.ledger.record(CheckpointCommitted(step=step, epoch=self.epoch))
         self.ledger.sync()  # every event the checkpoint depends on is on disk before it counts
         (self.root / step_dir(step)).mkdir(parents=True, exist_ok=True)
@@ -137,6 +145,7 @@ class RecoveryBook:
         """A stateful node restarts: a new epoch; every half-collected checkpoint is abandoned."""
         self._epoch += 1
         self.reports.clear()
+        self.shards.clear()
         return self._epoch
 
     def resume(self, record: dict) -> int:
@@ -147,12 +156,14 @@ class RecoveryBook:
         self.reports.clear()
         return self._epoch
 
-    def file_for(self, proc: str) -> str | None:
-        """Absolute path of `proc`'s state in the committed checkpoint (None: none committed)."""
+    def file_for(self, proc: str, home: str | Path | None = None) -> str | None:
+        """Absolute path of `proc`'s state in the committed checkpoint (None: none committed), in
+        the run folder `home` of its host (`launcher.host_dirs`; default: the run directory)."""
         if self.committed is None:
             return None
         name = self.committed["files"].get(proc)
-        return str(confine(self.root, name)) if name else None
+        root = self.root if home is None else Path(home) / "checkpoints"
+        return str(confine(root, name)) if name else None
 
 
 Send = Callable[[Proc, object], Awaitable[bool]]
@@ -199,7 +210,8 @@ class Recovery:
         what they consumed, everyone drops older epochs' batches."""
         epoch = self.book.epoch
         if proc.spec.node in self.roles.stateful:
-            return m.Epoch(epoch=epoch, watermark=self.book.committed_step, checkpoint=self.book.file_for(proc.id))
+            return m.Epoch(epoch=epoch, watermark=self.book.committed_step,
+                           checkpoint=self.book.file_for(proc.id, proc.spec.home))
         if proc.spec.node in self.roles.sinks:
             low = self.scheduler.complete_below
             return m.Epoch(epoch=epoch, watermark=low, consumed=self.scheduler.consumed_above(proc.spec.node, low))

@@ -23,6 +23,8 @@ from flowrl.runtime.controller.procs import Proc, ProcTable
 from flowrl.runtime.controller.report import RunReport
 from flowrl.runtime.controller.supervisor import Supervisor
 from flowrl.runtime.controller.wiring import Wiring
+from flowrl.runtime.controller.shards import ensure_shard
+from flowrl.runtime.protocol.checkpoints import CheckpointError
 from flowrl.runtime.protocol.ledger import NodeDown
 
 log = logging.getLogger("flowrl.controller")
@@ -43,6 +45,13 @@ class Restarts:
         self.stop_grace_s = stop_grace_s  # a surviving rank of a broken group: SIGTERM, then SIGKILL after this
 
     def launch(self, proc: Proc) -> None:
+        try:  # a stateful process starting where its checkpoint shard is not gets it first (shards.py)
+            if proc.spec.resume_from:
+                ensure_shard(self.wiring.book, proc.spec, self.launcher, self.wiring.spec.launcher.host_dirs,
+                             self.ledger)
+        except CheckpointError as e:
+            self.fail(None, str(e))
+            return
         self.supervisor.launch(proc)
         self.report.node_up(proc, False)
 

@@ -41,11 +41,15 @@ class Supervisor:
         proc.ready = proc.wired = False
         proc.error = None
         proc.busy = None
-        proc.handle = self.launcher.start(path, self.run_dir / "logs" / f"{proc.spec.log_name}.log")
+        proc.handle = self.launcher.start(path, self.log_path(proc))
         proc.pid = proc.handle.pid
         proc.started_at = proc.last_seen = time.monotonic()
         proc.down_since = None
         log.info("started %s pid %s (incarnation %d)", proc.id, proc.pid, proc.spec.incarnation)
+
+    def log_path(self, proc: Proc) -> Path:
+        """Its log, in its host's folder (`launcher.host_dirs`; else the run directory)."""
+        return Path(proc.spec.home) / "logs" / f"{proc.spec.log_name}.log"
 
     def check(self, procs, now: float | None = None) -> list[tuple[Proc, str]]:
         """Processes that went down since the last check, with why."""
@@ -102,9 +106,10 @@ class Supervisor:
     def describe(self, proc: Proc, why: str) -> str:
         """The failure text of the run: node, replica, rank, pid, why, the node's error, its log."""
         detail = f"\n  last error: {proc.error.line()}" if proc.error else ""
-        log_path = self.run_dir / "logs" / (proc.spec.log_name + ".log")
+        log_path = self.log_path(proc)
+        where = f" on host {proc.spec.host}" if proc.spec.own_dir else ""
         return (f"node {proc.spec.node!r} replica {proc.spec.replica} rank {proc.spec.rank} (pid {proc.pid}) "
-                f"{why}{detail}\n  last log lines ({log_path}):\n"
+                f"{why}{detail}\n  last log lines ({log_path}{where}):\n"
                 + "\n".join("    " + line for line in proc.log_tail(self.run_dir).splitlines()))
 
     def stop_all(self, procs, timeout_s: float) -> None:

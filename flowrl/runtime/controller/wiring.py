@@ -35,6 +35,7 @@ from flowrl.runtime.controller.scheduler import Scheduler
 from flowrl.runtime.controller.turns import TurnBook, Turns, colocation_groups, refuse_multi_rank, turn_groups
 from flowrl.runtime.protocol.procspec import OutputRoute, ProcSpec
 from flowrl.runtime.protocol.addresses import SERVE_PORT, free_port  # noqa: F401 - used by restarts, scaling
+from flowrl.runtime.protocol.checkpoints import host_folder
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ class Wiring:
             env["MASTER_ADDR"] = self.net.where.get(f"{entry.node}/{entry.replica}/0", env["MASTER_ADDR"])
         rank_addresses, rank_keys = self.rank_links(entry.node, entry.replica, entry.world_size)
         run_dir = self.facts.run_dir
-        return ProcSpec(node=entry.node, kind=node.kind, replica=entry.replica, replicas=node.replicas,
+        ps = ProcSpec(node=entry.node, kind=node.kind, replica=entry.replica, replicas=node.replicas,
                         rank=entry.rank, world_size=entry.world_size, incarnation=0, run_dir=str(run_dir),
                         graph_file=str(run_dir / "graph.yaml"), control=self.net.control_address(pid), inputs=inputs,
                         outputs=outputs, env=env, device_type=entry.device_type, devices=list(entry.devices),
@@ -188,14 +189,28 @@ class Wiring:
                         services=[s.dst for s in spec.services if s.src == entry.node],
                         turn_group=self.turns.book.groups.get(entry.node), colocation=self.colocation.get(entry.node),
                         turn_timeout_s=2 * spec.supervision.process_timeout_s + spec.supervision.startup_timeout_s)
+        self.place_home(ps)
+        return ps
+
+    def place_home(self, ps: ProcSpec) -> None:
+        """Its host's run folder (`launcher.host_dirs`; none: the run directory), decided again at
+        every start since a re-plan may move it. Such a host gets the graph's text in the spec."""
+        run_dir, dirs = self.facts.run_dir, self.spec.launcher.host_dirs
+        own = host_folder(run_dir, dirs, ps.host) if ps.host in dirs else None
+        ps.own_dir = str(own) if own is not None else None
+        ps.graph_file = str((own or run_dir) / "graph.yaml")
+        ps.graph_text = (run_dir / "graph.yaml").read_text() if own is not None else ""
+        uri = self.spec.launcher.checkpoint_uri
+        ps.checkpoint_copy = str(Path(uri) / Path(run_dir).absolute().name) if uri else None
 
     def prepare_start(self, proc: Proc) -> None:
         """Where a (re)started process begins: the current epoch, the committed checkpoint."""
         ps = proc.spec
         ps.epoch = self.book.epoch
         ps.steps = self.scheduler.steps
+        self.place_home(ps)
         if ps.node in self.roles.stateful:
-            ps.resume_from = self.book.file_for(proc.id)
+            ps.resume_from = self.book.file_for(proc.id, ps.home)
             ps.watermark = self.book.committed_step
         elif ps.node in self.roles.sinks:
             ps.watermark = self.scheduler.complete_below

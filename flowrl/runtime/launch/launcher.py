@@ -74,6 +74,36 @@ class Launcher(ABC):
     def close(self) -> None:
         pass
 
+    def fetch_checkpoint(self, *, src_host: str | None, src: str, dst_host: str | None, dst: str, sha256: str,
+                         size: int | None = None) -> str:
+        """Make `dst` on `dst_host` a copy of the checkpoint shard `src` on `src_host`, its sha256
+        checked: "present" (it was there already) or "fetched". One machine: a local copy. Raises
+        CheckpointError saying what went wrong (controller/shards.py names the holder and the fix)."""
+        import shutil
+
+        from flowrl.runtime.protocol.checkpoints import CheckpointError, file_digest
+
+        if Path(dst).exists() and file_digest(Path(dst))[0] == sha256:
+            return "present"
+        if not Path(src).exists():
+            raise CheckpointError(f"the file is not there ({src} is missing)")
+        Path(dst).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(f"{dst}.fetch{os.getpid()}.tmp")
+        shutil.copyfile(src, tmp)
+        got = file_digest(tmp)[0]
+        if got != sha256:
+            tmp.unlink(missing_ok=True)
+            raise CheckpointError(f"its bytes have sha256 {got}, not the committed {sha256} (changed since the commit)")
+        os.replace(tmp, dst)
+        return "fetched"
+
+    def prune_checkpoints(self, host: str | None, root: str, keep: list[int], newest: int) -> None:
+        """Drop the checkpoint steps under `root` on `host` that the run no longer keeps (a host
+        folder of `launcher.host_dirs`, or `checkpoint_uri`). One machine: here."""
+        from flowrl.runtime.launch.ray_actor import prune_steps
+
+        prune_steps(root, keep, newest)
+
     # where processes run (flowrl/runtime/protocol/addresses.py decides links from these) ---------------
     def host_address(self, host: str | None) -> str:
         """The cluster address of a plan host: what its processes bind. One machine: loopback."""
@@ -147,6 +177,7 @@ class LocalLauncher(Launcher):
         if self.server.poll() is not None:
             raise RuntimeError(f"the fork server exited ({describe_exit(self.server.returncode)}); "
                                "run with launcher: {type: subprocess} to see why")
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)  # a host folder (launcher.host_dirs) is here
         self.server.stdin.write(encode(StartRequest(spec=str(spec_path), log=str(log_path))))
         self.server.stdin.flush()
         try:
@@ -189,6 +220,7 @@ class SubprocessLauncher(Launcher):
         self.entry = entry
 
     def start(self, spec_path: Path, log_path: Path) -> ProcessHandle:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)  # a host folder (launcher.host_dirs) is here
         log = open(log_path, "ab")
         try:
             popen = subprocess.Popen([sys.executable, "-m", self.entry, str(spec_path)],

@@ -54,6 +54,7 @@ class FlowrlNodeProcess:
 
         def run() -> None:
             try:
+                os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)  # its host's folder (host_dirs)
                 with open(log_path, "ab") as log:
                     self.popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                                   stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
@@ -112,3 +113,56 @@ def free_port(address: str) -> int:
     with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as s:
         s.bind((address, 0))
         return s.getsockname()[1]
+
+
+# checkpoint shards between hosts (ray_launcher.RayLauncher.fetch_checkpoint): plain tasks, each
+# pinned to one Ray node; the bytes travel through Ray's object store -----------------------------
+def shard_digest(path: str) -> str | None:
+    """sha256 of the file at `path` on this host (None: not there)."""
+    import hashlib
+
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+def read_shard(path: str) -> bytes:
+    """The file's bytes, read on the host that holds it."""
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write_shard(path: str, data: bytes, sha256: str) -> int:
+    """Write `data` to `path` on this host atomically, only when its sha256 is `sha256`."""
+    import hashlib
+
+    got = hashlib.sha256(data).hexdigest()
+    if got != sha256:
+        raise ValueError(f"the bytes read have sha256 {got}, not the committed {sha256}")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.fetch{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(data)
+
+
+def prune_steps(root: str, keep: list[int], newest: int) -> list[str]:
+    """Delete the `stepNNNNNNNN` folders under `root` at or below `newest` that are not in `keep`
+    (the committed checkpoints the run keeps); returns what went. Newer ones are being written."""
+    import shutil
+
+    gone = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return gone
+    for name in names:
+        if name.startswith("step") and name[4:].isdigit() and int(name[4:]) <= newest and int(name[4:]) not in keep:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            gone.append(name)
+    return gone

@@ -127,8 +127,12 @@ class FailedStart(ProcessHandle):
     pid = None
 
     def __init__(self, log_path: str, reason: str):
-        with open(log_path, "a") as f:
-            f.write(f"flowrl ray launcher: {reason}\n")
+        try:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "a") as f:
+                f.write(f"flowrl ray launcher: {reason}\n")
+        except OSError:  # another host's folder (launcher.host_dirs): the controller's log says it
+            log.warning("%s", reason)
 
     def poll(self) -> int:
         return 1
@@ -305,9 +309,66 @@ class RayLauncher(Launcher):
         log.info("%s -> Ray node %s (%s)", proc_id, node.name, node.node_id[:8])
         return handle
 
+    def fetch_checkpoint(self, *, src_host: str | None, src: str, dst_host: str | None, dst: str, sha256: str,
+                         size: int | None = None, timeout_s: float = 600.0) -> str:
+        """Copy a checkpoint shard between Ray nodes: a task pinned to the target checks whether it
+        is there already; else one pinned to the holder reads it and one pinned to the target writes
+        it atomically after checking its sha256. "present" or "fetched"; CheckpointError otherwise."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from flowrl.runtime.protocol.checkpoints import CheckpointError
+
+        ray = import_ray()
+        self.refresh()
+
+        def on(node: RayNode, fn):
+            return ray.remote(fn).options(num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+                node_id=node.node_id, soft=False))
+
+        try:
+            target = self.node_for(dst_host, f"the checkpoint {dst}")
+        except RunFailed as e:
+            raise CheckpointError(str(e)) from None
+        holder = self.nodes.get(src_host) if src_host not in LOCAL_HOSTS else self.local
+        try:
+            if ray.get(on(target, ray_actor.shard_digest).remote(dst), timeout=timeout_s) == sha256:
+                return "present"
+            if holder is None:
+                gone = self.seen.get(src_host)
+                what = f" ({gone.address}, node id {gone.node_id[:8]})" if gone else ""
+                raise CheckpointError(f"Ray node {src_host!r}{what} is not in the cluster any more, and no other "
+                                      "copy exists")
+            data = on(holder, ray_actor.read_shard).remote(src)
+            ray.get(on(target, ray_actor.write_shard).remote(dst, data, sha256), timeout=timeout_s)
+        except ray.exceptions.RayError as e:
+            cause = getattr(e, "cause", None) or e
+            text = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
+            raise CheckpointError(f"copying it to {dst} on {target.name} failed: {text[:300]}") from None
+        log.info("checkpoint shard %s fetched from %s to %s:%s (sha256 %s)", src, src_host, target.name, dst, sha256[:12])
+        return "fetched"
+
+    def prune_checkpoints(self, host: str | None, root: str, keep: list[int], newest: int) -> None:
+        """Under Ray: a task pinned to `host` deletes them there (not waited for; a host that is
+        gone keeps nothing anyway)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node = self.nodes.get(host)
+        if host in LOCAL_HOSTS or (node is not None and self.local is not None and node.node_id == self.local.node_id):
+            super().prune_checkpoints(host, root, keep, newest)
+            return
+        if node is None:
+            return
+        ray = import_ray()
+        task = ray.remote(ray_actor.prune_steps).options(num_cpus=0, max_retries=0, scheduling_strategy=(
+            NodeAffinitySchedulingStrategy(node_id=node.node_id, soft=False)))
+        self.pruning = [r for r in getattr(self, "pruning", []) if not ray.wait([r], timeout=0)[0]]
+        self.pruning.append(task.remote(root, list(keep), newest))
+
     def close(self) -> None:
         for h in self.handles:
             if h.code is None:
                 h.release()
+        if getattr(self, "pruning", None):  # the last commit's pruning, before the driver leaves
+            import_ray().wait(self.pruning, num_returns=len(self.pruning), timeout=10)
         self.handles = []
         self.cluster.close()

@@ -3,6 +3,11 @@
     RUN_DIR/checkpoints/step00000025/actor.0.0.e1.pt     one file per stateful node process
     RUN_DIR/checkpoints/latest.json                      the last committed consistent checkpoint
 
+A process on a host listed in `launcher.host_dirs` writes its shard under its host's folder
+instead (`FOLDER/<run name>/checkpoints/...`); the commit record (`latest.json`, `commit.json`)
+stays with the controller and names, per process, its file, sha256, size, host and folder
+(`shards`), so a shard can be fetched to wherever its process starts next (controller/shards.py).
+
 A file is `torch.save({"node": state_dict, "step", "epoch", "version"})`, written to a temp file,
 fsynced and renamed, and loaded with `torch.load(weights_only=True)`: tensors, numbers, strings,
 lists and dicts only — never pickled code, so a checkpoint someone else wrote cannot run anything.
@@ -42,6 +47,40 @@ def confine(root: Path, relative: Any) -> Path:
         raise CheckpointError(f"checkpoint path {relative!r:.100} points outside {root}; "
                               "latest.json was edited or comes from elsewhere")
     return path
+
+
+def host_folder(run_dir: str | Path, host_dirs: dict, host: str | None) -> Path:
+    """Where a process on `host` keeps its files: `FOLDER/<run directory's name>` for a host listed
+    in `launcher.host_dirs`, else the run directory itself (shared)."""
+    run_dir = Path(run_dir)
+    return Path(host_dirs[host]) / run_dir.absolute().name if host in host_dirs else run_dir
+
+
+def file_digest(path: Path) -> tuple[str, int]:
+    """(sha256 hex, size in bytes) of a file."""
+    import hashlib
+
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+def copy_file(src: Path, dst: Path) -> Path:
+    """Copy `src` to `dst` whole or not at all (temp file, fsync, rename)."""
+    import shutil
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")
+    with open(src, "rb") as f, open(tmp, "wb") as g:
+        shutil.copyfileobj(f, g, 1 << 20)
+        g.flush()
+        os.fsync(g.fileno())
+    os.replace(tmp, dst)
+    fsync_dir(dst.parent)
+    return dst
 
 
 def fsync_dir(path: Path) -> None:
@@ -132,7 +171,11 @@ def node_checkpoint(run_dir: Path, node: str, step: int | None = None, replica: 
     if name is None:
         raise CheckpointError(f"the checkpoint at step {record['step']} has no state of {proc} "
                               f"(it has {', '.join(record['files']) or 'none'})")
-    return load_state(confine(root, name))
+    path = confine(root, name)
+    shard = (record.get("shards") or {}).get(proc) or {}
+    if not path.exists() and shard.get("folder"):  # kept in its host's folder (launcher.host_dirs)
+        path = confine(Path(shard["folder"]) / "checkpoints", name)
+    return load_state(path)
 
 
 def node_state(run_dir: Path, node: str, step: int | None = None, replica: int = 0, rank: int = 0) -> dict:

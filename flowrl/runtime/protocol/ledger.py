@@ -21,6 +21,7 @@ dicts; tools and tests match on `row["event"]`). Run-level events have `batch_id
     weights       WeightsHeld {node, version, digest}     a process holds weights `version`
     scaled        NodeScaled {node, replicas, was}        `flowrl scale` changed a node's replicas
     replanned     Replanned {host, moved}                 a lost host's processes moved: {id: new host}
+    shard         ShardPlaced {proc, file, host, holder, fetched, sha256}  a checkpoint shard read or fetched
     failed        RunFailure {why}                        the run failed (first line of the reason)
 
 Exactly once (`net_consumption`): for every issued ticket and every sink node,
@@ -197,6 +198,19 @@ class NodeScaled(RunEvent):
 class Replanned(RunEvent):
     host: str
     moved: dict[str, str]
+
+
+@event("shard")
+class ShardPlaced(RunEvent):
+    """A stateful process starts from its checkpoint shard on `host`: read there (`fetched` False)
+    or copied from `holder` first (controller/shards.py)."""
+
+    proc: str
+    file: str
+    host: str
+    holder: str
+    fetched: bool
+    sha256: str
 
 
 @event("failed")

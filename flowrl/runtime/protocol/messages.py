@@ -126,6 +126,9 @@ class Checkpointed:
     epoch: int
     file: str
     version: int = 0
+    sha256: str | None = None  # of the shard as saved (after the atomic rename)
+    size: int | None = None  # bytes
+    copy: str | None = None  # its second copy under `launcher.checkpoint_uri`, when made
 
 
 @message("recovered", "node -> controller")

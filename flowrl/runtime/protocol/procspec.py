@@ -73,10 +73,18 @@ class ProcSpec:
     colocation: str | None = None  # its colocation group (`colocate_with`, transitive): weights go by handoff
     turn_group: str | None = None  # colocated nodes that take turns on their devices (`take_turns`): the group's name
     turn_timeout_s: float = 1200.0  # the longest a member waits for its turn (a holder's call is bounded by process_timeout_s)
+    own_dir: str | None = None  # its host's run folder (`launcher.host_dirs`): logs, pid file, checkpoints; None: run_dir
+    graph_text: str = ""  # the graph's YAML, written to graph_file when that host lacks it (no shared run directory)
+    checkpoint_copy: str | None = None  # `launcher.checkpoint_uri`'s folder for this run: shards are copied there too
 
     @property
     def proc_id(self) -> str:
         return f"{self.node}/{self.replica}/{self.rank}"
+
+    @property
+    def home(self) -> str:
+        """The folder this process keeps its files in on its host (`own_dir`, else the run directory)."""
+        return self.own_dir or self.run_dir
 
     @property
     def log_name(self) -> str:

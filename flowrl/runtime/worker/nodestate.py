@@ -30,7 +30,7 @@ class NodeState:
 
     def __init__(self, runner: NodeRunner, version: WeightVersion, fence: Fence, *, faults: FaultInjector,
                  recorder, report: Callable[[Any], Awaitable[None]], publishes: bool, run_dir: str,
-                 log_name: str, steps: int, checkpoint_every: int):
+                 log_name: str, steps: int, checkpoint_every: int, copy_dir: str | None = None):
         self._runner = runner
         self._version = version
         self._fence = fence
@@ -39,6 +39,7 @@ class NodeState:
         self._report = report
         self._publishes = publishes
         self._dir = Path(run_dir) / "checkpoints"
+        self._copy_dir = Path(copy_dir) / "checkpoints" if copy_dir else None  # launcher.checkpoint_uri
         self._log_name = log_name
         self._weights = None  # the WeightsClient, once made (after the node and its first checkpoint)
         self._restores: dict = {}  # epoch -> its Epoch order, restored when the leader says so
@@ -107,20 +108,25 @@ class NodeState:
 
     async def save(self, step: int) -> None:
         """Save the state as of watermark `step` (every ticket < step applied, none after)."""
-        from flowrl.runtime.protocol.checkpoints import file_name, save_state
+        from flowrl.runtime.protocol.checkpoints import copy_file, file_digest, file_name, save_state
 
         self._faults.on_checkpoint(step)
         self._saved_at = (self._fence.epoch, step)
         name = file_name(self._log_name, step, self._fence.epoch)
         epoch, version = self._fence.epoch, self._version.value
 
-        def save() -> None:
+        def save() -> tuple[str, int, str | None]:
             save_state(self._dir / name, self._runner.node.state_dict(), step=step, epoch=epoch, version=version)
+            sha256, size = file_digest(self._dir / name)  # what the commit record names (a fetch checks it)
+            copy = None
+            if self._copy_dir is not None:  # the second copy, where every host can read it
+                copy = str(copy_file(self._dir / name, self._copy_dir / name))
+            return sha256, size, copy
 
         with self._recorder.span("checkpoint", step=step):
-            await self._runner.run(save)
+            sha256, size, copy = await self._runner.run(save)
         await self._report(m.Checkpointed(step=step, epoch=self._fence.epoch, file=name,
-                                          version=max(self._version.value, 0)))
+                                          version=max(self._version.value, 0), sha256=sha256, size=size, copy=copy))
 
     # weights --------------------------------------------------------------------------------
     async def publish(self) -> None:

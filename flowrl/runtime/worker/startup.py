@@ -74,7 +74,7 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
 
     if spec.device_type == "cpu":
         torch.set_num_threads(max(1, len(spec.cpu_cores) or 1))
-    graph = load_graph(spec.graph_file, check=False)
+    graph = load_graph(own_graph_file(spec), check=False)
     node_spec = graph.nodes[spec.node]
     cls = resolve_kind(node_spec.kind)
     config = cls.Config.model_validate(node_spec.config)
@@ -86,7 +86,7 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
     nctx = NodeContext(
         name=spec.node, kind=node_spec.kind, replica=spec.replica, replicas=spec.replicas,
         seed=graph.seed, device=device, devices=spec.devices, dtype=node_spec.dtype,
-        rank=spec.rank, world_size=spec.world_size, run_dir=Path(spec.run_dir), graph=graph,
+        rank=spec.rank, world_size=spec.world_size, run_dir=Path(spec.home), graph=graph,
         recorder=recorder, log=logging.getLogger(f"flowrl.node.{spec.node}"),
     )
     if services is not None:
@@ -104,8 +104,9 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
                                       run=compute.call, node=lambda: runner.node, report=report, recorder=recorder)
     await runner.build()
     state = NodeState(runner, version, policies.fence, faults=faults, recorder=recorder, report=report,
-                      publishes=shape.publishes, run_dir=spec.run_dir, log_name=spec.log_name,
-                      steps=spec.steps or sched.total_tickets, checkpoint_every=sched.checkpoint_every_tickets)
+                      publishes=shape.publishes, run_dir=spec.home, log_name=spec.log_name,
+                      steps=spec.steps or sched.total_tickets, checkpoint_every=sched.checkpoint_every_tickets,
+                      copy_dir=spec.checkpoint_copy)
     if spec.resume_from:
         await state.load(spec.resume_from)
     weights = None
@@ -146,6 +147,18 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
     return Parts(graph=graph, shape=shape, recorder=recorder, version=version, runner=runner, state=state,
                  weights=weights, outputs=outputs, ranks=ranks, syncs=syncs, steps=steps, path=path, orders=orders,
                  input_labels=input_labels, turns=turns)
+
+
+def own_graph_file(spec: ProcSpec) -> str:
+    """The graph file to read: the spec's, written from the text it carries first when this host
+    has no copy (a host folder of `launcher.host_dirs`: the controller's folder is not here)."""
+    path = Path(spec.graph_file)
+    if spec.graph_text and not (path.exists() and path.read_text() == spec.graph_text):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(spec.graph_text)
+        os.replace(tmp, path)  # a reader never sees half a graph
+    return str(path)
 
 
 def bind_devices(spec: ProcSpec) -> None:
