@@ -23,6 +23,11 @@ class Launcher:
     def host_address(self, host):
         return "127.0.0.1"
 
+    def free_port(self, address):
+        from flowrl.runtime.protocol.addresses import free_port
+
+        return free_port(address)
+
 
 @pytest.fixture
 def wiring(tmp_path):
