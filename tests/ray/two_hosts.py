@@ -87,6 +87,13 @@ def probes(run_dir: Path, names, sockets: dict) -> dict:
     return out
 
 
+def wired_again(run_dir: Path, name: str) -> bool:
+    """The process's log says it wired after a restart (its last READY is of incarnation 1 or later)."""
+    log = run_dir / "logs" / f"{name}.log"
+    last = (log.read_text(errors="replace") if log.exists() else "").rsplit("INFO flowrl.worker: ready ", 1)
+    return len(last) == 2 and "(incarnation 0)" not in last[1].split("\n", 1)[0] and "wired" in last[1]
+
+
 def main(path: str) -> int:
     sc = json.loads(Path(path).read_text())
     facts: dict = {}
@@ -151,6 +158,9 @@ def run(sc: dict, facts: dict) -> None:
             wait_for(lambda: steps() >= at, 240, f"step {at}")
             facts["killed"] = [name, pids[name], steps()]
             os.kill(pids[name], signal.SIGKILL)
+            # back (a new process, wired) before anything else happens: a later fault is a second one
+            wait_for(lambda: (p := node_processes(run_dir)).get(name) not in (None, pids[name])
+                     and len(p) == sc["processes"] and wired_again(run_dir, name), 180, f"{name} to be back")
         if sc.get("remove_at_step"):
             at = sc["remove_at_step"]
             wait_for(lambda: steps() >= at, 240, f"step {at}")

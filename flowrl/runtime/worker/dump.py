@@ -3,6 +3,7 @@ or `kill -USR1 PID`): every task's stack, every channel's counters, the input po
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 
@@ -28,3 +29,21 @@ def task_lines() -> list[str]:
     import asyncio
 
     return [f"task {task.get_name()}: {await_chain(task.get_coro())}" for task in asyncio.all_tasks()]
+
+
+def state_dump(worker) -> str:
+    """The dump of one node process (`Worker.dump_state`)."""
+    parts, busy = worker.parts, worker.busy
+    busy = f"{busy[0]} for {time.monotonic() - busy[1]:.1f}s" if busy else "no"
+    lines = [f"state dump of {worker.spec.proc_id} (incarnation {worker.spec.incarnation}): epoch "
+             f"{parts.orders.epoch}, version {parts.version.value}, step {parts.runner.calls}, busy {busy}, "
+             f"stopping {worker.stopping}", f"  compute thread: {worker.compute.where()}", f"  {parts.turns.dump()}"]
+    waiting = parts.ranks.waiting() if parts.ranks is not None else None
+    if waiting is not None:
+        lines.append(f"  accepted, waiting for the leader's verdict: {waiting}")
+    lines += [f"  {line}" for line in parts.path.dump()]
+    inputs = [*worker.receivers.values(), *([worker.rank_rx] if worker.rank_rx else [])]
+    to_ranks = parts.ranks.senders() if parts.ranks is not None else []
+    lines += [f"  channel {ch.statistics()}" for ch in [*inputs, *parts.outputs.channels(), *to_ranks]]
+    lines += [f"  {line}" for line in task_lines()]
+    return "\n".join(lines) + "\n"

@@ -47,7 +47,7 @@ from flowrl.runtime.protocol import messages as m
 from flowrl.runtime.protocol.addresses import apply_control_client, input_security, output_curve, rank_security
 from flowrl.runtime.protocol.procspec import ProcSpec
 from flowrl.runtime.worker.compute import ComputeThread
-from flowrl.runtime.worker.dump import task_lines
+from flowrl.runtime.worker.dump import state_dump
 from flowrl.runtime.worker.faults import FaultInjector
 from flowrl.runtime.worker.heartbeat import Heartbeat
 from flowrl.runtime.worker.pidfile import pid_file, write_pid_file
@@ -190,6 +190,9 @@ class Worker:
                 continue
             if self.parts.turns.arrived(msg) or isinstance(msg, m.Sync) and self.parts.syncs.arrived(msg):
                 continue  # a turn's grant or yield, and a trainer's sync orders, are served beside its calls
+            if isinstance(msg, m.Connect) and self.wired:  # a moved consumer: a send blocked on its old
+                await self.rewire(msg)  # address gets credit there (Connect never waits; Disconnect queues)
+                continue
             await self.events_tx.send(("ctl", msg))
 
     async def input_loop(self, port: str, rx) -> None:
@@ -329,20 +332,7 @@ class Worker:
         return [*outs, *ranks, *self.receivers.values(), *([self.rank_rx] if self.rank_rx else [])]
 
     def dump_state(self) -> str:
-        parts, busy = self.parts, self.busy
-        busy = f"{busy[0]} for {time.monotonic() - busy[1]:.1f}s" if busy else "no"
-        lines = [f"state dump of {self.spec.proc_id} (incarnation {self.spec.incarnation}): epoch "
-                 f"{parts.orders.epoch}, version {parts.version.value}, step {parts.runner.calls}, busy {busy}, "
-                 f"stopping {self.stopping}", f"  compute thread: {self.compute.where()}", f"  {parts.turns.dump()}"]
-        waiting = parts.ranks.waiting() if parts.ranks is not None else None
-        if waiting is not None:
-            lines.append(f"  accepted, waiting for the leader's verdict: {waiting}")
-        lines += [f"  {line}" for line in parts.path.dump()]
-        inputs = [*self.receivers.values(), *([self.rank_rx] if self.rank_rx else [])]
-        to_ranks = parts.ranks.senders() if parts.ranks is not None else []
-        lines += [f"  channel {ch.statistics()}" for ch in [*inputs, *parts.outputs.channels(), *to_ranks]]
-        lines += [f"  {line}" for line in task_lines()]
-        return "\n".join(lines) + "\n"
+        return state_dump(self)
 
     async def report_error(self, where: str, e: BaseException) -> None:
         from flowrl.runtime.worker.contract import describe_error
