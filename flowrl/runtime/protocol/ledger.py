@@ -199,6 +199,17 @@ class Replanned(RunEvent):
     moved: dict[str, str]
 
 
+@event("plan")
+class PlanChanged(RunEvent):
+    """RUN_DIR/plan.json was rewritten (revision 1, 2, ...): processes added {id: host}, removed, moved."""
+
+    revision: int
+    why: str
+    added: dict[str, str]
+    removed: list[str]
+    moved: dict[str, str]
+
+
 @event("failed")
 class RunFailure(RunEvent):
     why: str
