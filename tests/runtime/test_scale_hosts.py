@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from flowrl.graph import load_graph
+from flowrl.graph.structure import node_classes
 from flowrl.placement.plan import PlanEntry
 from flowrl.ray_cluster import RayNode
 from flowrl.runtime.controller.crosshost import admit, place_replicas
@@ -54,33 +55,38 @@ edges: [numbers -> scale, scale -> collect]
     net.control_tcp = "tcp://127.0.0.1:1"  # the run started on both hosts
     launcher = types.SimpleNamespace(inventory=lambda: RayInventory.from_nodes(HOSTS, "127.0.0.1:6379"))
     return types.SimpleNamespace(spec=spec, net=net, plan=types.SimpleNamespace(entries=entries), launcher=launcher,
-                                 facts=None, address=net.input_address)
+                                 facts=None, address=net.input_address, classes=node_classes(spec))
 
 
-def test_a_new_replica_goes_to_the_host_with_free_devices_and_none_with_room_is_refused_naming_every_host(tmp_path):
+def test_a_new_replica_goes_to_the_host_with_free_devices_then_time_shares_the_least_loaded_one(tmp_path):
     # host-a: both cores taken; host-b: core 0 taken (collect), core 1 free; collect's input is tcp already
     w = fake_wiring(tmp_path, {"numbers/0/0": ("host-a", 0), "scale/0/0": ("host-a", 1), "collect/0/0": ("host-b", 0)})
     entries, why = place_replicas(w, "scale", 2)
     assert why is None
     assert [(e.node, e.replica, e.host, e.devices, e.master_addr) for e in entries] == [("scale", 1, "host-b", [1], "127.0.0.2")]
-    # a third replica: no host has a free core left (the one just chosen counts as used)
-    w.plan.entries += entries
-    w.net.place("scale/1/0", "127.0.0.2")
-    w.spec.nodes["scale"].replicas = 2
-    entries, why = place_replicas(w, "scale", 3)
-    assert entries == [] and why.startswith("no host has room for scale/2 (1 free cpu device(s)")
-    assert "host-a: 0 of 2 cpu device(s) free; host-b: 0 of 2 cpu device(s) free" in why and "Fix: add a host" in why
+    # two more: no core is free any more (the one just chosen counts as used): CPU cores are time-shared,
+    # each on the host whose cores carry the least weight then
+    entries, why = place_replicas(w, "scale", 4)
+    assert why is None and [(e.replica, e.host) for e in entries] == [(1, "host-b"), (2, "host-a"), (3, "host-b")]
 
 
-def test_a_host_whose_consumer_takes_its_input_over_ipc_elsewhere_or_a_pin_is_not_chosen(tmp_path):
+def test_no_host_a_replica_may_go_to_is_refused_naming_every_host_and_why(tmp_path):
     # collect shares host-a with scale/0: its input is ipc, so a replica on host-b could not reach it
     w = fake_wiring(tmp_path, {"numbers/0/0": ("host-a", 0), "scale/0/0": ("host-a", 1), "collect/0/0": ("host-a", 0)})
     entries, why = place_replicas(w, "scale", 2)
-    assert entries == [] and "host-b: 2 of 2 cpu device(s) free (collect/0 on another host takes its input over ipc)" in why
-    pinned = fake_wiring(tmp_path, {"numbers/0/0": ("host-a", 0), "scale/0/0": ("host-a", 1),
-                                    "collect/0/0": ("host-b", 0)}, pin=", host: host-a")
+    assert [e.host for e in entries] == ["host-a"]  # host-b is out; host-a's cores are shared
+    pinned = fake_wiring(tmp_path, {"numbers/0/0": ("host-a", 0), "scale/0/0": ("host-b", 1),
+                                    "collect/0/0": ("host-b", 0)}, pin=", host: host-b")
+    pinned.net.control_tcp = None  # as if the run had started on one host: no tcp control to reach
     entries, why = place_replicas(pinned, "scale", 2)
-    assert entries == [] and "host-b: 1 of 2 cpu device(s) free (scale is pinned to host-a)" in why
+    assert entries == [] and why.startswith("no host has room for scale/1 (1 free cpu device(s)"), why
+    assert "host-a: 1 of 2 cpu device(s) free (scale is pinned to host-b)" in why, why
+    assert "host-b: 0 of 2 cpu device(s) free (the run's control is on its one host only)" in why, why
+    assert "Fix: add a host" in why
+    ipc = fake_wiring(tmp_path, {"numbers/0/0": ("host-a", 0), "scale/0/0": ("host-a", 1),
+                                 "collect/0/0": ("host-a", 0)}, pin=", host: host-b")
+    entries, why = place_replicas(ipc, "scale", 2)
+    assert entries == [] and "host-b: 2 of 2 cpu device(s) free (collect/0 on another host takes its input over ipc)" in why
 
 
 def test_the_control_admits_a_new_process_key_then_refuses_it_once_revoked(tmp_path):

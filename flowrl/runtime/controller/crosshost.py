@@ -6,7 +6,9 @@
 
 Placement: on the launcher's live inventory (under Ray, the cluster's nodes as they are now), a
 device a process of the run already has counts as used; a new replica goes to the host with the
-most free devices of its kind (ties: the inventory's order), and it must be a host it can reach
+most free devices of its kind (ties: the inventory's order). With no free device anywhere, CPU
+cores are time-shared as the planner does: the host whose cores carry the least CPU weight
+(planner.CPU_WEIGHT), on its least loaded cores; GPUs are refused. It must be a host it can reach
 its consumers from: a consumer on another host must already take that input over tcp (a running
 consumer cannot move its ipc input), and a host other than the controller's needs the tcp control
 (bound when the run started on several hosts). A node pinned with `host:` stays on its host. No
@@ -30,11 +32,13 @@ from flowrl.runtime.protocol.addresses import SERVE_PORT, admit_control
 
 
 def place_replicas(wiring, node: str, replicas: int):
-    """Plan entries for replicas `old..replicas-1` of `node` on hosts with free devices; returns
-    (entries, None) or ([], why)."""
+    """Plan entries for replicas `old..replicas-1` of `node` on hosts with free devices (CPU cores:
+    else time-shared on the least loaded host); returns (entries, None) or ([], why)."""
     from dataclasses import replace
 
-    spec, net = wiring.spec, wiring.net
+    from flowrl.placement.planner import cpu_weight
+
+    spec = wiring.spec
     old = spec.nodes[node].replicas
     template = sorted((e for e in wiring.plan.entries if e.node == node and e.replica == 0), key=lambda e: e.rank)
     need = sum(len(e.devices) for e in template)
@@ -45,25 +49,33 @@ def place_replicas(wiring, node: str, replicas: int):
         from flowrl.placement import get_inventory
 
         inventory = get_inventory(wiring.facts.inventory)
-    used: dict[str, set[int]] = defaultdict(set)
+    load: dict[tuple, float] = defaultdict(float)  # (host, device) -> the CPU weights of the processes on it
     for e in wiring.plan.entries:
-        used[e.host] |= set(e.devices)
+        for d in e.devices:
+            load[e.host, d] += cpu_weight(wiring.classes.get(e.node))
+    weight = cpu_weight(wiring.classes.get(node))
     out = []
     for r in range(old, replicas):
-        best, rows = None, []
+        free_best, shared_best, rows = None, None, []
         for h in inventory.hosts:
             devices = [d for d in h.visible_devices() if d.type == kind]
-            free = [d for d in devices if d.id not in used[h.name]]
+            free = [d for d in devices if (h.name, d.id) not in load]
             blocked = _blocked(wiring, node, h, spec.nodes[node].host)
             rows.append(f"{h.name}: {len(free)} of {len(devices)} {kind} device(s) free" + (f" ({blocked})" if blocked else ""))
-            if not blocked and len(free) >= need and (best is None or len(free) > len(best[1])):
-                best = (h, free)
-        if best is None:
-            return [], (f"no host has room for {node}/{r} ({need} free {kind} device(s), a device a process of the run "
+            if blocked or len(devices) < need:
+                continue
+            if len(free) >= need and (free_best is None or len(free) > len(free_best[1])):
+                free_best = (h, free)
+            least = sorted(devices, key=lambda d: load.get((h.name, d.id), 0.0))[:need]
+            cost = sum(load.get((h.name, d.id), 0.0) for d in least) + sum(load.get((h.name, d.id), 0.0) for d in devices)
+            if shared_best is None or cost < shared_best[0]:
+                shared_best = (cost, h, least)
+        if free_best is None and (kind != "cpu" or shared_best is None):
+            return [], (f"no host has room for {node}/{r} ({need} free {kind} device(s); a device a process of the run "
                         f"has counts as used): {'; '.join(rows)}. Fix: add a host to the cluster, or free devices")
-        host, free = best
-        chosen = free[:need]
-        used[host.name] |= {d.id for d in chosen}
+        host, chosen = (free_best[0], free_best[1][:need]) if free_best else shared_best[1:]  # CPU: time-shared
+        for d in chosen:
+            load[host.name, d.id] += weight
         for e in template:
             ids = [d.id for d in chosen][sum(len(t.devices) for t in template[:e.rank]):][:len(e.devices)]
             local = list(range(len(ids))) if kind == "cuda" else ids

@@ -15,7 +15,9 @@ trainer never waits for a replica that is going. A removed process that was (re)
 Stop when it reports READY; one that has not stopped after `retire_grace_s` is stopped by PID
 (SIGTERM, then SIGKILL). A replica added again while its removed predecessor still stops takes
 over its id as a later incarnation (the predecessor is killed). Each change is a `scaled` row in
-the ledger.
+the ledger, and RUN_DIR/plan.json is rewritten with it (a `plan` row, planfile.py). On a run that
+spans hosts, a new replica goes where the live cluster has room and its CURVE key is admitted by
+the control and the consumers it feeds before it starts, revoked when it is removed (crosshost.py).
 
 The client speaks the control plane: `RUN_DIR/control.json` (a `ControlFile`, control.py,
 readable by the run's user only) holds the controller's address and the run's secret. The

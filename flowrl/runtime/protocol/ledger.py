@@ -21,6 +21,7 @@ dicts; tools and tests match on `row["event"]`). Run-level events have `batch_id
     weights       WeightsHeld {node, version, digest}     a process holds weights `version`
     scaled        NodeScaled {node, replicas, was}        `flowrl scale` changed a node's replicas
     replanned     Replanned {host, moved}                 a lost host's processes moved: {id: new host}
+    plan          PlanChanged {revision, why, ...}        plan.json rewritten: {added, removed, moved}
     failed        RunFailure {why}                        the run failed (first line of the reason)
 
 Exactly once (`net_consumption`): for every issued ticket and every sink node,
