@@ -71,8 +71,12 @@ def test_ppo_split_over_two_hosts_learns_over_tcp_and_curve_and_survives_kill_9_
     assert facts["ray_nodes"] == ADDRESS
     assert facts["rc"] == 0, facts["stderr"]
     # where each process ran, from the plan and from the process tree
+    # plan.json ends as re-planned (revision 1: host-b's processes on host-a), the ledger says so
     plan = {(e["node"]): e["host"] for e in json.loads((tmp_path / "run" / "plan.json").read_text())["plan"]}
-    assert plan == HOST_OF
+    assert plan == {**HOST_OF, "prompts": "host-a", "rollout": "host-a", "reward": "host-a"}
+    rows = [json.loads(line) for line in (tmp_path / "run" / "ledger.jsonl").read_text().splitlines()]
+    assert [(r["revision"], r["moved"]) for r in rows if r["event"] == "plan"] == [
+        (1, {"prompts/0/0": "host-a", "rollout/0/0": "host-a", "reward/0/0": "host-a"})]
     assert facts["hosts"] == {f"{n}.0.0": h for n, h in HOST_OF.items()}
     specs = facts["specs"]
     # edges: tcp + CURVE between hosts (bound to the consumer's host), ipc within one
