@@ -24,7 +24,7 @@ from tests.ray.test_two_hosts import ROOT, run_scenario
 
 HOST_OF = {"actor": "host-a", "critic": "host-b", "reward": "host-b", "prompts": "host-a", "reference": "host-a"}
 ADDRESS = {"host-a": "127.0.0.1", "host-b": "127.0.0.2"}
-STEPS = 60
+STEPS = 100
 TICKETS = STEPS * 8
 
 
@@ -36,7 +36,7 @@ def test_scale_up_places_a_replica_on_the_other_host_with_keys_admitted_then_sca
         "graph": str(ROOT / "graphs" / "ppo.yaml"), "overrides": ["launcher.type=ray", f"schedule.steps={STEPS}", "schedule.ticket=group", "schedule.batch_size=8",
                      "nodes.critic.config.train.mini_batches=2", "nodes.actor.config.train.mini_batches=2", *hosts],
         "processes": 6, "timeout_s": 300, "kill": None, "remove_at_step": None,
-        "scale": [[3, "rollout", 2], [30, "rollout", 1]]}, timeout_s=400)
+        "scale": [[3, "rollout", 2], [50, "rollout", 1]]}, timeout_s=400)
     assert "scale_error" not in facts, facts["scale_error"] + "\n" + facts["stderr"]
     assert facts["rc"] == 0, facts["stderr"]
     assert facts["hosts"]["rollout.0.0"] == "host-a"  # the planner's choice (rollout is not pinned)

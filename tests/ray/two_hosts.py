@@ -106,11 +106,6 @@ def scale_steps(sc: dict, facts: dict, run_dir: Path, steps, raylets: dict, ours
             logs = [run_dir / "logs" / f"{name}.log" for name in new]
             pids = wait_for(lambda: (p := node_processes(run_dir)) and all(x in p for x in new) and wired(run_dir, new)
                             and p, 240, f"{', '.join(new)} to start and wire")
-            try:  # (bounded: whether it is sent work is the producer's choice among replicas with credit)
-                wait_for(lambda: all("first batch" in f.read_text(errors="replace") for f in logs), 20, "a batch")
-                row["first_batch"] = True
-            except AssertionError:
-                row["first_batch"] = False
             ours |= {pids[x] for x in new} | {psutil.Process(pids[x]).ppid() for x in new}
             row["hosts"] = {x: host_of(pids[x], raylets) for x in pids}
             row["sockets"] = sockets_of(pids)
@@ -118,6 +113,12 @@ def scale_steps(sc: dict, facts: dict, run_dir: Path, steps, raylets: dict, ours
             raw = {x: json.loads((run_dir / "procs" / f"{x}.json").read_text()) for x in pids}
             added.update({x: raw[x] for x in new})
             row["probes"] = key_probes(raw, new, row["sockets"], handshake)
+            later = [step for step, *_ in sc["scale"] if step > at] or [float("inf")]
+            # until the next change at most: whether it is sent work is the producer's choice among
+            # replicas with credit
+            wait_for(lambda: all("first batch" in f.read_text(errors="replace") for f in logs) or steps() >= later[0],
+                     240, "a batch or the next step to scale at")
+            row["first_batch"] = all("first batch" in f.read_text(errors="replace") for f in logs)
         else:  # removed: gone, and their keys refused by the control and by their consumers
             gone = [f"{node}.{r}.0" for r in range(n, len(mine))]
             after = wait_for(lambda: (p := node_processes(run_dir)) and not any(x in p for x in gone) and p, 120,
