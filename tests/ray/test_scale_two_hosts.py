@@ -69,10 +69,9 @@ def test_scale_up_places_a_replica_on_the_other_host_with_keys_admitted_then_sca
     assert any(k.startswith("rollout.1.0 tcp://127.0.0.2:") and k.endswith(" stranger") for k in probes), probes
     for what, outcome in probes.items():
         assert outcome == ("refused" if what.endswith("stranger") else "succeeded"), (what, outcome)
-    # whether it generated: tickets that went through replica 1 (its spans in the trace). Not asserted:
-    # the producer sends to the least loaded replica with credit, and rollout/0 often keeps up alone
-    # (seen both ways on this machine); the test prints it
+    # it generated: tickets went through replica 1 (its spans in the trace)
     print("rollout/1 took work:", up["first_batch"], len(facts["handled"].get("rollout/1", [])), "ticket(s)")
+    assert up["first_batch"] and facts["handled"].get("rollout/1"), sorted(facts["handled"])
     # removed with the hand-off: its key refused again by the control and by reward
     assert down["probes"] == {"control rollout.1.0 removed": "refused",
                               f"reward.0.0 {to_reward} rollout.1.0 removed": "refused"}, down["probes"]
