@@ -218,6 +218,14 @@ class Receiver(TaskOwner):
             self._flush_at = time.monotonic() + ACK_DELAY_S
             self._flush_armed.set()
 
+    def admit(self, add=(), remove=()) -> None:
+        """Change which producer keys this CURVE input admits (`flowrl scale` adds or removes a
+        producer while it runs); a no-op without CURVE client authentication."""
+        if self.config.curve is None or self.config.curve.authorized_clients is None or not self._domain:
+            return
+        security.admit(self._domain, add)
+        security.revoke(self._domain, remove)
+
     def statistics(self) -> ChannelStats:
         held_m = sum(len(p.unacked) for p in self._peers.values()) + self._pool.orphan_m
         held_b = sum(sum(p.unacked.values()) for p in self._peers.values()) + self._pool.orphan_b

@@ -3,7 +3,9 @@ per-run secret that every producer link gives in its hellos.
 
 The consumer is the CURVE server. With `authorized_clients`, a process-wide ZAP handler (a
 thread, so it answers even while the event loop is busy) admits only those client keys, per
-channel (each receiver gets its own ZAP domain).
+channel (each receiver gets its own ZAP domain). The admitted set of a domain can change while
+its socket runs (`admit` / `revoke`: a replica added or removed by `flowrl scale`); it is read at
+each handshake, so a revoked key is refused from its next connection on.
 """
 
 from __future__ import annotations
@@ -49,6 +51,30 @@ def apply_server(sock: Any, curve: CurveConfig | None, domain: str) -> None:
             _auth = ThreadAuthenticator(zmq.Context.shadow(shared_context().underlying))
             _auth.start()
         _auth.configure_curve_callback(domain=domain, credentials_provider=_Provider())
+
+
+def admit(domain: str, keys) -> None:
+    """Admit more client keys (Z85 text) on `domain` from the next handshake on."""
+    with _lock:
+        allowed = _allowed.get(domain, frozenset())
+        if allowed is not None:
+            _allowed[domain] = allowed | frozenset(k.encode() for k in keys)
+
+
+def revoke(domain: str, keys) -> None:
+    """Refuse these client keys on `domain` from their next handshake on (a connection already made
+    stays until it drops)."""
+    with _lock:
+        allowed = _allowed.get(domain)
+        if allowed is not None:
+            _allowed[domain] = allowed - frozenset(k.encode() for k in keys)
+
+
+def admitted(domain: str) -> frozenset[str] | None:
+    """The keys `domain` admits now (None: any key)."""
+    with _lock:
+        allowed = _allowed.get(domain, frozenset())
+    return None if allowed is None else frozenset(k.decode() for k in allowed)
 
 
 def release(domain: str) -> None:

@@ -79,10 +79,15 @@ def test_ppo_with_an_actor_spanning_two_hosts_learns_over_tcp_and_curve_survives
     assert facts["ray_nodes"] == ADDRESS
     assert facts["rc"] == 0, facts["stderr"]
     where = {**{f"{n}.0.0": h for n, h in SPANNING.items()}, **{f"actor.0.{r}": h for r, h in ACTOR_HOSTS.items()}}
-    # where each process ran, from the plan (ranks packed per host, in host order) and the process tree
-    plan = {(e["node"], e["rank"]): e["host"] for e in json.loads((tmp_path / "run" / "plan.json").read_text())["plan"]}
-    assert {f"{n}.0.{r}": h for (n, r), h in plan.items()} == where
+    # where each process ran, from its plan entry (ranks packed per host, in host order) and the process tree
+    assert {name: spec["host"] for name, spec in facts["specs"].items()} == where
     assert facts["hosts"] == where
+    # plan.json ends as re-planned (revision 1: host-b's processes on host-a, the actor's group whole)
+    plan_end = {(e["node"], e["rank"]): e["host"] for e in json.loads((tmp_path / "run" / "plan.json").read_text())["plan"]}
+    assert set(plan_end.values()) == {"host-a"}
+    rows = [json.loads(line) for line in (tmp_path / "run" / "ledger.jsonl").read_text().splitlines()]
+    assert [(r["revision"], r["moved"]) for r in rows if r["event"] == "plan"] == [
+        (1, {"actor/0/2": "host-a", "actor/0/3": "host-a", "critic/0/0": "host-a", "rollout/0/0": "host-a"})]
     specs = facts["specs"]
     # edges: tcp + CURVE between hosts (bound to the consumer's host), ipc within one
     for edge in ("prompts -> rollout", "rollout -> reward", "reward -> reference", "reference -> critic", "critic -> actor"):

@@ -4,7 +4,8 @@ run inside a network namespace that the test makes, so every packet stays inside
     unshare -n sh -c 'ip link set lo up && exec python -m tests.ray.two_hosts SCENARIO.json'
 
 SCENARIO.json: {"graph", "overrides", "run_dir", "out", "timeout_s", "kill": [NAME, STEP] | null,
-"remove_at_step": STEP | null}; or {"nofs": true, ...} (run_nofs). The driver starts the cluster, runs `flowrl run` on it, records
+"remove_at_step": STEP | null, "scale": [[STEP, NODE, N], ...] (optional: `flowrl scale` at those
+steps, `scale_steps`)}; or {"nofs": true, ...} (run_nofs). The driver starts the cluster, runs `flowrl run` on it, records
 where each node process runs and what its sockets listen on and talk to, kills a node process of
 host-b (kill -9) and/or removes host-b from the cluster at the given steps, waits for the run,
 and writes what it saw to "out" as JSON; the test asserts on that (tests/ray/test_two_hosts.py).
@@ -94,6 +95,122 @@ def wired_again(run_dir: Path, name: str) -> bool:
     return len(last) == 2 and "(incarnation 0)" not in last[1].split("\n", 1)[0] and "wired" in last[1]
 
 
+def scale_steps(sc: dict, facts: dict, run_dir: Path, steps, raylets: dict, ours: set) -> None:
+    """"scale": [[STEP, NODE, N], ...]: `flowrl.scale(RUN_DIR, NODE, N)` (what `flowrl scale RUN_DIR
+    NODE=N` sends) once the run is at STEP. After a
+    scale-up: where the new replica runs (once it is wired and took its first batch), its spec, its
+    sockets, and CURVE probes (a stranger, its own keys) against the control and its consumers' and
+    its own tcp inputs; after a scale-down: the process is gone and its keys are refused."""
+    import psutil
+
+    import flowrl
+    from flowrl.errors import FlowrlError
+    from tests.curve_probe import handshake
+    from tests.ray.test_launcher import host_of, node_processes, wait_for, wired
+
+    facts["scale"] = []
+    added: dict[str, dict] = {}
+    for at, node, n in sc["scale"]:
+        wait_for(lambda: steps() >= at, 240, f"step {at}")
+        before = node_processes(run_dir)
+        try:  # what `flowrl scale RUN_DIR NODE=N` does, without a fresh interpreter's start-up on a busy machine
+            row = {"asked_at": steps(), "rc": 0, "out": flowrl.scale(run_dir, node, n)}
+        except FlowrlError as e:  # ScaleError: refused
+            row = {"asked_at": steps(), "rc": 1, "out": str(e)}
+        row.update(at=steps(), node=node, replicas=n)
+        facts["scale"].append(row)
+        if row["rc"] != 0:
+            return
+        mine = sorted(k for k in before if k.startswith(f"{node}."))
+        if n > len(mine):  # added: the new replicas start, wire and take work
+            new = [f"{node}.{r}.0" for r in range(len(mine), n)]
+            logs = [run_dir / "logs" / f"{name}.log" for name in new]
+            pids = wait_for(lambda: (p := node_processes(run_dir)) and all(x in p for x in new) and wired(run_dir, new)
+                            and p, 240, f"{', '.join(new)} to start and wire")
+            ours |= {pids[x] for x in new} | {psutil.Process(pids[x]).ppid() for x in new}
+            row["hosts"] = {x: host_of(pids[x], raylets) for x in pids}
+            row["sockets"] = sockets_of(pids)
+            row["specs"] = {x: spec_facts(run_dir / "procs" / f"{x}.json") for x in pids}
+            raw = {x: json.loads((run_dir / "procs" / f"{x}.json").read_text()) for x in pids}
+            added.update({x: raw[x] for x in new})
+            row["probes"] = key_probes(raw, new, row["sockets"], handshake)
+            later = [step for step, *_ in sc["scale"] if step > at] or [float("inf")]
+            # until the next change at most: whether it is sent work is the producer's choice among
+            # replicas with credit
+            wait_for(lambda: all("first batch" in f.read_text(errors="replace") for f in logs) or steps() >= later[0],
+                     240, "a batch or the next step to scale at")
+            row["first_batch"] = all("first batch" in f.read_text(errors="replace") for f in logs)
+        else:  # removed: gone, and their keys refused by the control and by their consumers
+            gone = [f"{node}.{r}.0" for r in range(n, len(mine))]
+            after = wait_for(lambda: (p := node_processes(run_dir)) and not any(x in p for x in gone) and p, 120,
+                             f"{', '.join(gone)} to stop")
+            raw = {x: json.loads((run_dir / "procs" / f"{x}.json").read_text()) for x in after}
+            row["probes"] = revoked_probes(raw, {x: added[x] for x in gone if x in added}, handshake)
+
+
+def key_probes(raw: dict, new: list[str], sockets: dict, handshake) -> dict:
+    """A stranger and the new process's own keys against the control; its keys against the tcp inputs
+    it sends into (its spec's outputs); a stranger and its producer's keys against its own tcp input
+    (the listener its producer is connected to)."""
+    out = {}
+    for name in new:
+        spec = raw[name]
+        me = (spec["curve_public"], spec["curve_secret"])
+        if spec["control"].startswith("tcp://"):
+            out["control after scale stranger"] = handshake(spec["control"], spec["control_key"], timeout_s=2)
+            out[f"control {name}"] = handshake(spec["control"], spec["control_key"], me, send=None, timeout_s=2)
+        for edge, addresses in ((o["edge"], o["addresses"]) for o in spec["outputs"]):
+            consumer = next(x for x in raw if x.startswith(edge.split("->")[1].split(".")[0].strip() + "."))
+            for address in (a for a in addresses if a.startswith("tcp://")):
+                out[f"{consumer} {address} {name}"] = handshake(address, raw[consumer]["curve_public"], me, send=None,
+                                                                timeout_s=2)
+        for producer, s in raw.items():
+            if s["curve_public"] not in sum(spec["input_clients"].values(), []):
+                continue
+            mine = set(sockets.get(name, {}).get("listen", []))
+            for listen in sorted({remote for _, remote in sockets.get(producer, {}).get("peers", [])} & mine):
+                address = f"tcp://{listen}"
+                out[f"{name} {address} stranger"] = handshake(address, spec["curve_public"], timeout_s=2)
+                out[f"{name} {address} producer"] = handshake(address, spec["curve_public"], (
+                    s["curve_public"], s["curve_secret"]), send=None, timeout_s=2)
+    return out
+
+
+def revoked_probes(raw: dict, gone: dict, handshake) -> dict:
+    """The keys of removed processes against the control and against the tcp inputs they fed."""
+    out = {}
+    control = next((s for s in raw.values() if s["control"].startswith("tcp://")), None)
+    for name, spec in gone.items():
+        me = (spec["curve_public"], spec["curve_secret"])
+        if control is not None:
+            out[f"control {name} removed"] = handshake(control["control"], control["control_key"], me, send=None,
+                                                       timeout_s=2)
+        for edge, addresses in ((o["edge"], o["addresses"]) for o in spec["outputs"]):
+            consumer = next(x for x in raw if x.startswith(edge.split("->")[1].split(".")[0].strip() + "."))
+            for address in (a for a in addresses if a.startswith("tcp://")):
+                out[f"{consumer} {address} {name} removed"] = handshake(address, raw[consumer]["curve_public"], me,
+                                                                        send=None, timeout_s=2)
+    return out
+
+
+def scale_results(facts: dict, run_dir: Path, ledger: list[dict]) -> None:
+    """After a run with "scale": the plan as it ended, the ledger's `plan` and `scaled` events, and
+    the tickets each process handled (the trace's spans of each node process, by batch id)."""
+    from flowrl.metrics.trace import load_trace, track_names
+
+    facts["plan_end"] = json.loads((run_dir / "plan.json").read_text())
+    facts["plan_events"] = [r for r in ledger if r["event"] == "plan"]
+    facts["scaled"] = [r for r in ledger if r["event"] == "scaled"]
+    events = load_trace(run_dir / "trace.json") if (run_dir / "trace.json").exists() else []
+    names = track_names(events)
+    handled: dict[str, set] = {}
+    for e in events:
+        batch = (e.get("args") or {}).get("batch_id")
+        if batch and e.get("pid") in names:
+            handled.setdefault(names[e["pid"]].split(" ")[0], set()).add(batch)
+    facts["handled"] = {k: sorted(v) for k, v in handled.items()}
+
+
 def main(path: str) -> int:
     sc = json.loads(Path(path).read_text())
     facts: dict = {}
@@ -149,10 +266,16 @@ def run(sc: dict, facts: dict) -> None:
         facts["hosts"] = {name: host_of(pid, raylets) for name, pid in pids.items()}
         ours |= set(pids.values()) | {psutil.Process(p).ppid() for p in pids.values()}
         wait_for(lambda: steps() >= 2, 120, "two steps")
-        facts["sockets"] = sockets_of(pids)
-        facts["controller_sockets"] = sockets_of({"controller": proc.pid})
-        facts["specs"] = {name: spec_facts(run_dir / "procs" / f"{name}.json") for name in pids}
-        facts["probes"] = probes(run_dir, pids, facts["sockets"])
+        if sc.get("scale"):  # before the probes below: they take seconds, and the run goes on meanwhile
+            try:
+                scale_steps(sc, facts, run_dir, steps, raylets, ours)
+            except AssertionError:  # a wait that timed out: the run's own output says why (the test shows both)
+                facts["scale_error"] = traceback.format_exc()
+        if "scale_error" not in facts:  # (else the run may be over: its output shows why)
+            facts["sockets"] = sockets_of(pids)
+            facts["controller_sockets"] = sockets_of({"controller": proc.pid})
+            facts["specs"] = {name: spec_facts(run_dir / "procs" / f"{name}.json") for name in pids}
+            facts["probes"] = probes(run_dir, pids, facts["sockets"])
         if sc.get("kill"):
             name, at = sc["kill"]
             wait_for(lambda: steps() >= at, 240, f"step {at}")
@@ -189,6 +312,8 @@ def run(sc: dict, facts: dict) -> None:
         facts["rewards"] = [r["reward_mean"] for r in read_jsonl(metrics) if "reward_mean" in r]
         facts["versions"] = [r.get("policy_version") for r in read_jsonl(metrics)]
         facts["recoveries"] = [r for r in ledger if r["event"] == "recovery"]
+        if sc.get("scale"):
+            scale_results(facts, run_dir, ledger)
         facts["status"] = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").exists() else None
         wait_for(lambda: not alive(ours), 20, "every node process and actor to be gone")
         facts["left_alive"] = alive(ours)

@@ -93,6 +93,40 @@ async def test_only_authorized_client_keys_may_connect():
             assert (await rx.recv()).batch_id == "ok"
 
 
+async def test_a_running_receiver_admits_a_new_producer_key_and_refuses_a_revoked_one():
+    """`flowrl scale` across hosts: a consumer's admitted set changes while it runs (ZAP reads it at
+    each handshake); a revoked key is refused from its next connection on."""
+    import anyio
+
+    from flowrl.transport import security
+    from tests.curve_probe import handshake
+
+    server_public, server_secret = CurveConfig.keypair()
+    first, added = CurveConfig.keypair(), CurveConfig.keypair()
+    rx_cfg = fast_config(transport="tcp", curve=CurveConfig(server_public=server_public, server_secret=server_secret,
+                                                            authorized_clients=(first[0],)))
+
+    def probe(address, client):
+        return anyio.to_thread.run_sync(lambda: handshake(address, server_public, client, send=None))
+
+    async with Receiver(rx_cfg, name="sec") as rx:
+        address = await rx.bind()
+        assert await probe(address, added) == "refused"
+        rx.admit(add=[added[0]])
+        assert security.admitted(rx._domain) == {first[0], added[0]}
+        assert await probe(address, added) == "succeeded"
+        async with Sender(fast_config(curve=CurveConfig(server_public=server_public, client_public=added[0],
+                                                        client_secret=added[1])), name="sec") as tx:
+            await tx.connect(address)
+            await tx.send(Batch(tensors={"x": np.arange(2)}, batch_id="new producer"))
+            got = await rx.recv()
+            assert got.batch_id == "new producer"
+            await rx.ack(got)
+        rx.admit(remove=[added[0]])
+        assert await probe(address, added) == "refused"
+        assert await probe(address, first) == "succeeded"  # the others stay admitted
+
+
 def test_curve_keys_are_checked_when_configured():
     with pytest.raises(ValueError, match="40 Z85"):
         CurveConfig(server_public="short")

@@ -99,7 +99,8 @@ class Controller:
         send = control.send
         self.wiring = wiring = Wiring(spec, plan, classes, roles, net,
                                       RunFacts(run_dir, control.secret, tuple(spec.faults) + tuple(faults), inventory),
-                                      launcher=launcher, procs=procs, send=send, book=book, scheduler=scheduler)
+                                      launcher=launcher, procs=procs, send=send, book=book, scheduler=scheduler,
+                                      ledger=ledger)  # it keeps plan.json current (scale, re-plan)
         self.desk = TicketDesk(scheduler, procs, sources=roles.sources, send=send, fail=outcome.fail, ledger=ledger,
                                section=ctl.tickets)
         self.sync = sync = SyncGroup(procs, roles, send=send, fail=outcome.fail, ledger=ledger,
@@ -109,7 +110,8 @@ class Controller:
         self.restarts = Restarts(supervisor, launcher, procs, wiring=wiring, report=report, ledger=ledger,
                                  fail=outcome.fail, replan=partial(move_off, launcher=launcher, procs=procs, spec=spec,
                                                                    classes=classes, net=net, ledger=ledger,
-                                                                   report=report, relink=wiring.relink_ranks))
+                                                                   report=report, relink=wiring.relink_ranks,
+                                                                   planfile=wiring.planfile))
         self.retirement = Retirement(procs, sync, report, stop_timeout_s=sup.stop_timeout_s)
         wiring.build_procs()
         if resume:
@@ -313,7 +315,7 @@ class Controller:
             text = await scale(msg.node, msg.replicas, spec=self.spec, roles=self.roles, procs=self.procs,
                                wiring=self.wiring, launch=self.restarts.launch, send=self.control.send, sync=self.sync,
                                retirement=self.retirement, report=self.report, ledger=self.ledger,
-                               recovering=self.recovery.active, version=self.scheduler.version)
+                               recovering=self.recovery.active, version=self.scheduler.version, planfile=self.wiring.planfile)
             reply = m.Scaled(ok=True, message=text)
         except ScaleError as e:
             reply = m.Scaled(ok=False, message=str(e))

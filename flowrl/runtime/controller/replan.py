@@ -14,7 +14,8 @@ input addresses are decided again (addresses.py: a port whose producers now shar
 back to ipc, one fed from another host binds tcp on the new host's address); its CURVE keys stay,
 so consumers that admit it still do. When a moved consumer reports READY at its new address the
 controller tells every producer to connect there and leave the old one (`Wiring.on_bound`).
-The move is recorded as a `replanned` event in the ledger and shown in the live view.
+The move is recorded as a `replanned` event in the ledger and shown in the live view, and
+RUN_DIR/plan.json is rewritten with the moved entries (a `plan` event, planfile.py).
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ log = logging.getLogger("flowrl.replan")
 
 
 def move_off(lost: str, *, launcher, procs, spec, classes: dict, net, ledger, report=None,
-             relink=None) -> str | None:
+             relink=None, planfile=None) -> str | None:
     """Move every process of host `lost` (procs: the process table; net: the run's addresses, where
     the moved processes are placed again; report: the run's report, told of the move; relink: gives
-    a data-parallel replica's ranks their shard channels again, `Wiring.relink_ranks`). A replica
-    with a rank there is planned again whole: its ranks restart together anyway, and its layout
-    (rank 0's host, each rank's cores) comes from one plan. Returns None, or why the run must fail."""
+    a data-parallel replica's ranks their shard channels again, `Wiring.relink_ranks`; planfile:
+    RUN_DIR/plan.json, rewritten with the moved entries). A replica with a rank there is planned
+    again whole: its ranks restart together anyway, and its layout (rank 0's host, each rank's
+    cores) comes from one plan. Returns None, or why the run must fail."""
     from flowrl.placement import make_plan
 
     gone = launcher.lost_node(lost)
@@ -91,6 +93,11 @@ def move_off(lost: str, *, launcher, procs, spec, classes: dict, net, ledger, re
                             for k in [net.input_clients(ps.node, ps.replica, port)] if k is not None}
         ps.control, ps.control_key = net.control_address(p.id), net.control_key(p.id)
     ledger.record(Replanned(host=lost, moved=moved))
+    if planfile is not None:  # the moved processes' entries replace theirs in plan.json
+        keys = {(p.spec.node, p.spec.replica, p.spec.rank) for p in procs}
+        planfile.plan.entries = [fresh[k] if k in keys else e for e in planfile.plan.entries
+                                 for k in [(e.node, e.replica, e.rank)]]
+        planfile.changed(f"host {lost} lost", moved=moved)
     text = f"{lost} lost: " + ", ".join(f"{pid} -> {host}" for pid, host in sorted(moved.items()))
     log.warning("re-planned: %s", text)
     if report is not None:

@@ -15,7 +15,9 @@ trainer never waits for a replica that is going. A removed process that was (re)
 Stop when it reports READY; one that has not stopped after `retire_grace_s` is stopped by PID
 (SIGTERM, then SIGKILL). A replica added again while its removed predecessor still stops takes
 over its id as a later incarnation (the predecessor is killed). Each change is a `scaled` row in
-the ledger.
+the ledger, and RUN_DIR/plan.json is rewritten with it (a `plan` row, planfile.py). On a run that
+spans hosts, a new replica goes where the live cluster has room and its CURVE key is admitted by
+the control and the consumers it feeds before it starts, revoked when it is removed (crosshost.py).
 
 The client speaks the control plane: `RUN_DIR/control.json` (a `ControlFile`, control.py,
 readable by the run's user only) holds the controller's address and the run's secret. The
@@ -33,6 +35,7 @@ from typing import Awaitable, Callable
 
 from flowrl.errors import FlowrlError
 from flowrl.runtime.controller.control import ControlFile, ControlFileError
+from flowrl.runtime.controller.crosshost import admit, place_replicas
 from flowrl.runtime.controller.procs import Proc, ProcTable, Removal
 from flowrl.runtime.controller.report import RunReport
 from flowrl.runtime.controller.roles import Roles
@@ -108,12 +111,13 @@ class Retirement:
 
 async def scale(node: str, replicas: int, *, spec, roles: Roles, procs: ProcTable, wiring: Wiring,
                 launch: Callable[[Proc], None], send: Send, sync: SyncGroup, retirement: Retirement,
-                report: RunReport, ledger, recovering: bool, version: int) -> str:
+                report: RunReport, ledger, recovering: bool, version: int, planfile=None) -> str:
     """Run `replicas` replicas of `node`; returns what changed. Raises ScaleError.
 
     spec: the graph as it runs (its replica count changes); wiring: plans, specs and addresses of
     the new replicas; launch: starts one; sync: the weight-sync group (a new epoch without removed
-    ones); recovering: whether a recovery runs (refused then); version: the trainer's newest."""
+    ones); recovering: whether a recovery runs (refused then); version: the trainer's newest;
+    planfile: RUN_DIR/plan.json, rewritten with the change (planfile.py)."""
     if node not in spec.nodes:
         raise ScaleError(f"no node {node!r}; nodes are {', '.join(spec.nodes)}")
     if node in roles.stateful:
@@ -121,22 +125,27 @@ async def scale(node: str, replicas: int, *, spec, roles: Roles, procs: ProcTabl
                          "scale stateless nodes (rollout, reward, reference), or use devices: N")
     if not 1 <= replicas <= MAX_REPLICAS:
         raise ScaleError(f"replicas must be between 1 and {MAX_REPLICAS}, got {replicas}")
-    if wiring.multi_host:
-        raise ScaleError("this run spans several hosts; scaling it while it runs is not supported yet (new replicas "
-                         "would need CURVE keys its consumers and control admit): set replicas in the graph and resume")
     if recovering:
         raise ScaleError("the run is recovering from a failure; try again in a moment")
     old = spec.nodes[node].replicas
     if replicas == old:
         return f"{node} already has {old} replica(s)"
+    multi = wiring.multi_host  # across hosts: free devices on the live cluster, keys admitted (crosshost.py)
     if replicas > old:
-        entries, errors = wiring.plan_replicas(node, replicas)
-        if errors:
-            raise ScaleError("; ".join(f"{f.code}: {f.message}" for f in errors))
+        if multi:
+            entries, why = place_replicas(wiring, node, replicas)
+            if why:
+                raise ScaleError(why)
+        else:
+            entries, errors = wiring.plan_replicas(node, replicas)
+            if errors:
+                raise ScaleError("; ".join(f"{f.code}: {f.message}" for f in errors))
         spec.nodes[node].replicas = replicas
-        ports: dict[int, int] = {}
         for entry in entries:
             wiring.add_entry(entry)
+        _plan_changed(planfile, node, old, replicas, added={f"{e.node}/{e.replica}/{e.rank}": e.host for e in entries})
+        ports: dict[int, int] = {}
+        for entry in entries:  # plan.json says where each goes before it starts (the Ray launcher reads it)
             proc = Proc(spec=wiring.proc_spec(entry, ports.setdefault(entry.replica, free_port())))
             gone = procs.get(proc.id)
             if gone is not None:  # removed a moment ago and still stopping: it goes now, and nothing it
@@ -144,21 +153,31 @@ async def scale(node: str, replicas: int, *, spec, roles: Roles, procs: ProcTabl
                 proc.spec.incarnation = proc.first_incarnation = gone.spec.incarnation + 1
             wiring.prepare_start(proc)
             procs.add(proc)
+            await admit(wiring, procs, send, proc.id)  # its key, before it can connect anywhere
             launch(proc)
         for r in range(old, replicas):
             await _rewire(spec, wiring, procs, send, node, r, add=True)
     else:
         spec.nodes[node].replicas = replicas
+        removed = [f"{e.node}/{e.replica}/{e.rank}" for e in wiring.plan.entries if e.node == node and e.replica >= replicas]
         wiring.drop_entries(node, replicas)
+        _plan_changed(planfile, node, old, replicas, removed=removed)
         for r in range(old - 1, replicas - 1, -1):
             await _rewire(spec, wiring, procs, send, node, r, add=False)
             for proc in [p for p in procs.of_node(node) if p.spec.replica == r]:
                 await retirement.retire(proc, send)
+                await admit(wiring, procs, send, proc.id, add=False)  # its key is refused from now on
+                wiring.net.forget(proc.id)
         retirement.reap()
         await sync.follow(version, recovering=False)  # weight sync goes on without them at once
     ledger.record(NodeScaled(node=node, replicas=replicas, was=old))
     report.scaled(node, replicas, old)
     return f"{node}: {old} -> {replicas} replica(s)"
+
+
+def _plan_changed(planfile, node: str, old: int, replicas: int, **change) -> None:
+    if planfile is not None:
+        planfile.changed(f"scale {node} {old} -> {replicas}", **change)
 
 
 async def _rewire(spec, wiring: Wiring, procs: ProcTable, send: Send, node: str, replica: int, *, add: bool) -> None:
@@ -167,6 +186,8 @@ async def _rewire(spec, wiring: Wiring, procs: ProcTable, send: Send, node: str,
         if e.dst != node:
             continue
         address = wiring.address(node, replica, e.dst_port)
+        if add and not wiring.known(node, replica, e.dst_port):  # a tcp port it has yet to bind: its producers
+            continue  # connect once it reports READY with it (Wiring.on_bound)
         for proc in procs.of_node(e.src):
             for route in proc.spec.outputs:
                 if route.edge != str(e):
@@ -176,10 +197,12 @@ async def _rewire(spec, wiring: Wiring, procs: ProcTable, send: Send, node: str,
                 elif not add and address in route.addresses:
                     route.addresses.remove(address)
             if proc.wired:
-                msg = m.Connect if add else m.Disconnect
-                await send(proc, msg(edge=str(e), address=address))
+                key = {"key": wiring.net.server_key(node, replica, address) or None} if add else {}
+                await send(proc, (m.Connect if add else m.Disconnect)(edge=str(e), address=address, **key))
     for svc in [s for s in spec.services if s.dst == node]:  # clients of a scaled server
         address = wiring.address(node, replica, SERVE_PORT)
+        if add and not wiring.known(node, replica, SERVE_PORT):
+            continue
         for proc in procs.of_node(svc.src):
             if proc.wired:
                 msg = m.Connect if add else m.Disconnect

@@ -29,6 +29,7 @@ from typing import Awaitable, Callable
 
 from flowrl.runtime.protocol import messages as m
 from flowrl.runtime.controller.procs import Proc, ProcTable
+from flowrl.runtime.controller.planfile import PlanFile
 from flowrl.runtime.controller.recovery import RecoveryBook
 from flowrl.runtime.controller.roles import Roles
 from flowrl.runtime.controller.scheduler import Scheduler
@@ -50,8 +51,9 @@ class RunFacts:
 
 class Wiring:
     def __init__(self, spec, plan, classes: dict, roles: Roles, net, facts: RunFacts, *, launcher, procs: ProcTable,
-                 send: Callable[[Proc, object], Awaitable[bool]], book: RecoveryBook, scheduler: Scheduler):
-        self.spec, self.plan, self.classes, self.roles = spec, plan, classes, roles
+                 send: Callable[[Proc, object], Awaitable[bool]], book: RecoveryBook, scheduler: Scheduler, ledger=None):
+        self.spec, self.classes, self.roles = spec, classes, roles
+        self.planfile = PlanFile(facts.run_dir, plan, ledger)  # the plan's entries, and plan.json when they change
         self.net = net
         self.facts = facts
         self.launcher = launcher
@@ -59,12 +61,18 @@ class Wiring:
         self.send = send
         self.book = book
         self.scheduler = scheduler
-        self.bound: dict[tuple, str] = {}  # (node, replica, port) -> the address that consumer bound
+        # (node, replica, port) -> the address that consumer bound; None: a tcp input of a replica
+        # `flowrl scale` added, not bound yet (its producers are told at its READY)
+        self.bound: dict[tuple, str | None] = {}
         self.started = False  # every process got its first Wire
         groups = turn_groups(spec)  # colocated nodes that take turns on their devices (turns.py)
         refuse_multi_rank(spec, groups)
         self.turns = Turns(TurnBook(groups), procs, send)  # who holds each group's turn
         self.colocation = colocation_groups(spec)  # a weight sync among one group's members is a handoff
+
+    @property
+    def plan(self):
+        return self.planfile.plan
 
     @property
     def multi_host(self) -> bool:
@@ -73,13 +81,22 @@ class Wiring:
     def address(self, node: str, replica: int, port: str) -> str:
         return self.bound.get((node, replica, port)) or self.net.input_address(node, replica, port)
 
+    def known(self, node: str, replica: int, port: str) -> bool:
+        """Whether producers can be told this input's address now: ipc, or a tcp port it bound; else
+        its producers are told when it reports READY with it (`on_bound`)."""
+        key = (node, replica, port)
+        if self.bound.get(key) or not self.address(node, replica, port).startswith("tcp://"):
+            return True
+        self.bound[key] = None
+        return False
+
     def routes_for(self, proc: Proc) -> dict:
         """edge -> [[address, CURVE key], ...] of each consumer replica, as bound now (for Wire)."""
         out = {}
         for route in proc.spec.outputs:
             e = next(e for e in self.spec.edges if str(e) == route.edge)
             out[route.edge] = [[a, self.net.server_key(e.dst, r, a)] for r in range(self.spec.nodes[e.dst].replicas)
-                               for a in [self.address(e.dst, r, e.dst_port)]]
+                               for a in [self.address(e.dst, r, e.dst_port)] if not a.endswith(":0")]
         for server in proc.spec.services:  # `services: [this node -> server]`: every replica of the server
             out[f"service:{server}"] = [[a, self.net.server_key(server, r, a)] for r in range(self.spec.nodes[server].replicas)
                                         for a in [self.address(server, r, SERVE_PORT)]]
@@ -93,19 +110,23 @@ class Wiring:
             if port not in ps.inputs or not isinstance(address, str):
                 continue
             key = (ps.node, ps.replica, port)
-            old = self.bound.get(key)
+            awaited, old = key in self.bound and self.bound[key] is None, self.bound.get(key)
             self.bound[key] = ps.inputs[port] = address
-            if old is None or old == address:
+            if (old is None and not awaited) or old == address:  # awaited: a replica `flowrl scale` added
                 continue
             routes = [(str(e), e.src) for e in self.spec.edges if e.dst == ps.node and e.dst_port == port]
             if port == SERVE_PORT:
                 routes = [(s.name, s.src) for s in self.spec.services if s.dst == ps.node]
             for edge, src in routes:
                 for p in self.procs.of_node(src):
+                    for route in p.spec.outputs if old is None else ():  # its restarts send there too
+                        if route.edge == edge and address not in route.addresses:
+                            route.addresses.append(address)
                     if p.ready and p.down_since is None:  # it got Wire already (or gets these routes in it)
                         await self.send(p, m.Connect(edge=edge, address=address,
                                                      key=self.net.server_key(ps.node, ps.replica, address) or None))
-                        await self.send(p, m.Disconnect(edge=edge, address=old))
+                        if old is not None:
+                            await self.send(p, m.Disconnect(edge=edge, address=old))
 
     def build_procs(self) -> None:
         master_ports: dict[tuple, int] = {}

@@ -21,6 +21,10 @@ means the controller's own Ray node. Its links follow from the Ray nodes' addres
 The ProcSpec travels in the actor call (the worker reads it from stdin), so its keys are never
 written on the process's host.
 
+A replica `flowrl scale` added: the controller rewrote plan.json with its entry first (the host it
+chose); the launcher reads the file again for a process it does not know, and asks Ray for a CPU
+per core of its own (a core it shares with a running process: nothing, those are counted already).
+
 A lost Ray node: `is_lost(host)` tells the controller, which moves the node's processes to the
 remaining hosts (flowrl/runtime/controller/replan.py) or fails the run naming the host. A moved process asks
 Ray for its GPUs but for no CPU share (the host's CPUs are taken by the plan's own processes; it
@@ -164,18 +168,25 @@ class RayLauncher(Launcher):
         self.local = next((n for n in self.nodes.values() if n.node_id == local_id), None)
         self.handles: list[RayProcessHandle] = []
         self.plans: dict[str, dict] = {}
+        self.added: set[tuple] = set()  # (run_dir, entry key) of replicas `flowrl scale` added
         root = str(Path(__file__).resolve().parents[3])
         self.env = {"PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
 
     # where and how big ---------------------------------------------------------------------------
-    def plan_entries(self, run_dir: str) -> dict:
-        """(node, replica, rank) -> plan entry, from RUN_DIR/plan.json (read once per run)."""
-        if run_dir not in self.plans:
+    def plan_entries(self, run_dir: str, key: tuple | None = None) -> dict:
+        """(node, replica, rank) -> plan entry, from RUN_DIR/plan.json (read once per run, and again
+        for a process it does not list: one `flowrl scale` added, the controller rewrote the file)."""
+        if run_dir not in self.plans or (key is not None and key not in self.plans[run_dir]):
             try:
                 data = json.loads((Path(run_dir) / "plan.json").read_text())["plan"]
             except (OSError, ValueError, KeyError):
                 data = []
-            self.plans[run_dir] = {(e["node"], e["replica"], e["rank"]): e for e in data}
+            known = self.plans.get(run_dir)
+            entries = {(e["node"], e["replica"], e["rank"]): e for e in data}
+            if known is not None:  # keep the entries the running processes started with; add the new ones
+                self.added |= {(run_dir, k) for k in entries if k not in known}
+                entries = {**entries, **known}
+            self.plans[run_dir] = entries
         return self.plans[run_dir]
 
     def node_for(self, host: str | None, proc_id: str) -> RayNode:
@@ -281,7 +292,7 @@ class RayLauncher(Launcher):
         key = (spec["node"], spec["replica"], spec["rank"])
         proc_id = "/".join(map(str, key))
         fresh = spec["run_dir"] not in self.plans
-        entries = self.plan_entries(spec["run_dir"])
+        entries = self.plan_entries(spec["run_dir"], key)
         if fresh:  # refuse a plan the cluster cannot run before anything of it starts
             self.check_fits(entries)
         entry = entries.get(key)
@@ -299,6 +310,9 @@ class RayLauncher(Launcher):
         res = self.resources(entry, entries)
         if moved:
             res = {"num_cpus": 0, **({"num_gpus": len(spec["devices"])} if spec["device_type"] == "cuda" else {})}
+        elif (spec["run_dir"], key) in self.added and entry["device_type"] == "cpu":  # added while the run goes:
+            others = [e for k, e in entries.items() if k != key and e["host"] == entry["host"]]  # a core it
+            res = {"num_cpus": sum(1 for c in entry["devices"] if not any(c in e["devices"] for e in others))}  # shares: 0
         actor = self.actor_cls.options(
             **res, max_concurrency=4, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node.node_id, soft=False)).remote()

@@ -93,6 +93,12 @@ class Network:
         self.where[proc_id] = address or LOOPBACK
         self.keys.setdefault(proc_id, keypair())
 
+    def forget(self, proc_id: str) -> None:
+        """A process `flowrl scale` removed: its host and keys go (its consumers and the control
+        stop admitting it: `revoke_control`, an `Admit` order to each consumer)."""
+        self.where.pop(proc_id, None)
+        self.keys.pop(proc_id, None)
+
     @property
     def multi_host(self) -> bool:
         """Some process runs on another host than the controller: control goes over tcp too."""
@@ -220,6 +226,33 @@ def bind_control(net: Network):
         net.control_tcp = router.getsockopt_string(zmq.LAST_ENDPOINT)
         log.info("control channel on %s (%s)", net.control_tcp, "CURVE" if net.curve else "no CURVE")
     return zctx, router
+
+
+def admit_control(net: Network, add=(), remove=()) -> None:
+    """The tcp control admits these processes' public keys from now on, and refuses those (a
+    replica added or removed by `flowrl scale`); nothing to do without CURVE on the control."""
+    from flowrl.transport import security
+
+    if net.control_tcp and net.curve:
+        security.admit(CONTROL_DOMAIN, add)
+        security.revoke(CONTROL_DOMAIN, remove)
+
+
+def admit_producers(spec, receivers: dict, msg) -> None:
+    """A node's side of an `Admit` order: its input `msg.port` admits and refuses these producer keys
+    (its CURVE server's ZAP set, security.py), and its spec says so too."""
+    from flowrl.transport import security
+
+    add, remove = list(msg.add or []), list(msg.remove or [])
+    if msg.port == SERVE_PORT:
+        security.admit(f"service:{spec.node}", add)
+        security.revoke(f"service:{spec.node}", remove)
+    elif msg.port in receivers:
+        receivers[msg.port].admit(add, remove)
+    if msg.port in spec.input_clients:
+        keys = set(spec.input_clients[msg.port]) | set(add)
+        spec.input_clients[msg.port] = sorted(keys - set(remove))
+    log.info("input %s admits %d producer key(s) more, %d fewer", msg.port, len(add), len(remove))
 
 
 def release_control(net: Network, zctx) -> None:

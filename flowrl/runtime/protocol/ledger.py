@@ -22,6 +22,7 @@ dicts; tools and tests match on `row["event"]`). Run-level events have `batch_id
     scaled        NodeScaled {node, replicas, was}        `flowrl scale` changed a node's replicas
     replanned     Replanned {host, moved}                 a lost host's processes moved: {id: new host}
     shard         ShardPlaced {proc, file, host, holder, fetched, sha256}  a checkpoint shard read or fetched
+    plan          PlanChanged {revision, why, ...}        plan.json rewritten: {added, removed, moved}
     failed        RunFailure {why}                        the run failed (first line of the reason)
 
 Exactly once (`net_consumption`): for every issued ticket and every sink node,
@@ -211,6 +212,17 @@ class ShardPlaced(RunEvent):
     holder: str
     fetched: bool
     sha256: str
+
+
+@event("plan")
+class PlanChanged(RunEvent):
+    """RUN_DIR/plan.json was rewritten (revision 1, 2, ...): processes added {id: host}, removed, moved."""
+
+    revision: int
+    why: str
+    added: dict[str, str]
+    removed: list[str]
+    moved: dict[str, str]
 
 
 @event("failed")

@@ -248,6 +248,15 @@ class Disconnect:
     address: str
 
 
+@message("admit", "controller -> node")
+class Admit:
+    """Producers of input `port` (on other hosts) added or removed: admit or refuse their CURVE keys."""
+
+    port: str
+    add: list[str] | None = None
+    remove: list[str] | None = None
+
+
 @message("scale", "client -> controller")
 class Scale:
     """`flowrl scale`: run `replicas` replicas of stateless node `node` from now on."""

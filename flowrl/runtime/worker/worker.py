@@ -2,9 +2,8 @@
 
     python -m flowrl.runtime.worker RUN_DIR/procs/rollout.0.0.json
 
-Order of start-up matters: devices are fixed (affinity / CUDA_VISIBLE_DEVICES) before anything
-can touch CUDA, the node's `setup` runs and its input channels are bound before READY is reported,
-so the controller only relies on a process that can already receive.
+Order of start-up matters: devices are fixed (affinity / CUDA_VISIBLE_DEVICES) before anything can touch
+CUDA, the node's `setup` runs and its inputs are bound before READY (the controller relies on it then).
 
 One event loop, one consumer: batches from every input, tickets and control orders are put on one queue and
 handled in order, so weight swaps, checkpoints and rollbacks fall between two calls into the node (with
@@ -44,7 +43,8 @@ import zmq
 import zmq.asyncio
 
 from flowrl.runtime.protocol import messages as m
-from flowrl.runtime.protocol.addresses import apply_control_client, input_security, output_curve, rank_security
+from flowrl.runtime.protocol.addresses import (admit_producers, apply_control_client, input_security, output_curve,
+                                               rank_security)
 from flowrl.runtime.protocol.procspec import ProcSpec
 from flowrl.runtime.worker.compute import ComputeThread
 from flowrl.runtime.worker.dump import state_dump
@@ -171,8 +171,10 @@ class Worker:
             self.tg.start_soon(self.input_loop, port, rx)
         await self.send_ctl(m.Wired(epoch=parts.orders.epoch))
 
-    async def rewire(self, msg: m.Connect | m.Disconnect) -> None:
-        """A consumer replica added, moved or removed: on a data edge, or a service's server."""
+    async def rewire(self, msg: m.Connect | m.Disconnect | m.Admit) -> None:
+        """A consumer replica added, moved or removed (data edge, service); Admit: producers' keys."""
+        if isinstance(msg, m.Admit):  # producers of an input added or removed on other hosts
+            return admit_producers(self.spec, self.receivers, msg)
         if not await self.services.rewire(msg):
             await self.parts.outputs.rewire(msg)
 
@@ -347,12 +349,11 @@ class Worker:
 
 
 def handler_table(parts: Parts, *, wire, stop, rewire) -> dict:
-    """What each control order does, by its type: every `controller -> node` message has one (the
-    rule's test: tests/runtime/test_worker_dispatch.py)."""
+    """What each control order does, by its type: every `controller -> node` message has one (tested)."""
     return {m.TicketMsg: parts.orders.ticket, m.Sync: parts.syncs.order,
             m.Epoch: parts.syncs.apart_from(parts.orders.enter_epoch),  # a trainer serves no sync meanwhile
             m.Progress: parts.orders.progress, m.Wire: wire, m.Connect: rewire, m.Disconnect: rewire, m.Stop: stop,
-            m.TurnGrant: parts.turns.order, m.TurnYield: parts.turns.order}  # (taken by the control loop first)
+            m.Admit: rewire, m.TurnGrant: parts.turns.order, m.TurnYield: parts.turns.order}  # (taken by the control loop first)
 
 
 def main(argv: list[str] | None = None) -> int:
