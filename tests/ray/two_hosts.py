@@ -88,6 +88,22 @@ def probes(run_dir: Path, names, sockets: dict) -> dict:
     return out
 
 
+def shut_down(proc, cluster, temp_dir: str) -> None:
+    """The end of a scenario, whatever happened: the run's process group, Ray, the cluster, its folder."""
+    import shutil
+
+    import ray
+
+    from flowrl.testing.harness import kill_group
+
+    if proc is not None and proc.poll() is None:
+        kill_group(proc.pid)
+        proc.wait()
+    ray.shutdown()
+    cluster.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
 def wired_again(run_dir: Path, name: str) -> bool:
     """The process's log says it wired after a restart (its last READY is of incarnation 1 or later)."""
     log = run_dir / "logs" / f"{name}.log"
@@ -325,14 +341,7 @@ def run(sc: dict, facts: dict) -> None:
         facts["sockdirs_left"] = [str(p) for p in Path(tempfile.gettempdir()).glob("flowrl-*")
                                   if (p / "pid").exists() and (p / "pid").read_text().strip() == str(proc.pid)]
     finally:
-        if proc is not None and proc.poll() is None:
-            kill_group(proc.pid)
-            proc.wait()
-        ray.shutdown()
-        cluster.shutdown()
-        import shutil
-
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        shut_down(proc, cluster, temp_dir)
 
 
 def listing(folder: Path) -> dict[str, list[str]]:
@@ -413,12 +422,7 @@ def run_nofs(sc: dict, facts: dict) -> None:
         facts["rewards"] = [r["reward_mean"] for r in read_jsonl(run_dir / "metrics.jsonl") if "reward_mean" in r]
         facts["left_alive"] = list(node_processes(run_dir).values())
     finally:
-        if proc is not None and proc.poll() is None:
-            kill_group(proc.pid)
-            proc.wait()
-        ray.shutdown()
-        cluster.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        shut_down(proc, cluster, temp_dir)
 
 
 def kill_and_resume(sc: dict, facts: dict, proc, run_dir: Path, address: str, cluster_address: str):
