@@ -16,8 +16,6 @@ Needs the `ray` extra and `unshare` + `ip` (root, or unprivileged user namespace
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tests.ray.test_two_hosts import ROOT, run_scenario
