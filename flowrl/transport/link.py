@@ -44,6 +44,7 @@ class Link:
         self.unacked: dict[int, Entry] = {}
         self.eos_acked = False
         self.used = False              # sent something since the last heartbeat
+        self.picked = 0                # when the sender last chose it (ties between replicas go round-robin)
         self.idle = False
         self.need = 0                  # bytes of the message we wait to send (0: not waiting)
         self.arena: Any = None         # shm.ShmArena lent to this consumer (ipc links), or None

@@ -60,6 +60,7 @@ class Sender(TaskOwner):
         self._id = secrets.token_hex(6)
         self._secret = None if self.config.secret is None else self.config.secret.get_secret_value()
         self._links: dict[str, Link] = {}
+        self._picks = 0  # transmits so far: Link.picked
         self._curves: dict = {}  # address -> CurveConfig of that replica (replicas on other hosts have their own keys)
         self._seq = 0
         self._pending: dict[int, Entry] = {}   # waiting to be re-sent, by sequence number
@@ -242,7 +243,9 @@ class Sender(TaskOwner):
             (lk,) = links.values()
             live = (lk,) if lk.live else ()
         else:
-            live = sorted((lk for lk in links.values() if lk.live), key=lambda lk: len(lk.unacked))
+            # least loaded; among equals the one chosen longest ago, so an idle replica added by
+            # `flowrl scale` is not passed over while the first one keeps up
+            live = sorted((lk for lk in links.values() if lk.live), key=lambda lk: (len(lk.unacked), lk.picked))
         fits = not live
         size = entry.size
         prepared = entry.prepared
@@ -305,6 +308,8 @@ class Sender(TaskOwner):
             self._pending.pop(entry.seq, None)
             self._c["resent"] += 1
         link.sent_m += 1
+        self._picks += 1
+        link.picked = self._picks
         link.unacked[link.sent_m] = entry  # acknowledged by the link's sequence number (_pick)
         link.sent_b += size
         link.used = True

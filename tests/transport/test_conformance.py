@@ -119,6 +119,24 @@ async def test_fan_out_skips_a_replica_without_credit(kind, tmp_path):
         assert busy.statistics().received >= 8
 
 
+async def test_replicas_that_keep_up_take_turns(kind, tmp_path):
+    # one message at a time, each acknowledged before the next: every replica is equally idle at each
+    # send, and they take turns (an idle replica added by `flowrl scale` is not passed over)
+    cfg = fast_config(transport=kind)
+    async with Receiver(cfg, name="e") as a, Receiver(cfg, name="e") as b, Sender(cfg, name="e") as tx:
+        await tx.connect(await a.bind(address_for(kind, tmp_path, "a")))
+        await tx.connect(await b.bind(address_for(kind, tmp_path, "b")))
+        for i in range(6):
+            await tx.send(batch(i))
+            await wait_until(lambda: a.statistics().received + b.statistics().received == i + 1)
+            await wait_until(lambda: a.statistics().queued + b.statistics().queued == 1)
+            rx = a if a.statistics().queued else b
+            got = await rx.recv()
+            await rx.ack(got)
+            await wait_until(lambda: not tx.unacked())
+        assert a.statistics().received == b.statistics().received == 3
+
+
 async def test_a_slow_consumer_slows_the_producer_instead_of_growing_memory(kind, tmp_path):
     import anyio
 
