@@ -216,14 +216,17 @@ class Recorder:
             out["/".join([name, *labels.values()])] = value
         return out
 
-    def sample_cpu(self, min_interval_s: float = 0.2) -> None:
+    def sample_cpu(self, min_interval_s: float = 0.2, *, start: bool = True) -> None:
         """CPU seconds since the previous call, per thread role (`cpu_thread_s{thread}`) and for
         the whole process (`cpu_process_s`), and split by category as sampled
         (`cpu_sampled_s{thread, category}`: the event loop's by the loop profiler, which the
         first call starts when made on the main thread; the other threads' with
         FLOWRL_CPU_SAMPLER=1): per-node sums that `flowrl report` turns into its CPU-per-step
         table (breakdown.py). The first call sets the baseline; calls closer than
-        `min_interval_s` do nothing."""
+        `min_interval_s` do nothing; with `start=False`, so does every call before the first (the
+        worker's metrics loop makes that one: it owns the loop profiler's SIGPROF timer)."""
+        if not start and self._cpu is None:
+            return
         now = time.monotonic()
         if now - self._cpu_at < min_interval_s:
             return

@@ -273,3 +273,18 @@ def test_rows_after_a_nodes_last_cpu_read_are_left_out_of_its_per_step_numbers()
     assert a["steps"] == 8  # rows 2..9
     assert a["compute_ms"] == pytest.approx(100) and a["process_cpu_ms"] == pytest.approx(900 / 8)
     assert a["cpu_ms"] == pytest.approx(a["process_cpu_ms"])
+
+
+def test_a_sink_reading_cpu_never_starts_the_loop_profilers_timer_itself():
+    # Outputs.consume reads CPU with start=False: only the worker's metrics loop starts the loop
+    # profiler (a SIGPROF timer). A consume in a process without that loop (a test's) once left the
+    # timer armed, and SIGPROF ended the interpreter at exit (pytest's exit status 155)
+    import signal
+
+    from flowrl.metrics.recorder import Recorder
+
+    before = signal.getsignal(signal.SIGPROF)
+    rec = Recorder(node="actor", replica=0)
+    rec.sample_cpu(min_interval_s=0.0, start=False)
+    assert rec._cpu is None and signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGPROF) == before

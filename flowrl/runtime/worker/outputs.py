@@ -95,7 +95,7 @@ class Outputs:
         if dropped is None:
             self._recorder.max("staleness", staleness)
             self._recorder.observe("staleness", staleness)
-        self._recorder.sample_cpu()  # (at most every 0.2 s) so the rows' thread CPU keeps up with their spans
+        self._recorder.sample_cpu(start=False)  # (every 0.2 s at most) the rows' thread CPU keeps up with their spans
         await self._report(m.Consumed(batch_id=item.batch_id, attempt=item.attempt, index=item.index,
                                       epoch=item.epoch, policy_version=pv, staleness=staleness,
                                       dropped_by=dropped.reason if dropped else None, metrics=self._recorder.drain()))
