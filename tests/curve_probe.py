@@ -41,3 +41,23 @@ def handshake(address: str, server_key: str | None, client: tuple[str, str] | No
         mon.close(0)
         sock.close(0)
         ctx.term()
+
+
+def speaks_zmtp(address: str, timeout_s: float = 1.0) -> bool:
+    """Whether the tcp listener at `address` is a ZeroMQ socket: a ZMTP 3 peer sends its greeting
+    (0xFF, 8 bytes, 0x7F) as soon as a connection opens, while gloo's sockets and a c10d store wait
+    for the client to speak. A closed port is not one."""
+    import socket
+
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as s:
+            greeting = b""
+            while len(greeting) < 10:
+                chunk = s.recv(10 - len(greeting))
+                if not chunk:
+                    break
+                greeting += chunk
+    except OSError:  # refused, reset or silent until the timeout
+        return False
+    return len(greeting) == 10 and greeting[0] == 0xFF and greeting[9] == 0x7F

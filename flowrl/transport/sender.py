@@ -270,6 +270,9 @@ class Sender(TaskOwner):
                     if self._wait_for_block(lk):
                         continue
                 return lk, frames, size, True
+            if lk.idle and not lk.need and len(links) > 1:  # it handed its credit back while another
+                lk.idle = False  # replica kept up: ask for some again, or it is passed over for good
+                self._send_hello(lk)
             size = need
         if not size:  # no live link yet: size without envelope, plus room for it
             size = len(entry.prepared.frames()[0]) + ENV_ALLOWANCE + entry.prepared.payload_bytes

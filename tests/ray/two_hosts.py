@@ -3,18 +3,20 @@ run inside a network namespace that the test makes, so every packet stays inside
 
     unshare -n sh -c 'ip link set lo up && exec python -m tests.ray.two_hosts SCENARIO.json'
 
-SCENARIO.json: {"graph", "overrides", "run_dir", "out", "timeout_s", "kill": [NAME, STEP] | null,
-"remove_at_step": STEP | null, "scale": [[STEP, NODE, N], ...] (optional: `flowrl scale` at those
-steps, `scale_steps`)}; or {"nofs": true, ...} (run_nofs). The driver starts the cluster, runs `flowrl run` on it, records
-where each node process runs and what its sockets listen on and talk to, kills a node process of
-host-b (kill -9) and/or removes host-b from the cluster at the given steps, waits for the run,
-and writes what it saw to "out" as JSON; the test asserts on that (tests/ray/test_two_hosts.py).
+SCENARIO.json: {"graph", "overrides", "run_dir", "out", "timeout_s", "processes", and the optional
+parts `run` lists: "host_b_run", "probe", "scale", "keep_checkpoint", "kill", "kill_controller_at",
+"resume_overrides", "remove_at_step" | "remove_at_checkpoint", "remove_folder"}. The driver starts
+the cluster, runs `flowrl run` on it, records where each node process runs and what its sockets
+listen on and talk to, does the scenario's faults in order, waits for the run, and writes what it
+saw to "out" as JSON; the tests assert on that (tests/ray/test_two_hosts.py, test_no_shared_fs.py,
+test_scale_two_hosts.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,7 +57,7 @@ def probes(run_dir: Path, names, sockets: dict) -> dict:
     """A stranger with made-up CURVE keys against every listener of each process that has a tcp
     input, and against the tcp control channel; then the same with a producer's own keys (the
     positive control): "refused" / "succeeded" (tests/curve_probe.py)."""
-    from tests.curve_probe import handshake
+    from tests.curve_probe import handshake, speaks_zmtp
 
     raw = {n: json.loads((run_dir / "procs" / f"{n}.json").read_text()) for n in names}
     out = {}
@@ -65,13 +67,11 @@ def probes(run_dir: Path, names, sockets: dict) -> dict:
         producer = next(s for s in raw.values() if s["curve_public"] in sum(spec["input_clients"].values(), []))
         for listen in sockets[name]["listen"]:
             address = f"tcp://{listen}"
-            if address in spec["rank_addresses"]:
-                continue  # its shard channel: probed below, with a peer rank's keys
+            if address in spec["rank_addresses"] or not speaks_zmtp(address):
+                continue  # its shard channel (probed below, with a peer rank's keys); gloo's sockets, a store
             stranger = handshake(address, spec["curve_public"], timeout_s=2.0)
             mine = handshake(address, spec["curve_public"], (producer["curve_public"], producer["curve_secret"]),
                              send=None, timeout_s=2.0)
-            if stranger == mine == "timeout":
-                continue  # no ZeroMQ there: gloo's sockets, a group's store
             out[f"{name} {address} stranger"], out[f"{name} {address} producer"] = stranger, mine
     for name, spec in raw.items():  # a rank's tcp shard channel admits only its data-parallel peers
         mine = spec["rank_addresses"][spec["rank"]] if spec["rank_addresses"] else ""
@@ -90,8 +90,6 @@ def probes(run_dir: Path, names, sockets: dict) -> dict:
 
 def shut_down(proc, cluster, temp_dir: str) -> None:
     """The end of a scenario, whatever happened: the run's process group, Ray, the cluster, its folder."""
-    import shutil
-
     import ray
 
     from flowrl.testing.harness import kill_group
@@ -102,13 +100,6 @@ def shut_down(proc, cluster, temp_dir: str) -> None:
     ray.shutdown()
     cluster.shutdown()
     shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def wired_again(run_dir: Path, name: str) -> bool:
-    """The process's log says it wired after a restart (its last READY is of incarnation 1 or later)."""
-    log = run_dir / "logs" / f"{name}.log"
-    last = (log.read_text(errors="replace") if log.exists() else "").rsplit("INFO flowrl.worker: ready ", 1)
-    return len(last) == 2 and "(incarnation 0)" not in last[1].split("\n", 1)[0] and "wired" in last[1]
 
 
 def scale_steps(sc: dict, facts: dict, run_dir: Path, steps, raylets: dict, ours: set) -> None:
@@ -231,14 +222,56 @@ def main(path: str) -> int:
     sc = json.loads(Path(path).read_text())
     facts: dict = {}
     try:
-        (run_nofs if sc.get("nofs") else run)(sc, facts)
+        run(sc, facts)
     except Exception:  # noqa: BLE001 - the test shows it
         facts["driver_error"] = traceback.format_exc()
     Path(sc["out"]).write_text(json.dumps(facts, indent=1, default=str))
     return 0
 
 
+class Folders:
+    """RUN_DIR on host-a and, with `launcher.host_dirs`, host-b's own run folder: a process's log
+    is in the folder of the host it runs on."""
+
+    def __init__(self, run_dir: Path, host_b_run: str | None):
+        self.run_dir = run_dir
+        self.all = [run_dir, *([Path(host_b_run)] if host_b_run else [])]
+
+    def logs(self, name: str) -> dict[str, str]:
+        """path -> text of the process's log in each folder (two once it moved between hosts)."""
+        paths = (folder / "logs" / f"{name}.log" for folder in self.all)
+        return {str(path): path.read_text(errors="replace") for path in paths if path.exists()}
+
+    def log(self, name: str) -> str:
+        """The process's log in the folder of the host it runs on (the newest one, once it moved)."""
+        logs = self.logs(name)
+        return max(logs.items(), key=lambda item: os.stat(item[0]).st_mtime)[1] if logs else ""
+
+    def sizes(self, names) -> dict[str, int]:
+        return {path: len(text) for name in names for path, text in self.logs(name).items()}
+
+    def wired(self, names, since: dict[str, int] | None = None) -> bool:
+        """Each process's log says it wired (after the first `since[path]` characters of it, when given)."""
+        return all(any("wired" in text[(since or {}).get(path, 0):] for path, text in self.logs(n).items())
+                   for n in names)
+
+    def wired_again(self, name: str) -> bool:
+        """The process's log says it wired after a restart (its last READY is of incarnation 1 or later)."""
+        last = self.log(name).rsplit("INFO flowrl.worker: ready ", 1)
+        return len(last) == 2 and "(incarnation 0)" not in last[1].split("\n", 1)[0] and "wired" in last[1]
+
+    def listing(self) -> dict[str, dict]:
+        return {"run_dir" if folder == self.run_dir else "host_b": listing(folder) for folder in self.all}
+
+
 def run(sc: dict, facts: dict) -> None:
+    """The scenario, in this order, each part optional: start and wire; `flowrl scale` ("scale"); a
+    copy of the checkpoint committed at step >= "keep_checkpoint" (each shard, from the folder the
+    record names: `kept/`); sockets, specs and CURVE probes ("probe", default on); kill -9 of
+    a node process ("kill": [NAME, STEP]); kill -9 of the controller once a checkpoint at step >=
+    "kill_controller_at" is committed, then `flowrl run --resume` ("resume_overrides"); the loss of
+    host-b at step "remove_at_step", or once a checkpoint at step >= "remove_at_checkpoint" is
+    committed, with its folder deleted ("remove_folder"); then the end of the run."""
     import psutil
     import ray
 
@@ -246,13 +279,7 @@ def run(sc: dict, facts: dict) -> None:
     from flowrl.testing import audit_ledger, read_jsonl
     from flowrl.testing.harness import flowrl_command, kill_group
     from tests.ray.conftest import alive
-    from tests.ray.test_launcher import (
-        assert_cluster_released_everything,
-        host_of,
-        node_processes,
-        wait_for,
-        wired,
-    )
+    from tests.ray.test_launcher import assert_cluster_released_everything, host_of, node_processes, wait_for
 
     temp_dir = tempfile.mkdtemp(prefix="frl-ray-")
     cluster = loopback_cluster(num_cpus=2, node_name="host-a", temp_dir=temp_dir, no_monitor=True)
@@ -265,8 +292,10 @@ def run(sc: dict, facts: dict) -> None:
         facts["ray_nodes"] = {n["NodeName"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
         raylets = {"host-a": cluster.head_node.all_processes["raylet"][0].process.pid,
                    "host-b": node_b.all_processes["raylet"][0].process.pid}
-        run_dir = Path(sc["run_dir"])
-        cmd = flowrl_command(sc["graph"], run_dir, overrides=sc["overrides"] + [f"launcher.address={cluster.address}"],
+        run_dir, address = Path(sc["run_dir"]), f"launcher.address={cluster.address}"
+        folders = Folders(run_dir, sc.get("host_b_run"))
+        latest = run_dir / "checkpoints" / "latest.json"
+        cmd = flowrl_command(sc["graph"], run_dir, overrides=sc["overrides"] + [address],
                              extra=["--inventory", f"ray:{cluster.address}"])
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -276,40 +305,70 @@ def run(sc: dict, facts: dict) -> None:
         def steps() -> int:
             return len(read_jsonl(metrics)) if metrics.exists() else 0
 
-        pids = wait_for(lambda: (p := node_processes(run_dir)) and len(p) == sc["processes"] and wired(run_dir, p)
+        def committed() -> int:
+            return json.loads(latest.read_text())["step"] if latest.exists() else -1
+
+        def mine(pids: dict[str, int]) -> None:
+            ours.update(pids.values(), (psutil.Process(p).ppid() for p in pids.values() if psutil.pid_exists(p)))
+
+        pids = wait_for(lambda: (p := node_processes(run_dir)) and len(p) == sc["processes"] and folders.wired(p)
                         and p, 180, "every node process to start and wire")
         facts["started_s"] = time.monotonic() - t0
         facts["hosts"] = {name: host_of(pid, raylets) for name, pid in pids.items()}
-        ours |= set(pids.values()) | {psutil.Process(p).ppid() for p in pids.values()}
+        mine(pids)
         wait_for(lambda: steps() >= 2, 120, "two steps")
         if sc.get("scale"):  # before the probes below: they take seconds, and the run goes on meanwhile
             try:
                 scale_steps(sc, facts, run_dir, steps, raylets, ours)
             except AssertionError:  # a wait that timed out: the run's own output says why (the test shows both)
                 facts["scale_error"] = traceback.format_exc()
-        if "scale_error" not in facts:  # (else the run may be over: its output shows why)
+        if sc.get("keep_checkpoint"):
+            at = sc["keep_checkpoint"]
+            wait_for(lambda: committed() >= at, 240, f"a checkpoint at step >= {at}")
+            facts["kept"] = keep(latest, Path(sc["out"]).parent / "kept")
+        facts["specs"] = {name: spec_facts(run_dir / "procs" / f"{name}.json") for name in pids}
+        if "scale_error" not in facts and sc.get("probe", True):  # (else the run may be over: its output shows why)
             facts["sockets"] = sockets_of(pids)
             facts["controller_sockets"] = sockets_of({"controller": proc.pid})
-            facts["specs"] = {name: spec_facts(run_dir / "procs" / f"{name}.json") for name in pids}
+            t_probe = time.monotonic()
             facts["probes"] = probes(run_dir, pids, facts["sockets"])
+            facts["probe_s"] = time.monotonic() - t_probe
         if sc.get("kill"):
             name, at = sc["kill"]
             wait_for(lambda: steps() >= at, 240, f"step {at}")
             facts["killed"] = [name, pids[name], steps()]
             os.kill(pids[name], signal.SIGKILL)
             # back (a new process, wired) before anything else happens: a later fault is a second one
-            wait_for(lambda: (p := node_processes(run_dir)).get(name) not in (None, pids[name])
-                     and len(p) == sc["processes"] and wired_again(run_dir, name), 180, f"{name} to be back")
-        if sc.get("remove_at_step"):
-            at = sc["remove_at_step"]
-            wait_for(lambda: steps() >= at, 240, f"step {at}")
-            facts["removed_at"] = steps()
+            pids = wait_for(lambda: (p := node_processes(run_dir)).get(name) not in (None, pids[name])
+                            and len(p) == sc["processes"] and folders.wired_again(name) and p, 180, f"{name} to be back")
+            mine(pids)
+        if sc.get("kill_controller_at"):
+            at = sc["kill_controller_at"]
+            wait_for(lambda: committed() >= at or proc.poll() is not None, 240, f"a checkpoint at step >= {at}")
+            facts["checkpoint_before"] = committed()
+            since = folders.sizes(pids)
+            proc = kill_and_resume(sc, facts, proc, folders, address, cluster.address)
+            pids = wait_for(lambda: (p := node_processes(run_dir)) and len(p) == sc["processes"]
+                            and folders.wired(p, since) and p, 180, "every node process to start and wire again")
+            facts["hosts_resumed"] = {name: host_of(pid, raylets) for name, pid in pids.items()}
+            mine(pids)
+        if sc.get("remove_at_step") or sc.get("remove_at_checkpoint"):
+            if sc.get("remove_at_step"):
+                wait_for(lambda: steps() >= sc["remove_at_step"], 240, f"step {sc['remove_at_step']}")
+            else:
+                at = sc["remove_at_checkpoint"]
+                wait_for(lambda: committed() >= at or proc.poll() is not None, 240, f"a checkpoint at step >= {at}")
+            facts["removed_at"], facts["before_removal"] = steps(), folders.listing()
+            on_b = {n for n, p in pids.items() if host_of(p, raylets) == "host-b"}
             cluster.remove_node(node_b)  # the whole host goes: raylet, workers, actors, node processes
+            if sc.get("remove_folder"):
+                wait_for(lambda: not any(psutil.pid_exists(pids[n]) for n in on_b), 60, "host-b's processes to die")
+                shutil.rmtree(sc["host_b_run"], ignore_errors=True)
             after = wait_for(lambda: (p := node_processes(run_dir)) and len(p) == sc["processes"]
-                             and all(p.get(n) != pids.get(n) for n in facts["hosts"] if facts["hosts"][n] == "host-b")
-                             and p, 180, "the lost host's processes to start again elsewhere")
+                             and all(p.get(n) != pids[n] for n in on_b) and p, 180,
+                             "the lost host's processes to start again elsewhere")
             facts["hosts_after"] = {name: host_of(pid, raylets) for name, pid in after.items()}
-            ours |= set(after.values()) | {psutil.Process(p).ppid() for p in after.values()}
+            mine(after)
         try:
             out, err = proc.communicate(timeout=sc["timeout_s"])
         except subprocess.TimeoutExpired:
@@ -323,16 +382,22 @@ def run(sc: dict, facts: dict) -> None:
         audit = audit_ledger(ledger)
         facts["audit"] = {"exactly_once": audit.exactly_once, "issued": len(audit.issued),
                           "lost": audit.lost[:5], "duplicated": audit.duplicated[:5]}
-        facts["replanned"] = [r for r in ledger if r["event"] == "replanned"]
-        facts["node_down"] = [r["node"] for r in ledger if r["event"] == "node_down"]
+        facts["events"] = {e: [r for r in ledger if r["event"] == e]
+                           for e in ("node_down", "shard", "resumed", "recovery", "replanned", "plan")}
+        facts["replanned"], facts["recoveries"] = facts["events"]["replanned"], facts["events"]["recovery"]
+        facts["node_down"] = [r["node"] for r in facts["events"]["node_down"]]
         facts["rewards"] = [r["reward_mean"] for r in read_jsonl(metrics) if "reward_mean" in r]
         facts["versions"] = [r.get("policy_version") for r in read_jsonl(metrics)]
-        facts["recoveries"] = [r for r in ledger if r["event"] == "recovery"]
+        facts["folders"] = folders.listing()
+        if latest.exists():
+            record = json.loads(latest.read_text())
+            facts["latest"], facts["digests"] = record, {p: digest(Path(s["folder"]) / "checkpoints" / s["file"])
+                                                         for p, s in record.get("shards", {}).items()}
         if sc.get("scale"):
             scale_results(facts, run_dir, ledger)
         facts["status"] = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").exists() else None
         wait_for(lambda: not alive(ours), 20, "every node process and actor to be gone")
-        facts["left_alive"] = alive(ours)
+        facts["left_alive"] = alive(ours) + list(node_processes(run_dir).values())
         try:
             assert_cluster_released_everything()
             facts["cluster_released"] = True
@@ -344,88 +409,32 @@ def run(sc: dict, facts: dict) -> None:
         shut_down(proc, cluster, temp_dir)
 
 
+def digest(path: Path) -> str | None:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
+
+
+def keep(latest: Path, into: Path) -> dict:
+    """A copy of each shard of the checkpoint latest.json names now (read from the folder the record
+    names, on whichever host): {"step", "shards": {proc: {"host", "file", "copy"}}}."""
+    record = json.loads(latest.read_text())
+    into.mkdir(parents=True, exist_ok=True)
+    shards = {}
+    for proc_id, shard in record["shards"].items():
+        copy = into / shard["file"].replace("/", "_")
+        shutil.copyfile(Path(shard["folder"]) / "checkpoints" / shard["file"], copy)
+        shards[proc_id] = {"host": shard["host"], "file": shard["file"], "copy": str(copy)}
+    return {"step": record["step"], "shards": shards}
+
+
 def listing(folder: Path) -> dict[str, list[str]]:
     """Logs, pid files and checkpoint shards under a run folder (relative names)."""
     return {kind: sorted(str(p.relative_to(folder)) for p in folder.glob(pattern))
             for kind, pattern in (("logs", "logs/*.log"), ("pids", "procs/*.pid"), ("shards", "checkpoints/step*/*.pt"))}
 
 
-def run_nofs(sc: dict, facts: dict) -> None:
-    """Scenario "nofs" (no shared filesystem, tests/ray/test_no_shared_fs.py): `flowrl run` with
-    host-b's run folder elsewhere (`launcher.host_dirs`); once a checkpoint at step >=
-    sc["kill_controller_at"] is committed, kill -9 of the controller and `--resume` (kill_and_resume);
-    or at sc["remove_at_checkpoint"], host-b leaves the cluster and its folder is deleted. Records
-    both folders, the commit record, each shard's sha256 as read from the folder the record names,
-    and the ledger."""
-    import hashlib
-    import shutil
-
-    import ray
-
-    from flowrl.ray_cluster import loopback_cluster, loopback_node_args
-    from flowrl.testing import audit_ledger, read_jsonl
-    from flowrl.testing.harness import flowrl_command, kill_group
-    from tests.ray.test_launcher import host_of, node_processes, wait_for
-
-    temp_dir = tempfile.mkdtemp(prefix="frl-ray-")
-    cluster = loopback_cluster(num_cpus=2, node_name="host-a", temp_dir=temp_dir, no_monitor=True)
-    proc = None
-    try:
-        node_b = cluster.add_node(**loopback_node_args(num_cpus=2, node_name="host-b", temp_dir=temp_dir,
-                                                       node_ip_address=HOSTS["host-b"]))
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        raylets = {"host-a": cluster.head_node.all_processes["raylet"][0].process.pid,
-                   "host-b": node_b.all_processes["raylet"][0].process.pid}
-        run_dir, address = Path(sc["run_dir"]), f"launcher.address={cluster.address}"
-        latest = run_dir / "checkpoints" / "latest.json"
-        cmd = flowrl_command(sc["graph"], run_dir, overrides=sc["overrides"] + [address],
-                             extra=["--inventory", f"ray:{cluster.address}"])
-        t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                cwd=sc.get("cwd"))
-        pids = wait_for(lambda: (p := node_processes(run_dir)) and len(p) == sc["processes"] and p, 180,
-                        "every node process to start")
-        facts["hosts"] = {name: host_of(pid, raylets) for name, pid in pids.items()}
-        at = sc.get("kill_controller_at") or sc["remove_at_checkpoint"]
-        wait_for(lambda: latest.exists() and json.loads(latest.read_text())["step"] >= at or proc.poll() is not None,
-                 240, f"a checkpoint at step >= {at}")
-        facts["checkpoint_before"] = json.loads(latest.read_text())["step"]
-        facts["before"] = {"run_dir": listing(run_dir), "host_b": listing(Path(sc["host_b_run"]))}
-        if sc.get("remove_at_checkpoint"):  # host-b (and its folder) gone: its processes move, shards from the copies
-            import psutil
-
-            cluster.remove_node(node_b)
-            gone = [pid for name, pid in pids.items() if facts["hosts"][name] == "host-b"]
-            wait_for(lambda: not any(psutil.pid_exists(p) for p in gone), 60, "host-b's processes to die with it")
-            shutil.rmtree(sc["host_b_run"], ignore_errors=True)
-        else:
-            proc = kill_and_resume(sc, facts, proc, run_dir, address, cluster.address)
-        try:
-            out, err = proc.communicate(timeout=sc["timeout_s"])
-        except subprocess.TimeoutExpired:
-            kill_group(proc.pid)
-            out, err = proc.communicate()
-            err += f"\n[two_hosts] killed after {sc['timeout_s']} s"
-        facts["wall_s"] = time.monotonic() - t0
-        facts["rc"], facts["stdout"], facts["stderr"] = proc.returncode, out[-4000:], err[-6000:]
-        facts["run_dir"], facts["host_b"] = listing(run_dir), listing(Path(sc["host_b_run"]))
-        record = json.loads(latest.read_text())
-        facts["latest"] = record
-        facts["digests"] = {p: hashlib.sha256((Path(s["folder"]) / "checkpoints" / s["file"]).read_bytes()).hexdigest()
-                            for p, s in record.get("shards", {}).items()}
-        ledger = read_jsonl(run_dir / "ledger.jsonl")
-        audit = audit_ledger(ledger)
-        facts["audit"] = {"exactly_once": audit.exactly_once, "issued": len(audit.issued),
-                          "lost": audit.lost[:5], "duplicated": audit.duplicated[:5]}
-        facts["events"] = {e: [r for r in ledger if r["event"] == e]
-                           for e in ("node_down", "shard", "resumed", "recovery", "replanned")}
-        facts["rewards"] = [r["reward_mean"] for r in read_jsonl(run_dir / "metrics.jsonl") if "reward_mean" in r]
-        facts["left_alive"] = list(node_processes(run_dir).values())
-    finally:
-        shut_down(proc, cluster, temp_dir)
-
-
-def kill_and_resume(sc: dict, facts: dict, proc, run_dir: Path, address: str, cluster_address: str):
+def kill_and_resume(sc: dict, facts: dict, proc, folders: Folders, address: str, cluster_address: str):
     """kill -9 of the controller (Ray ends its actors, their children die with them), every node
     process gone, then `flowrl run --resume RUN_DIR [sc["resume_overrides"]]`."""
     from tests.ray.test_launcher import node_processes, wait_for
@@ -433,10 +442,10 @@ def kill_and_resume(sc: dict, facts: dict, proc, run_dir: Path, address: str, cl
     os.kill(proc.pid, signal.SIGKILL)
     _, err = proc.communicate()
     facts["first_rc"], facts["first_stderr"] = proc.returncode, err[-3000:]
-    wait_for(lambda: not node_processes(run_dir), 60, "every node process to go with the controller")
-    facts["before_resume"] = {"run_dir": listing(run_dir), "host_b": listing(Path(sc["host_b_run"]))}
-    resume = [sys.executable, "-m", "flowrl", "run", "--resume", str(run_dir), address, *sc.get("resume_overrides", []),
-              "--quiet", "--inventory", f"ray:{cluster_address}"]
+    wait_for(lambda: not node_processes(folders.run_dir), 60, "every node process to go with the controller")
+    facts["before_resume"] = folders.listing()
+    resume = [sys.executable, "-m", "flowrl", "run", "--resume", str(folders.run_dir), address,
+              *sc.get("resume_overrides", []), "--quiet", "--inventory", f"ray:{cluster_address}"]
     return subprocess.Popen(resume, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             cwd=sc.get("cwd"))
 

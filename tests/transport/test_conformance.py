@@ -286,3 +286,29 @@ async def test_a_batch_larger_than_the_consumer_accepts_is_refused_by_send(kind,
             await tx.send(batch(0, n=1024))
         await tx.send(batch(1, n=16))
         assert (await rx.recv()).batch_id == "p1"
+
+
+async def test_a_replica_that_handed_its_credit_back_is_asked_for_credit_when_the_producer_passes_it_over(
+        kind, tmp_path):
+    # one replica keeps up (it always has credit) while the other's link handed its unused credit
+    # back at a heartbeat and went idle: the next send that passes the idle one over asks it for
+    # credit again, and the send after goes to it. (Before, an idle link got credit only when the
+    # producer was blocked on every replica, which never happens while one keeps up: a replica
+    # added by `flowrl scale` between two bursts was never sent anything.)
+    cfg = fast_config(transport=kind, heartbeat_s=20.0, peer_timeout_s=60.0)  # the test hands credit back itself
+    async with Receiver(cfg, name="e") as a, Receiver(cfg, name="e") as b, Sender(cfg, name="e") as tx:
+        await tx.connect(await a.bind(address_for(kind, tmp_path, "a")))
+        await tx.connect(at_b := await b.bind(address_for(kind, tmp_path, "b")))
+        idle = tx._links[at_b]
+        await wait_until(lambda: idle.avail_m > 0, what="b's first credit")
+        await tx.send(batch(0))  # neither was chosen yet: a, the first
+        await a.ack(await a.recv())
+        await wait_until(lambda: not tx.unacked())
+        idle.give_back_credit()  # what a heartbeat does to a link unused since the last one
+        tx._send_hello(idle)
+        await tx.send(batch(1))  # b is next in turn but has no credit: a gets it, b is asked for credit
+        assert (await a.recv()).batch_id == "p1"
+        await wait_until(lambda: idle.avail_m > 0, what="b to be granted credit again")
+        await tx.send(batch(2))
+        got = await b.recv()
+        assert got.batch_id == "p2" and a.statistics().received == 2
