@@ -58,9 +58,11 @@ class WeightGroup:
         (address, port) pair is put under the prefix `epoch-N` (the runtime's worker does this)."""
         import torch.distributed as dist
 
+        from flowrl.weights.store import client
+
         timeout = datetime.timedelta(seconds=timeout_s)
         if isinstance(store, tuple):
-            store = dist.TCPStore(store[0], store[1], None, is_master=False, timeout=timeout)
+            store = client(store, timeout_s)
         if not hasattr(store, "child"):
             store = dist.PrefixStore(f"epoch-{epoch}", store)
         try:

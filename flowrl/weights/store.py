@@ -37,6 +37,7 @@ import hashlib
 import hmac
 import os
 import socket
+import threading
 import time
 from typing import Any, Callable
 
@@ -127,10 +128,55 @@ class WeightStore:
 
 
 def connect(address: tuple[str, int], secret: bytes | str, timeout_s: float = 30.0) -> "SealedStore":
-    """A subscriber's client of the publisher's store."""
-    client = dist.TCPStore(address[0], int(address[1]), None, is_master=False,
-                           timeout=datetime.timedelta(seconds=timeout_s))
-    return SealedStore(client, secret)
+    """A subscriber's client of the publisher's store (a rank's of its rank 0's)."""
+    return SealedStore(client(address, timeout_s), secret)
+
+
+def client(address: tuple[str, int], timeout_s: float = 30.0) -> Any:
+    """A TCPStore client of the store at `address`, or an error within about `timeout_s`.
+
+    torch's client retries a refused connection until its timeout, but once a listener accepts, it
+    waits for the answer to its first message without one: something else listening on that port,
+    or a middlebox that passes connections and drops their data, would hold it for good. So it is
+    made in a thread; past the deadline its socket is shut down (it then fails) and this raises."""
+    host, port = address[0], int(address[1])
+    out: dict[str, Any] = {}
+
+    def make() -> None:
+        try:
+            out["store"] = dist.TCPStore(host, port, None, is_master=False,
+                                         timeout=datetime.timedelta(seconds=timeout_s))
+        except Exception as e:  # noqa: BLE001 - re-raised in the caller's thread
+            out["error"] = e
+
+    thread = threading.Thread(target=make, name="flowrl-store-connect", daemon=True)
+    thread.start()
+    thread.join(timeout_s + 1.0)
+    if thread.is_alive():
+        _shut_down_connections_to(host, port)
+        thread.join(5.0)
+        raise TimeoutError(f"the store at {host}:{port} accepted the connection but did not answer within "
+                           f"{timeout_s:.0f} s (something else listening on that port, or a firewall that passes "
+                           "connections and drops their data)")
+    if "error" in out:
+        raise out["error"]
+    return out["store"]
+
+
+def _shut_down_connections_to(host: str, port: int) -> None:
+    """Shut down this process's TCP sockets connected to host:port (what a stuck client reads)."""
+    import psutil
+
+    want = {host.removeprefix("::ffff:")}
+    for conn in psutil.Process().net_connections(kind="tcp"):
+        if conn.raddr and conn.raddr.port == port and conn.raddr.ip.removeprefix("::ffff:") in want and conn.fd >= 0:
+            sock = socket.socket(fileno=conn.fd)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            finally:
+                sock.detach()  # the fd stays the client's
 
 
 def _derive(secret: bytes, label: bytes) -> bytes:

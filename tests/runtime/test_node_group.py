@@ -1,5 +1,6 @@
 """A data-parallel replica's group (flowrl/runtime/worker/group.py): a rank that cannot reach its
-group's store fails at start within the deadline, naming both hosts and the address it tried; gloo
+group's store (refused, or accepted and never answered) fails at start within the deadline, naming
+both hosts and the address it tried; gloo
 and NCCL are pointed at the interface that holds the rank's host address unless the user chose."""
 
 from __future__ import annotations
@@ -33,6 +34,24 @@ def test_a_rank_that_cannot_reach_its_groups_store_fails_within_the_deadline_nam
     text = str(e.value)
     assert "rank 1 of 2 on host-b (127.0.0.1)" in text and f"127.0.0.1:{port}" in text and "within 2 s" in text
     assert "firewall" in text
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_whose_store_accepts_and_never_answers_fails_within_the_deadline_naming_both_ends(clean_ifname):
+    # torch's client waits for the answer to its first message without a deadline: a listener that
+    # accepts and says nothing (another service on the port, a middlebox dropping data) held it for good
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        spec = _spec(env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError) as e:
+            join_node_group(spec, timeout_s=2.0)
+        assert time.monotonic() - t0 < 15
+    text = str(e.value)
+    assert "rank 1 of 2 on host-b (127.0.0.1)" in text and f"127.0.0.1:{port}" in text and "within 2 s" in text
+    assert "did not answer" in text and "firewall" in text
 
 
 @pytest.fixture

@@ -89,3 +89,19 @@ def test_sealed_values_round_trip_and_a_short_secret_is_refused():
     assert store.get("a") == b"\x00\x01hello" and store.child("epoch-1").get("a") == b"other"
     with pytest.raises(ValueError, match="at least 16 random bytes"):
         SealedStore(dist.HashStore(), b"short")
+
+
+def test_a_subscriber_whose_store_accepts_and_never_answers_fails_within_its_timeout():
+    # torch's client waits for the answer to its first message without a deadline; the weight sync
+    # must not hang on a wrong service at the store's address or a firewall that drops data
+    import socket
+    import time
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        t0 = time.monotonic()
+        with pytest.raises(WeightSyncError, match="did not answer within 1 s"):
+            WeightSubscriber(master(0), version=0).join(1, 1, 2, silent.getsockname(), secrets.token_bytes(32),
+                                                        timeout_s=1, ready_timeout_s=0.5)
+        assert time.monotonic() - t0 < 10
