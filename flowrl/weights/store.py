@@ -149,11 +149,19 @@ def client(address: tuple[str, int], timeout_s: float = 30.0) -> Any:
         except Exception as e:  # noqa: BLE001 - re-raised in the caller's thread
             out["error"] = e
 
+    before = _connections_to(host, port)  # a client already connected there is not this one
     thread = threading.Thread(target=make, name="flowrl-store-connect", daemon=True)
     thread.start()
     thread.join(timeout_s + 1.0)
     if thread.is_alive():
-        _shut_down_connections_to(host, port)
+        for fd in _connections_to(host, port) - before:
+            sock = socket.socket(fileno=fd)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # the stuck read ends; the client fails and its thread returns
+            except OSError:
+                pass
+            finally:
+                sock.detach()  # the fd stays the client's
         thread.join(5.0)
         raise TimeoutError(f"the store at {host}:{port} accepted the connection but did not answer within "
                            f"{timeout_s:.0f} s (something else listening on that port, or a firewall that passes "
@@ -163,20 +171,13 @@ def client(address: tuple[str, int], timeout_s: float = 30.0) -> Any:
     return out["store"]
 
 
-def _shut_down_connections_to(host: str, port: int) -> None:
-    """Shut down this process's TCP sockets connected to host:port (what a stuck client reads)."""
+def _connections_to(host: str, port: int) -> set[int]:
+    """The fds of this process's TCP sockets connected to host:port."""
     import psutil
 
-    want = {host.removeprefix("::ffff:")}
-    for conn in psutil.Process().net_connections(kind="tcp"):
-        if conn.raddr and conn.raddr.port == port and conn.raddr.ip.removeprefix("::ffff:") in want and conn.fd >= 0:
-            sock = socket.socket(fileno=conn.fd)
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            finally:
-                sock.detach()  # the fd stays the client's
+    want = host.removeprefix("::ffff:")
+    return {c.fd for c in psutil.Process().net_connections(kind="tcp")
+            if c.raddr and c.raddr.port == port and c.raddr.ip.removeprefix("::ffff:") == want and c.fd >= 0}
 
 
 def _derive(secret: bytes, label: bytes) -> bytes:
