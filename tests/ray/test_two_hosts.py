@@ -37,7 +37,7 @@ from flowrl.testing import node_state
 
 ROOT = Path(__file__).resolve().parents[2]
 ADDRESS = {"host-a": "127.0.0.1", "host-b": "127.0.0.2"}
-STEPS = 90
+STEPS = 80  # the reward passes 0.9 near step 65 (the run replays about 8 steps after its faults)
 HOST_B_INTERFACE = "ip link add flhostb type bridge && ip addr add 127.0.0.2/32 dev flhostb && ip link set flhostb up"
 # the actor's 4 ranks span the hosts (2 cores each): ranks 0-1 on host-a, 2-3 on host-b
 SPANNING = {"prompts": "host-a", "reward": "host-a", "reference": "host-a", "critic": "host-b", "rollout": "host-b"}
@@ -144,7 +144,7 @@ def test_an_actor_spanning_two_hosts_without_a_shared_folder_learns_trains_as_on
     for proc, shard in record["shards"].items():  # the last commit: on host-a, in RUN_DIR, copied to the bucket too
         assert (shard["host"], shard["folder"]) == ("host-a", str(run_dir)), proc
         assert shard["sha256"] == facts["digests"][proc] and len(shard["sha256"]) == 64
-    assert sorted(p.name for p in (bucket / "run" / "checkpoints").iterdir())[-2:] == ["step00000088", "step00000090"]
+    assert sorted(p.name for p in (bucket / "run" / "checkpoints").iterdir())[-2:] == ["step00000072", "step00000080"]
 
     # exactly once (rollbacks replayed steps), learned, nothing left
     assert facts["audit"] == {"exactly_once": True, "issued": STEPS, "lost": [], "duplicated": []}
