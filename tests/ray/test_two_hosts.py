@@ -135,7 +135,7 @@ def test_an_actor_spanning_two_hosts_without_a_shared_folder_learns_trains_as_on
         {"actor/0/2": "host-a", "actor/0/3": "host-a", "rollout/0/0": "host-a"}]
     assert set(facts["hosts_after"].values()) == {"host-a"}
     moved = sorted((r["proc"], r["host"], r["holder"], r["fetched"]) for r in events["shard"] if r["t"] >= lost_at)
-    assert ("actor/0/2", "host-a", "checkpoint_uri", True) in moved and ("actor/0/3", "host-a", "checkpoint_uri", True) in moved
+    assert {("actor/0/2", "host-a", "checkpoint_uri", True), ("actor/0/3", "host-a", "checkpoint_uri", True)} <= set(moved)
     plan_end = {(e["node"], e["rank"]): e["host"] for e in json.loads((run_dir / "plan.json").read_text())["plan"]}
     assert set(plan_end.values()) == {"host-a"}
     assert "replanned host-b lost: actor/0/2 -> host-a" in facts["stdout"]
@@ -152,10 +152,12 @@ def test_an_actor_spanning_two_hosts_without_a_shared_folder_learns_trains_as_on
     assert len(rewards) >= STEPS and max(rewards[-15:]) >= 0.9, [round(r, 2) for r in rewards[::10]]
     assert facts["left_alive"] == [] and facts["cluster_released"] is True and facts["sockdirs_left"] == []
 
-    # the checkpoint at step 8 (before any fault): each rank's model equals a 1-host, 4-rank run's
+    # the first checkpoint the driver kept (step 8, unless it polled late; before any fault): each
+    # rank's model equals a 1-host, 4-rank run's of as many steps
     kept = facts["kept"]
     steps = kept["step"]
-    assert steps == 8 and {p: s["host"] for p, s in kept["shards"].items() if p.startswith("actor")} == {
+    assert steps >= 8 and steps % 8 == 0
+    assert {p: s["host"] for p, s in kept["shards"].items() if p.startswith("actor")} == {
         f"actor/0/{r}": h for r, h in ACTOR_HOSTS.items()}
     one = run_graph(ROOT / "graphs" / "ppo.yaml", tmp_path / "one-host", timeout_s=200, cwd=ROOT, overrides=[
         "nodes.actor.devices=4", f"schedule.steps={steps}", f"schedule.checkpoint_every={steps}"])
