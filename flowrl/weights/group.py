@@ -4,7 +4,9 @@ Every membership change (a rollout replica restarted or added) is a new epoch: t
 hands out ranks and each member builds `ProcessGroupGloo` (CPU) or `ProcessGroupNCCL` (GPU) over
 the epoch's own store prefix. Nobody else restarts. gloo's sockets bind to `host` (loopback on
 one machine), never to whatever the machine's hostname resolves to. Every collective has a
-timeout, so a member that dies mid-broadcast becomes an error on the others, never a hang.
+timeout, so a member that dies mid-broadcast becomes an error on the others, never a hang; and a
+member whose broadcast failed shuts its connections down, so the members still waiting on it fail
+at once instead of at that timeout (gloo cannot abort a collective under way).
 
     group = WeightGroup.join(epoch=3, rank=1, world_size=3, store=sealed.child("epoch-3"),
                              timeout_s=30, host="127.0.0.1")
@@ -17,7 +19,7 @@ from __future__ import annotations
 import datetime
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from flowrl.weights.errors import WeightSyncError
@@ -40,6 +42,34 @@ def local_address(peer_host: str) -> str:
         return s.getsockname()[0]
 
 
+FORM_TIMEOUT_S = 10.0
+"""How long a gloo group's members may take to connect to each other. Forming starts at the go, when
+every member is known to be waiting: connecting takes milliseconds. A member that died after it
+posted its address is retried for this long, a wait no fence ends, so it is shorter than the
+broadcast's timeout (30 s and more, which must cover sending a large model)."""
+
+
+def tcp_links() -> tuple[set[tuple[int, tuple, tuple]], set[int]]:
+    """This process's connected TCP sockets, (fd, (local ip, port), (remote ip, port)), and the
+    ports it listens on."""
+    import psutil
+
+    links, listening = set(), set()
+    for c in psutil.Process().net_connections(kind="tcp"):
+        if c.raddr and c.fd >= 0:
+            links.add((c.fd, tuple(c.laddr), tuple(c.raddr)))
+        elif c.status == psutil.CONN_LISTEN:
+            listening.add(c.laddr.port)
+    return links, listening
+
+
+def opened_since(before: tuple[set, set]) -> frozenset:
+    """The connections opened since `before` (tcp_links()), less those accepted by a listener that
+    was there already (a weight store's server, a channel's bind): gloo's own pairs."""
+    links, listening = before
+    return frozenset(x for x in tcp_links()[0] - links if x[1][1] not in listening)
+
+
 @dataclass
 class WeightGroup:
     epoch: int
@@ -48,11 +78,15 @@ class WeightGroup:
     pg: Any
     store: Any
     device: str
+    timeout_s: float = 30.0  # each broadcast's
+    links: frozenset = field(default_factory=frozenset)  # gloo: (fd, local, remote) of the connections it opened
 
     @classmethod
     def join(cls, *, epoch: int, rank: int, world_size: int, store: Any, timeout_s: float = 30.0,
              device: str = "cpu", host: str = "127.0.0.1") -> "WeightGroup":
         """Form the group; blocks until all `world_size` members have called it (or `timeout_s`).
+        A gloo group's connections are made within FORM_TIMEOUT_S (a member that died after posting
+        its address is retried until then, and that wait hears no fence); its broadcasts have `timeout_s`.
 
         `store` is the epoch's own store (a `SealedStore.child`); a plain TCPStore or an
         (address, port) pair is put under the prefix `epoch-N` (the runtime's worker does this)."""
@@ -65,6 +99,7 @@ class WeightGroup:
             store = client(store, timeout_s)
         if not hasattr(store, "child"):
             store = dist.PrefixStore(f"epoch-{epoch}", store)
+        before = None if device.startswith("cuda") else tcp_links()
         try:
             if device.startswith("cuda"):
                 opts = dist.ProcessGroupNCCL.Options()
@@ -73,12 +108,13 @@ class WeightGroup:
             else:
                 opts = dist.ProcessGroupGloo._Options()
                 opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-                opts._timeout = timeout
+                opts._timeout = datetime.timedelta(seconds=min(timeout_s, FORM_TIMEOUT_S))
                 pg = dist.ProcessGroupGloo(store, rank, world_size, opts)
         except Exception as e:  # noqa: BLE001 - re-raised with the epoch and rank
             raise WeightSyncError(f"cannot form weight group epoch {epoch} as rank {rank}/{world_size} within "
                                   f"{timeout_s:.0f} s: {e}") from e
-        return cls(epoch, rank, world_size, pg, store, device)
+        links = frozenset() if before is None else opened_since(before)
+        return cls(epoch, rank, world_size, pg, store, device, timeout_s, links)
 
     def check_layout(self, digest: str, timeout_s: float = 30.0) -> None:
         """Rank 0 posts its layout digest; the others compare (the runtime's worker still calls this;
@@ -105,6 +141,7 @@ class WeightGroup:
         t0 = time.perf_counter()
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
+        opts.timeout = datetime.timedelta(seconds=self.timeout_s)
         try:
             works = []
             for i, t in enumerate(tensors):
@@ -118,13 +155,35 @@ class WeightGroup:
                 if on_bucket is not None:
                     on_bucket(i)
         except Exception as e:  # noqa: BLE001
+            self.break_links()  # who still waits on this member fails now, not at its timeout
             raise WeightSyncError(f"weight broadcast (epoch {self.epoch}, rank {self.rank}/{self.world_size}) "
                                   f"failed: {e}") from e
         return time.perf_counter() - t0
 
+    def break_links(self) -> None:
+        """Shut down the TCP connections the group opened (gloo). A member that died mid-broadcast
+        fails its direct peers at once; the others would wait for data from those peers until the
+        collective's timeout (30 s and more): neither `abort()` nor `shutdown()` nor dropping the
+        process group closes gloo's connections (torch 2.13). Shut down under gloo, its pending
+        operations fail at once and the failure reaches every member. Each descriptor is checked to
+        still be the connection the group opened (a closed one's number may be reused)."""
+        for fd, local, remote in self.links:
+            try:
+                sock = socket.socket(fileno=fd)
+            except OSError:
+                continue
+            try:
+                if sock.getsockname()[:2] == local and sock.getpeername()[:2] == remote:
+                    sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            finally:
+                sock.detach()  # the descriptor stays gloo's
+
     def abort(self) -> None:
-        """Ask the backend to break a collective that waits for a dead member. With gloo (torch
-        2.13) a receive already waiting is not interrupted: it still ends at `timeout_s`."""
+        """Break a collective that waits for a dead member: NCCL's abort; with gloo, whose abort
+        does not interrupt a receive already waiting (torch 2.13), the group's connections."""
+        self.break_links()
         pg = self.pg
         if pg is not None and hasattr(pg, "abort"):
             try:

@@ -116,6 +116,37 @@ def test_a_publisher_killed_mid_broadcast_leaves_the_subscriber_on_its_previous_
     sub.close()
 
 
+def test_a_member_killed_in_the_broadcast_fails_every_member_at_once_not_at_the_collective_timeout(peers):
+    """4 members; rank 1 dies once the group is formed. gloo's tree sends rank 0 -> 1 -> 3 and
+    0 -> 2: rank 0 and rank 3 lose a peer at once, while rank 2 waits on rank 0, which is alive. Before,
+    rank 2 waited out the collective's timeout (a run stalled 30 s per such death; gloo aborts no
+    receive under way); now rank 0 shuts its group's connections down and rank 2 fails at once.
+    The two left then take the next version in a new epoch."""
+    pub, weights = publisher(peers.secret)
+    timeout_s = 45  # far longer than the test lets anyone wait: a timeout here is the bug
+    def ops(rank: int, rejoin: int | None):
+        out = [{"op": "join", "epoch": 1, "rank": rank, "world": 4, "timeout_s": timeout_s}, {"op": "receive"}]
+        return out + ([{"op": "join", "epoch": 2, "rank": rejoin, "world": 3}, {"op": "receive"}] if rejoin else [])
+    subs = [peers.start("sub", {"addr": pub.store_addr, "ops": ops(1, None), "die_in_broadcast": True}),
+            peers.start("sub", {"addr": pub.store_addr, "ops": ops(2, 1)}),
+            peers.start("sub", {"addr": pub.store_addr, "ops": ops(3, 2)})]
+    try:
+        with pytest.raises(WeightSyncError) as err:
+            pub.serve(1, 4, timeout_s=timeout_s, ready_timeout_s=30)
+        assert "Connection closed" in str(err.value) or "Connection reset" in str(err.value), err.value
+        weights.update(master(2))
+        pub.snapshot(2)
+        assert pub.serve(2, 3, timeout_s=20, ready_timeout_s=30) == 2
+    finally:
+        pub.close()
+    assert subs[0].wait(timeout=30) == -9  # it died in the broadcast, as the test meant
+    for sub in subs[1:]:
+        _, failed, _, again = peers.results(sub, timeout=30)
+        assert "Timed out" not in failed["error"] and "Connection" in failed["error"], failed["error"]
+        assert failed["version"] == 0
+        assert again["received"] == 2 and again["digest"] == expected_digest(2, "float32")
+
+
 def test_a_layout_mismatch_names_the_first_differing_tensor_before_any_byte_moves(peers):
     pub, _ = publisher(peers.secret)
     sub = peers.start("sub", {"addr": pub.store_addr, "shapes": {"l1.w": [64, 64]},

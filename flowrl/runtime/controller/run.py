@@ -60,7 +60,7 @@ def prepare(args) -> tuple:
 def run_main(args) -> int:
     from flowrl.runtime.protocol.faults import FaultSpecError
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=os.environ.get("FLOWRL_LOG_LEVEL", "WARNING"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         spec, plan, run_dir, resume = prepare(args)
     except GraphError as e:
