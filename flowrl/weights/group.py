@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -42,11 +43,10 @@ def local_address(peer_host: str) -> str:
         return s.getsockname()[0]
 
 
-FORM_TIMEOUT_S = 10.0
-"""How long a gloo group's members may take to connect to each other. Forming starts at the go, when
-every member is known to be waiting: connecting takes milliseconds. A member that died after it
-posted its address is retried for this long, a wait no fence ends, so it is shorter than the
-broadcast's timeout (30 s and more, which must cover sending a large model)."""
+FORM_SLICE_S = 0.05
+"""How often a gloo group's forming checks its fence. gloo retries a connection to a member that died
+after it posted its address for 5 x the group's timeout, a wait that nothing interrupts; a fenced
+forming is left to its thread (it touches no weights, and fails at that timeout) and the round ends."""
 
 
 def tcp_links() -> tuple[set[tuple[int, tuple, tuple]], set[int]]:
@@ -64,10 +64,39 @@ def tcp_links() -> tuple[set[tuple[int, tuple, tuple]], set[int]]:
 
 
 def opened_since(before: tuple[set, set]) -> frozenset:
-    """The connections opened since `before` (tcp_links()), less those accepted by a listener that
-    was there already (a weight store's server, a channel's bind): gloo's own pairs."""
+    """The connections opened since `before` (tcp_links()): gloo's own pairs. Less those accepted by a
+    listener that was there already (a weight store's server, a channel's bind) and those to a
+    listener of this process (a client of its own store). A connection another thread opens in the
+    same milliseconds (a channel reconnecting over tcp) is counted too: shut down when a broadcast
+    fails, its channel reconnects and re-sends what was not acknowledged, as after any network error."""
     links, listening = before
-    return frozenset(x for x in tcp_links()[0] - links if x[1][1] not in listening)
+    now, listening_now = tcp_links()
+    return frozenset(x for x in now - links if x[1][1] not in listening and x[2][1] not in listening_now)
+
+
+def _fenced(make: Callable[[], Any], stop: Callable[[], str | None] | None) -> Any:
+    """`make()`, on a thread of its own when there is a fence to hear: abandoned (and this raises)
+    once `stop()` gives a reason."""
+    if stop is None:
+        return make()
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["pg"] = make()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            out["error"] = e
+
+    thread = threading.Thread(target=run, name="flowrl-weight-group-form", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(FORM_SLICE_S)
+        why = stop() if thread.is_alive() else None
+        if why:
+            raise WeightSyncError(f"left while forming: {why}")
+    if "error" in out:
+        raise out["error"]
+    return out["pg"]
 
 
 @dataclass
@@ -83,10 +112,9 @@ class WeightGroup:
 
     @classmethod
     def join(cls, *, epoch: int, rank: int, world_size: int, store: Any, timeout_s: float = 30.0,
-             device: str = "cpu", host: str = "127.0.0.1") -> "WeightGroup":
-        """Form the group; blocks until all `world_size` members have called it (or `timeout_s`).
-        A gloo group's connections are made within FORM_TIMEOUT_S (a member that died after posting
-        its address is retried until then, and that wait hears no fence); its broadcasts have `timeout_s`.
+             device: str = "cpu", host: str = "127.0.0.1", stop: Callable[[], str | None] | None = None) -> "WeightGroup":
+        """Form the group; blocks until all `world_size` members have called it (or `timeout_s`), or,
+        for gloo, until `stop()` gives a reason (a newer epoch was ordered: see FORM_SLICE_S).
 
         `store` is the epoch's own store (a `SealedStore.child`); a plain TCPStore or an
         (address, port) pair is put under the prefix `epoch-N` (the runtime's worker does this)."""
@@ -108,8 +136,8 @@ class WeightGroup:
             else:
                 opts = dist.ProcessGroupGloo._Options()
                 opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-                opts._timeout = datetime.timedelta(seconds=min(timeout_s, FORM_TIMEOUT_S))
-                pg = dist.ProcessGroupGloo(store, rank, world_size, opts)
+                opts._timeout = timeout
+                pg = _fenced(lambda: dist.ProcessGroupGloo(store, rank, world_size, opts), stop)
         except Exception as e:  # noqa: BLE001 - re-raised with the epoch and rank
             raise WeightSyncError(f"cannot form weight group epoch {epoch} as rank {rank}/{world_size} within "
                                   f"{timeout_s:.0f} s: {e}") from e

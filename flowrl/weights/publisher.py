@@ -28,7 +28,7 @@ from flowrl.weights.errors import WeightSyncError
 from flowrl.weights.group import WeightGroup
 from flowrl.weights.handshake import forget, gather, release
 from flowrl.weights.layout import layout_digest, layout_of, serving_layout, weights_digest
-from flowrl.weights.store import WeightStore
+from flowrl.weights.store import WeightStore, connect
 
 
 class WeightPublisher:
@@ -49,6 +49,7 @@ class WeightPublisher:
         self.seconds = 0.0  # the last broadcast's duration
         self._version_tensor = torch.zeros(1, dtype=torch.int64, device=device)
         self._server = WeightStore(store_host)
+        self._secret = secret
         self._store = self._server.sealed(secret)
         self._store.set("layout", json.dumps(self.layout))
         self._lock = threading.Lock()
@@ -92,9 +93,12 @@ class WeightPublisher:
             release(store, r, "go")
             with self._lock:  # the collective's timeout counts from here: every member is waiting
                 if self._group is None:
+                    # forming gets a store client of its own: one left behind when fenced (group.py) may still use it
+                    own = connect(self._server.address, self._secret, timeout_s=timeout_s).child(f"epoch-{epoch}")
                     self._group = WeightGroup.join(epoch=epoch, rank=0, world_size=world_size,
-                                                   store=store.child("pg", stop=stop, timeout_s=timeout_s),
-                                                   timeout_s=timeout_s, device=self.device, host=self._server.host)
+                                                   store=own.child("pg", stop=stop, timeout_s=timeout_s),
+                                                   timeout_s=timeout_s, device=self.device, host=self._server.host,
+                                                   stop=stop)
                 self._version_tensor.fill_(self.version)
                 self.seconds = self._group.broadcast([self._version_tensor, *self.buckets], fill=self.fault_hook)
             return self.version

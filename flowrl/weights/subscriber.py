@@ -162,7 +162,8 @@ class WeightSubscriber:
                 self._group = WeightGroup.join(epoch=epoch, rank=self._rank, world_size=self._world,
                                                store=self._store.child("pg", stop=stop, timeout_s=self.timeout_s),
                                                timeout_s=self.timeout_s,
-                                               device=self.device, host=self.local_host or local_address(self._store_host))
+                                               device=self.device, host=self.local_host or local_address(self._store_host),
+                                               stop=stop)  # a forming left behind uses this epoch's client, which a failed epoch drops
             self._staging_holds_version = False
             self._version_tensor.fill_(-1)
             self.seconds = self._group.broadcast([self._version_tensor, *self.staging], on_bucket=self.fault_hook)

@@ -124,3 +124,17 @@ def test_waiting_long_for_a_busy_member_logs_one_store_timeout_not_four_a_second
     finally:
         pub.close()
     assert capfd.readouterr().err.count("timed out after") <= 1
+
+
+def test_a_group_forming_that_no_fence_can_reach_is_left_to_its_thread_once_fenced():
+    """gloo retries a member that died after posting its address for 5 x its timeout, deaf to the
+    fence; the forming runs on a thread of its own and the caller leaves at its fence."""
+    from flowrl.weights.group import _fenced
+
+    forever, fenced = threading.Event(), []
+    with pytest.raises(WeightSyncError, match="left while forming: epoch 3 is stale"):  # not its result, 60 s on
+        _fenced(lambda: forever.wait(60), lambda: "epoch 3 is stale" if fenced else fenced.append(1))
+    forever.set()
+    assert _fenced(lambda: "pg", lambda: None) == "pg"  # formed: the group, as without a fence
+    with pytest.raises(ValueError, match="bad"):
+        _fenced(lambda: (_ for _ in ()).throw(ValueError("bad")), lambda: None)  # its error, on this thread

@@ -97,6 +97,10 @@ class ControlSocket:
         except zmq.ZMQError:
             pass
 
+    async def readable(self, timeout_s: float) -> bool:
+        """Whether a message is waiting, or comes within `timeout_s`."""
+        return bool(await self.router.poll(max(1, round(timeout_s * 1000)), zmq.POLLIN))
+
     async def receive(self, procs: ProcTable):
         """One frame set: ("node", proc, msg), ("client", identity, data) or None (dropped)."""
         frames = await self.router.recv_multipart()

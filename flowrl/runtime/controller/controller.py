@@ -43,7 +43,7 @@ from flowrl.runtime.controller.outcome import Outcome
 from flowrl.runtime.controller.procs import NodeFailure, Proc, ProcTable
 from flowrl.runtime.controller.recovery import Recovery, RecoveryBook
 from flowrl.runtime.controller.replan import move_off
-from flowrl.runtime.controller.report import RunReport
+from flowrl.runtime.controller.report import IDLE_S, RunReport
 from flowrl.runtime.controller.restarts import Restarts
 from flowrl.runtime.controller.roles import Roles, node_shapes
 from flowrl.runtime.controller.scaling import Retirement, ScaleError, scale
@@ -287,6 +287,9 @@ class Controller:
     # the control socket -----------------------------------------------------------------------
     async def receive_loop(self) -> None:
         while True:
+            if self.report.backlog and not await self.control.readable(IDLE_S):
+                self.report.catch_up()  # metrics work once the socket is quiet, not between two orders
+                continue
             await self.receive_one()
 
     async def receive_one(self, only: type | None = None) -> None:

@@ -124,15 +124,18 @@ class WeightsClient:
     async def _receive(self, order, handoff: bool) -> int:
         sub = self.subscriber()
         store = (order.store[0], int(order.store[1]))
-        await anyio.to_thread.run_sync(lambda: sub.join(
-            order.sync_epoch, order.rank, order.world_size, store, self.secret, timeout_s=order.timeout_s,
-            ready_timeout_s=self.ready_timeout_s, handoff=handoff))
-        if self.faults.fail_sync(order.version):
-            sub.fault_hook = _fail_after_first_bucket
-        try:  # into the staging buffers; the live weights change below, on the compute thread
-            received = await anyio.to_thread.run_sync(lambda: sub.receive(commit=False))
-        finally:
-            sub.fault_hook = None
+
+        def join_and_receive() -> int:  # one thread hop per round (the join is a no-op within an epoch)
+            sub.join(order.sync_epoch, order.rank, order.world_size, store, self.secret, timeout_s=order.timeout_s,
+                     ready_timeout_s=self.ready_timeout_s, handoff=handoff)
+            if self.faults.fail_sync(order.version):
+                sub.fault_hook = _fail_after_first_bucket
+            try:  # into the staging buffers; the live weights change below, on the compute thread
+                return sub.receive(commit=False)
+            finally:
+                sub.fault_hook = None
+
+        received = await anyio.to_thread.run_sync(join_and_receive)
         self._measure(order, sub.seconds)
         return received
 
