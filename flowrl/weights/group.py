@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import datetime
 import socket
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from flowrl.weights.aside import Aside, shut_down, tcp_links
 from flowrl.weights.errors import WeightSyncError
 
 
@@ -49,20 +49,6 @@ after it posted its address for 5 x the group's timeout, a wait that nothing int
 forming is left to its thread (it touches no weights, and fails at that timeout) and the round ends."""
 
 
-def tcp_links() -> tuple[set[tuple[int, tuple, tuple]], set[int]]:
-    """This process's connected TCP sockets, (fd, (local ip, port), (remote ip, port)), and the
-    ports it listens on."""
-    import psutil
-
-    links, listening = set(), set()
-    for c in psutil.Process().net_connections(kind="tcp"):
-        if c.raddr and c.fd >= 0:
-            links.add((c.fd, tuple(c.laddr), tuple(c.raddr)))
-        elif c.status == psutil.CONN_LISTEN:
-            listening.add(c.laddr.port)
-    return links, listening
-
-
 def opened_since(before: tuple[set, set]) -> frozenset:
     """The connections opened since `before` (tcp_links()): gloo's own pairs. Less those accepted by a
     listener that was there already (a weight store's server, a channel's bind) and those to a
@@ -75,28 +61,16 @@ def opened_since(before: tuple[set, set]) -> frozenset:
 
 
 def _fenced(make: Callable[[], Any], stop: Callable[[], str | None] | None) -> Any:
-    """`make()`, on a thread of its own when there is a fence to hear: abandoned (and this raises)
-    once `stop()` gives a reason."""
+    """`make()`, aside when there is a fence to hear: left to its thread (and this raises) once
+    `stop()` gives a reason."""
     if stop is None:
         return make()
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["pg"] = make()
-        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
-            out["error"] = e
-
-    thread = threading.Thread(target=run, name="flowrl-weight-group-form", daemon=True)
-    thread.start()
-    while thread.is_alive():
-        thread.join(FORM_SLICE_S)
-        why = stop() if thread.is_alive() else None
+    call = Aside(make, "flowrl-weight-group-form")
+    while not call.wait(FORM_SLICE_S):
+        why = stop()
         if why:
             raise WeightSyncError(f"left while forming: {why}")
-    if "error" in out:
-        raise out["error"]
-    return out["pg"]
+    return call.result()
 
 
 @dataclass
@@ -193,20 +167,8 @@ class WeightGroup:
         fails its direct peers at once; the others would wait for data from those peers until the
         collective's timeout (30 s and more): neither `abort()` nor `shutdown()` nor dropping the
         process group closes gloo's connections (torch 2.13). Shut down under gloo, its pending
-        operations fail at once and the failure reaches every member. Each descriptor is checked to
-        still be the connection the group opened (a closed one's number may be reused)."""
-        for fd, local, remote in self.links:
-            try:
-                sock = socket.socket(fileno=fd)
-            except OSError:
-                continue
-            try:
-                if sock.getsockname()[:2] == local and sock.getpeername()[:2] == remote:
-                    sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            finally:
-                sock.detach()  # the descriptor stays gloo's
+        operations fail at once and the failure reaches every member."""
+        shut_down(self.links)
 
     def abort(self) -> None:
         """Break a collective that waits for a dead member: NCCL's abort; with gloo, whose abort

@@ -37,7 +37,6 @@ import hashlib
 import hmac
 import os
 import socket
-import threading
 import time
 from typing import Any, Callable
 
@@ -138,46 +137,21 @@ def client(address: tuple[str, int], timeout_s: float = 30.0) -> Any:
     torch's client retries a refused connection until its timeout, but once a listener accepts, it
     waits for the answer to its first message without one: something else listening on that port,
     or a middlebox that passes connections and drops their data, would hold it for good. So it is
-    made in a thread; past the deadline its socket is shut down (it then fails) and this raises."""
+    made aside; past the deadline the connection it opened is shut down (it then fails) and this raises."""
+    from flowrl.weights.aside import Aside, shut_down, tcp_links
+
     host, port = address[0], int(address[1])
-    out: dict[str, Any] = {}
-
-    def make() -> None:
-        try:
-            out["store"] = dist.TCPStore(host, port, None, is_master=False,
-                                         timeout=datetime.timedelta(seconds=timeout_s))
-        except Exception as e:  # noqa: BLE001 - re-raised in the caller's thread
-            out["error"] = e
-
-    before = _connections_to(host, port)  # a client already connected there is not this one
-    thread = threading.Thread(target=make, name="flowrl-store-connect", daemon=True)
-    thread.start()
-    thread.join(timeout_s + 1.0)
-    if thread.is_alive():
-        for fd in _connections_to(host, port) - before:
-            sock = socket.socket(fileno=fd)
-            try:
-                sock.shutdown(socket.SHUT_RDWR)  # the stuck read ends; the client fails and its thread returns
-            except OSError:
-                pass
-            finally:
-                sock.detach()  # the fd stays the client's
-        thread.join(5.0)
+    before = tcp_links()[0]  # a client already connected there is not this one
+    call = Aside(lambda: dist.TCPStore(host, port, None, is_master=False,
+                                       timeout=datetime.timedelta(seconds=timeout_s)), "flowrl-store-connect")
+    if not call.wait(timeout_s + 1.0):
+        want = host.removeprefix("::ffff:")
+        shut_down(x for x in tcp_links()[0] - before if x[2][1] == port and x[2][0].removeprefix("::ffff:") == want)
+        call.wait(5.0)
         raise TimeoutError(f"the store at {host}:{port} accepted the connection but did not answer within "
                            f"{timeout_s:.0f} s (something else listening on that port, or a firewall that passes "
                            "connections and drops their data)")
-    if "error" in out:
-        raise out["error"]
-    return out["store"]
-
-
-def _connections_to(host: str, port: int) -> set[int]:
-    """The fds of this process's TCP sockets connected to host:port."""
-    import psutil
-
-    want = host.removeprefix("::ffff:")
-    return {c.fd for c in psutil.Process().net_connections(kind="tcp")
-            if c.raddr and c.raddr.port == port and c.raddr.ip.removeprefix("::ffff:") == want and c.fd >= 0}
+    return call.result()
 
 
 def _derive(secret: bytes, label: bytes) -> bytes:
