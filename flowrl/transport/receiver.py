@@ -18,8 +18,15 @@ Memory is bounded by `capacity_messages` / `capacity_bytes`: credit for new mess
 as earlier ones are acknowledged. Producer links are told apart by their ZeroMQ routing id.
 
 How a producer's end is noticed: end-of-stream (it finished), its connection closing (ipc/tcp: the
-process exited or the network failed; the ZeroMQ heartbeat catches frozen hosts) or, for inproc,
-missed heartbeats. A producer lost without end-of-stream is *dropped from the set whose end-of-stream
+process exited or the network failed; TCP keepalive catches vanished hosts) or, for inproc, missed
+heartbeats. A closed connection is known by its routing id: the status sent to a link on every
+heartbeat, and to every link whenever some connection closes, fails with EHOSTUNREACH once ZeroMQ
+has dropped the link's pipe. Not by the connection's file descriptor: the monitor's "disconnected"
+event and the messages that came through that connection travel on two sockets in no fixed order,
+and the number is reused by the next connection (a restarted producer's, usually), so a link held
+by a descriptor could stay open after its connection closed (a hello still queued when its
+connection closed) or be dropped while alive (the event of an earlier connection with the same
+number). A producer lost without end-of-stream is *dropped from the set whose end-of-stream
 is awaited* (its replacement connects as a new link; its work is replayed upstream) and counted in
 `peers_lost`. `recv()` raises `EndOfStream` once every link still alive has finished and at least one
 finished. When no producer is left, none finished, and none came back within `peer_timeout_s` of the
@@ -65,6 +72,7 @@ ACK_DELAY_S = 0.002  # acknowledgements wait at most this long to travel togethe
 FREED_BATCH = 2  # released shared-memory blocks go back to their producer at once from this many
 SHM_MAPPING_FAILURES = frozenset({"unmappable", "too_much_mapped", "closed"})
 PRE_HELLO_BYTES = 4096  # the most a link that is not known yet may send in one message (hellos are ~300 B)
+PROBE_AGAIN_S = 0.01  # after a connection closed, links are asked again this much later (_on_monitor)
 CONTROL_ALLOWANCE = 4096  # what a known link's message may carry beyond its credit (hellos, bundle header)
 
 
@@ -78,11 +86,11 @@ class _Delivery:
 
 
 class _Peer:
-    __slots__ = ("rid", "fd", "state", "last_heard", "last_data", "unacked", "acks", "dirty", "shm", "shm_tried",
+    __slots__ = ("rid", "state", "last_heard", "last_data", "unacked", "acks", "dirty", "shm", "shm_tried",
                  "proof", "max_seq")
 
-    def __init__(self, rid: bytes, fd: int | None, proof: bytes | None):
-        self.rid, self.fd, self.state, self.proof = rid, fd, "open", proof
+    def __init__(self, rid: bytes, proof: bytes | None):
+        self.rid, self.state, self.proof = rid, "open", proof
         self.max_seq = 0  # sequence numbers on a link only grow: anything at or below is a replay
         self.shm: shm.ShmPeer | None = None  # the producer's shared memory, once its probe mapped
         self.shm_tried = False
@@ -284,7 +292,7 @@ class Receiver(TaskOwner):
                                            f"for {self._pool.accounts[rid].unused_b} bytes")
         header = wire.unpack_header(views[0], self._limits)
         if header["kind"] != wire.BUNDLE:
-            return self._dispatch(rid, header, views, size, msg)
+            return self._dispatch(rid, header, views, size)
         start, blob, limits, unpack = 0, views[-1], self._limits, wire.unpack_header
         for size in wire.bundle_parts(header, len(views), blob.nbytes):
             part = blob[start:start + size]
@@ -294,22 +302,22 @@ class Receiver(TaskOwner):
                 if header["kind"] == wire.DATA:  # (_dispatch's first case, without the call: per batch)
                     self._on_data(rid, header, [part], size)
                 else:
-                    self._dispatch(rid, header, [part], size, msg)
+                    self._dispatch(rid, header, [part], size)
             except DecodeError as e:  # this part only: the others of the bundle are fine
                 self._reject(e.reason, str(e), rid)
 
-    def _dispatch(self, rid: bytes, header: dict, views: list, size: int, msg: list) -> None:
+    def _dispatch(self, rid: bytes, header: dict, views: list, size: int) -> None:
         kind = header["kind"]
         if kind == wire.DATA:
             self._on_data(rid, header, views, size)
         elif kind == wire.HELLO:
-            self._on_hello(rid, wire.Hello.from_header(header), msg)
+            self._on_hello(rid, wire.Hello.from_header(header))
         elif kind == wire.BUNDLE:
             raise DecodeError("bad_kind", "a bundle inside a bundle")
         else:
             raise DecodeError("bad_kind", "status messages go from consumer to producer")
 
-    def _on_hello(self, rid: bytes, hello: wire.Hello, msg: list) -> None:
+    def _on_hello(self, rid: bytes, hello: wire.Hello) -> None:
         peer = self._peers.get(rid)
         try:
             if not self._gate.admit(rid, hello, peer.proof if peer is not None else None, peer is not None):
@@ -330,8 +338,7 @@ class Receiver(TaskOwner):
             if rid in self._gone:  # a link we gave up on: tell it to start a new one
                 self._reply_unknown(rid)
                 return
-            fd = msg[1].get(zmq.SRCFD) if self._mon is not None else -1
-            peer = self._peers[rid] = _Peer(rid, fd if fd >= 0 else None, hello.mac)
+            peer = self._peers[rid] = _Peer(rid, hello.mac)
             self._pool.add(rid)
             self._ever_connected = True
             log.debug("channel %s: producer link %r (%s) connected", self.name, rid, hello.ch)
@@ -448,12 +455,18 @@ class Receiver(TaskOwner):
         self._notify()
 
     def _on_monitor(self, msgs: list) -> None:
-        for frames in msgs:
-            event = parse_monitor_message(frames)
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                for peer in [p for p in self._peers.values() if p.fd == event["value"]]:
-                    self._drop(peer, "connection closed (process exited or network failed)"
-                               if peer.state == "open" else None)
+        """A connection closed: ask every link whether it is still there (module docstring). The
+        event comes before ZeroMQ drops the closed connection's pipe, so the question is asked
+        again a moment later; the heartbeat's status asks it anyway."""
+        if any(parse_monitor_message(frames)["event"] == zmq.EVENT_DISCONNECTED for frames in msgs):
+            self._probe()
+            asyncio.get_running_loop().call_later(PROBE_AGAIN_S, self._probe)
+
+    def _probe(self) -> None:
+        if self._state == "bound" and self._peers:
+            for peer in self._peers.values():
+                peer.dirty = True
+            self._flush()
 
     async def _tick_loop(self) -> None:
         await sockets.tick_loop(self.config.heartbeat_s, self._tick, self.name)
@@ -549,12 +562,16 @@ class Receiver(TaskOwner):
         self._send_outbox()
 
     def _on_send_error(self, error: Any, frames: list) -> None:
-        """A status was not written (its link's queue is full: it does not read, or is gone). Limits
-        and states in it are cumulative and go out again with the next one; acknowledgements and
-        released blocks are not, so they go back to the link to be sent again."""
+        """A status was not written. EHOSTUNREACH: the link's connection is gone (ZeroMQ dropped its
+        pipe), so the link is. Else its queue is full (it does not read): limits and states in it
+        are cumulative and go out again with the next one; acknowledgements and released blocks are
+        not, so they go back to the link to be sent again."""
         peer = self._peers.get(frames[0])
         if peer is None:
             return
+        if getattr(error, "errno", None) == zmq.EHOSTUNREACH:
+            return self._drop(peer, "connection closed (process exited or network failed)"
+                              if peer.state == "open" else None)
         try:
             st = wire.Status.from_header(wire.unpack_header(frames[1], self._limits))
         except DecodeError:

@@ -374,12 +374,19 @@ class Sender(TaskOwner):
     def _curve(self, address: str) -> CurveConfig | None:
         return self._curves.get(address, self.config.curve)
 
-    def _close_link(self, link: Link, state: str) -> None:
+    def _close_link(self, link: Link, state: str, gone: bool = False) -> None:
+        """`gone`: its connection closed. Then nothing more is written and nothing queued is kept:
+        a socket closed with linger reconnects meanwhile, and would hand what it still holds (a
+        hello, batches of a link given up on) to whatever now listens at the address, a restarted
+        consumer that never knew this link."""
         if link.dead:
             return
         link.dead, link.live = True, False
-        self._send_hello(link, state)
-        link.pump.close(linger_ms=100, monitor=link.mon)
+        if gone:
+            link.pump.out_clear()
+        else:
+            self._send_hello(link, state)
+        link.pump.close(linger_ms=0 if gone else 100, monitor=link.mon)
         link.pump.handler = link.pump.on_send_error = None  # no cycle through the link outlives it
         if link.mon is not None:
             link.mon.handler = None
@@ -398,9 +405,9 @@ class Sender(TaskOwner):
         arena.close()
         self._lingering.remove(arena)
 
-    def _lose(self, link: Link, cause: str) -> None:
+    def _lose(self, link: Link, cause: str, gone: bool = False) -> None:
         """Give up on a link: its unacknowledged entries wait for re-sending; a new link (a new
-        socket, a new routing id) to the same address replaces it."""
+        socket, a new routing id) to the same address replaces it. `gone`: its connection closed."""
         if link.dead:
             return
         self._c["peers_lost"] += 1
@@ -409,7 +416,7 @@ class Sender(TaskOwner):
         for entry in link.unacked.values():
             self._pending[entry.seq] = entry
         link.unacked.clear()
-        self._close_link(link, "relink")
+        self._close_link(link, "relink", gone)
         if self._state != "closed" and self._links.get(link.address) is link:
             self._open_link(link.address, link.epoch + 1)
         self._update_liveness()
@@ -434,7 +441,7 @@ class Sender(TaskOwner):
         if link.inc is None or link.dead:  # not connected yet (inproc before bind): hellos retry
             log.debug("channel %s: write to %s failed: %s", self.name, link.address, error)
         else:
-            self._lose(link, f"writing to consumer at {link.address} failed ({error})")
+            self._lose(link, f"writing to consumer at {link.address} failed ({error})", gone=True)
 
     def _on_messages(self, link: Link, msgs: list) -> None:
         limits = wire.DecodeLimits(max_header_bytes=sockets.CONTROL_MAX_BYTES)
@@ -497,7 +504,7 @@ class Sender(TaskOwner):
             event = parse_monitor_message(frames)
             if event["event"] == zmq.EVENT_DISCONNECTED and link.inc is not None:
                 self._lose(link, f"connection to consumer at {link.address} closed (process exited or "
-                                 "network failed)")
+                                 "network failed)", gone=True)
                 return
 
     async def _tick_loop(self) -> None:

@@ -154,6 +154,10 @@ class Pump:
                 if self.on_send_error is not None:
                     self.on_send_error(e, frames)
 
+    def out_clear(self) -> None:
+        """Forget what is corked and not yet written (its link is gone)."""
+        self._out.clear()
+
     def close(self, linger_ms: int = 0, monitor: "Pump | None" = None) -> None:
         """Write what is queued, stop reading, close the socket (and its monitor's pump)."""
         if self.closed:

@@ -327,6 +327,9 @@ async def test_a_killed_consumer_process_gets_its_batches_lent_in_shared_memory_
             await wait_until(lambda: tx.statistics().acked == 3)
             assert first_link.arena.stats()["puts"] == 8
             first.kill()  # mid-stream: b3..b7 delivered through shared memory, not acknowledged
+            # the restart comes after the loss is noticed (as a supervisor's does): else batches sent
+            # on the old link meanwhile are re-sent too (at-least-once; here, `resent` would be 8)
+            await wait_until(lambda: tx.statistics().peers_lost == 1)
         assert [(e["batch_id"], e["first"]) for e in events] == [(f"b{i}", i * 64 * KiB) for i in range(8)]
         async with Receiver(cfg, name="test->peer") as second:
             await second.bind(address)  # the restart, at the same address (here, in this process)
