@@ -329,6 +329,12 @@ class Receiver(TaskOwner):
         if hello.need > self._link_b:
             raise DecodeError("need_too_large", f"link {rid[:24]!r} waits for {hello.need} bytes of credit; a "
                                                 f"link gets at most {self._link_b} (link_capacity_bytes)")
+        if hello.inc is not None and hello.inc != self._inc:
+            # a link of an earlier incarnation at this address: its socket reconnected here (stale
+            # hellos it still held); a live producer starts a new link
+            if peer is None and hello.state not in ("bye", "relink"):
+                self._reply_unknown(rid)
+            return
         if hello.state in ("bye", "relink"):
             if peer is not None:
                 quiet = hello.state == "relink" or peer.state == "eos"
@@ -552,14 +558,18 @@ class Receiver(TaskOwner):
                     self._flush()
 
     def _flush(self) -> None:
-        """Grant free credit and send every status that is owed (acks, limits, heartbeats)."""
-        self._unflushed, self._urgent, self._flush_at = 0, False, None
-        for rid in self._pool.regrant():
-            self._peers[rid].dirty = True
-        for peer in self._peers.values():
-            if peer.dirty:
-                self._outbox.append((peer.rid, self._status(peer)))
-        self._send_outbox()
+        """Grant free credit and send every status that is owed (acks, limits, heartbeats); again
+        if a link was dropped meanwhile (its status found its connection gone: its credit is free)."""
+        while True:
+            self._unflushed, self._urgent, self._flush_at = 0, False, None
+            for rid in self._pool.regrant():
+                self._peers[rid].dirty = True
+            for peer in self._peers.values():
+                if peer.dirty:
+                    self._outbox.append((peer.rid, self._status(peer)))
+            self._send_outbox()
+            if not self._urgent or self._state != "bound":
+                return
 
     def _on_send_error(self, error: Any, frames: list) -> None:
         """A status was not written. EHOSTUNREACH: the link's connection is gone (ZeroMQ dropped its

@@ -424,7 +424,11 @@ class Sender(TaskOwner):
             self._resending = self._work.spawn(self._resend_task)
 
     def _send_hello(self, link: Link, state: str | None = None) -> None:
-        state = state or ("eos" if self._state == "eos" else "open")
+        # "eos" only once nothing waits to be (re-)sent or acknowledged: a consumer gives a link that
+        # said it no credit, and a link that replaced a lost one during end_of_stream() must get
+        # credit for the batches it re-sends
+        state = state or ("eos" if self._state == "eos" and not self._pending
+                          and not any(lk.unacked for lk in self._links.values()) else "open")
         probe = None
         if link.arena is not None and not link.dead and not link.shm_ok:
             try:
@@ -434,7 +438,7 @@ class Sender(TaskOwner):
                 link.arena.close()
                 link.arena = None
         hello = wire.Hello(ch=self.name, state=state, need=link.need, idle=link.idle,
-                           ret_m=link.ret_m, ret_b=link.ret_b, shm=probe, mac=link.proof)
+                           ret_m=link.ret_m, ret_b=link.ret_b, shm=probe, mac=link.proof, inc=link.inc)
         link.pump.send([hello.to_bytes()])
 
     def _on_send_error(self, link: Link, error: zmq.ZMQError) -> None:

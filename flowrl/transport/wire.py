@@ -26,7 +26,10 @@ heartbeat and whenever the state changes (idempotent: all counters are cumulativ
      need: bytes of the message it is blocked on (0: not blocked), idle: bool,
      ret_m: int, ret_b: int,                    # credit handed back so far (messages, bytes)
      shm: {pid, fd, key},                       # optional: the probe of this link's shared memory
-     mac: bin}                                  # optional: HMAC-SHA256(secret, nonce) (channel secret)
+     mac: bin,                                  # optional: HMAC-SHA256(secret, nonce) (channel secret)
+     inc: str}                                  # optional: the consumer incarnation this link knows
+                                                # (a socket that reconnected to a restarted consumer
+                                                # is told to start a new link)
 
 `status` (consumer -> one producer link): welcome, credit grant, acks and heartbeat in one
 idempotent message::
@@ -222,6 +225,7 @@ class Hello:
     ret_b: int = 0
     shm: dict | None = None
     mac: bytes | None = None
+    inc: str | None = None
 
     def to_bytes(self) -> bytes:
         h = {"v": SCHEMA_VERSION, "kind": HELLO, "ch": self.ch, "state": self.state, "need": self.need,
@@ -230,11 +234,13 @@ class Hello:
             h["shm"] = self.shm
         if self.mac is not None:
             h["mac"] = self.mac
+        if self.inc is not None:
+            h["inc"] = self.inc
         return pack(h)
 
     @classmethod
     def from_header(cls, h: dict) -> "Hello":
-        check_keys(h, _HELLO_KEYS, frozenset({"shm", "mac"}), where="hello")
+        check_keys(h, _HELLO_KEYS, frozenset({"shm", "mac", "inc"}), where="hello")
         mac = h.get("mac")
         if mac is not None and (type(mac) is not bytes or len(mac) != MAC_BYTES):
             raise DecodeError("bad_field", f"hello mac must be {MAC_BYTES} bytes of bin")
@@ -249,7 +255,7 @@ class Hello:
             get_str(shm, "key", 64)
         return cls(ch=get_str(h, "ch", allow_empty=True), state=state, need=get_int(h, "need", 0),
                    idle=get_bool(h, "idle"), ret_m=get_int(h, "ret_m", 0), ret_b=get_int(h, "ret_b", 0), shm=shm,
-                   mac=mac)
+                   mac=mac, inc=get_str(h, "inc") if "inc" in h else None)
 
 
 @dataclass

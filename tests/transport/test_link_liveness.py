@@ -1,4 +1,6 @@
-"""A consumer knows which producer links are alive by their routing ids, not by file descriptors.
+"""Producer links that end while their consumer runs on, and consumers that restart under them.
+
+A consumer knows which producer links are alive by their routing ids, not by file descriptors.
 
 A connection's "disconnected" event (the receiver's monitor socket) and the messages that came
 through that connection (its data socket) reach the receiver on two sockets, in no fixed order, and
@@ -16,7 +18,7 @@ import pytest
 import zmq
 
 from flowrl.transport import Batch, EndOfStream, Receiver, Sender, wire
-from tests.transport.helpers import fast_config
+from tests.transport.helpers import fast_config, spawn_peer, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -88,6 +90,28 @@ async def test_a_hello_handled_after_its_connection_closed_leaves_no_link_open(t
         assert (rx.statistics().peers_lost, rx.statistics().reclaimed) == (1, 0)
 
 
+async def test_a_hello_of_a_link_that_knew_an_earlier_incarnation_makes_no_link(tmp_path):
+    """A producer socket that reconnected on its own to a consumer restarted at the same address
+    still holds hellos of its old link, naming the incarnation it knew: the consumer answers "start
+    a new link" and holds no link for it (one saying "eos" would otherwise count as finished)."""
+    address = f"ipc://{tmp_path}/rx"
+    async with Receiver(fast_config(), name="rx") as rx:
+        await rx.bind(address)
+        stale = zmq.Context.instance().socket(zmq.DEALER)
+        stale.setsockopt(zmq.ROUTING_ID, b"stale-link")
+        stale.connect(address)
+        try:
+            for state in ("open", "eos"):
+                stale.send(wire.Hello(ch="raw", state=state, inc="an-earlier-one").to_bytes())
+            got = await anyio.to_thread.run_sync(statuses, stale)  # answers to unknown links are rate-limited
+            assert got and not any(st.known for st in got)
+            assert rx.statistics().peers == 0
+        finally:
+            stale.close(linger=0)
+        assert await finish_one_batch(rx, address) == ["b0"]
+        assert rx.statistics().peers_lost == 0
+
+
 async def test_a_link_is_not_dropped_for_an_earlier_connection_closing(tmp_path):
     """A link that connected after an earlier one closed (likely with the same descriptor number)
     is handled before the earlier connection's "disconnected" event: the event must not end it."""
@@ -110,3 +134,40 @@ async def test_a_link_is_not_dropped_for_an_earlier_connection_closing(tmp_path)
         finally:
             second.close(linger=0)
         assert rx.statistics().peers_lost == 1  # the first link only
+
+
+async def test_a_consumer_restarted_while_its_producer_ends_the_stream_gets_every_batch_and_the_end(tmp_path):
+    """kill -9 of the consumer while end_of_stream() waits for its acknowledgements: the link that
+    replaces the lost one re-sends what was not acknowledged, so it must not say "eos" (a consumer
+    gives a finished link no credit) until nothing is left to send."""
+    address = f"ipc://{tmp_path}/consumer"
+    cfg = fast_config(capacity_messages=8, peer_timeout_s=5.0)
+    sent = [Batch(tensors={"x": np.arange(16) + i}, batch_id=f"b{i}") for i in range(6)]
+    async with Sender(cfg, name="test->peer") as tx:
+        async with anyio.create_task_group() as tg:
+            async with spawn_peer("consumer", address, "--capacity", "8", "--hold-after", "2") as first:
+                await first.next_event("ready")
+                await tx.connect(address)
+                for b in sent:
+                    await tx.send(b)
+                for _ in sent:
+                    await first.next_event("recv")
+                await wait_until(lambda: tx.statistics().acked == 2)
+                tg.start_soon(tx.end_of_stream)  # waits: b2..b5 are not acknowledged
+                await wait_until(lambda: tx._state == "eos")
+                first.kill()
+                await wait_until(lambda: tx.statistics().peers_lost == 1)
+            async with Receiver(cfg, name="test->peer") as second:
+                await second.bind(address)  # the restart, at the same address
+                got = []
+                with anyio.fail_after(20):
+                    while True:
+                        try:
+                            b = await second.recv()
+                        except EndOfStream:
+                            break
+                        got.append(b.batch_id)
+                        await second.ack(b)
+                    await wait_until(lambda: not tx.unacked())
+        assert got == ["b2", "b3", "b4", "b5"]
+        assert tx.statistics().resent == 4 and tx.take_returned() == []
