@@ -43,6 +43,33 @@ async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") 
             await anyio.sleep(0.01)
 
 
+async def receive_all(rx, timeout: float = 20.0) -> list:
+    """Every batch `rx` hands out until EndOfStream, each acknowledged (by the deadline)."""
+    from flowrl.transport import EndOfStream
+
+    got = []
+    with anyio.fail_after(timeout):
+        while True:
+            try:
+                b = await rx.recv()
+            except EndOfStream:
+                return got
+            got.append(b)
+            await rx.ack(b)
+
+
+async def deliver_to_holding_peer(peer: "Peer", tx, address: str, batches: list, acked: int) -> list[dict]:
+    """Connect `tx` to a `peer.py consumer --hold-after ACKED` and send it `batches`; returns its
+    "recv" events once each arrived and the first `acked` were acknowledged (the rest it holds)."""
+    await peer.next_event("ready")
+    await tx.connect(address)
+    for b in batches:
+        await tx.send(b)
+    events = [await peer.next_event("recv") for _ in batches]
+    await wait_until(lambda: tx.statistics().acked == acked)
+    return events
+
+
 class Peer:
     """A running peer.py process: read its JSON events, write it commands, kill it."""
 

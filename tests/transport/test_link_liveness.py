@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import zmq
 
-from flowrl.transport import Batch, EndOfStream, Receiver, Sender, wire
-from tests.transport.helpers import fast_config, spawn_peer, wait_until
+from flowrl.transport import Batch, Receiver, Sender, wire
+from tests.transport.helpers import deliver_to_holding_peer, fast_config, receive_all, spawn_peer, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -55,21 +55,13 @@ def statuses(sock: zmq.Socket, timeout_s: float = 10.0) -> list[wire.Status]:
 async def finish_one_batch(rx: Receiver, address: str) -> list[str]:
     """A real producer sends one batch and ends its stream; what `rx.recv()` hands out until
     EndOfStream (which it must raise: no other link may be left open)."""
-    got = []
     async with Sender(fast_config(), name="real") as tx:
         await tx.connect(address)
         await tx.send(Batch(tensors={"x": np.arange(4)}, batch_id="b0"))
-        with anyio.fail_after(20):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(tx.end_of_stream)
-                while True:
-                    try:
-                        b = await rx.recv()
-                    except EndOfStream:
-                        break
-                    got.append(b.batch_id)
-                    await rx.ack(b)
-    return got
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(tx.end_of_stream)
+            got = await receive_all(rx)
+    return [b.batch_id for b in got]
 
 
 async def test_a_hello_handled_after_its_connection_closed_leaves_no_link_open(tmp_path):
@@ -146,28 +138,14 @@ async def test_a_consumer_restarted_while_its_producer_ends_the_stream_gets_ever
     async with Sender(cfg, name="test->peer") as tx:
         async with anyio.create_task_group() as tg:
             async with spawn_peer("consumer", address, "--capacity", "8", "--hold-after", "2") as first:
-                await first.next_event("ready")
-                await tx.connect(address)
-                for b in sent:
-                    await tx.send(b)
-                for _ in sent:
-                    await first.next_event("recv")
-                await wait_until(lambda: tx.statistics().acked == 2)
+                await deliver_to_holding_peer(first, tx, address, sent, acked=2)
                 tg.start_soon(tx.end_of_stream)  # waits: b2..b5 are not acknowledged
                 await wait_until(lambda: tx._state == "eos")
                 first.kill()
                 await wait_until(lambda: tx.statistics().peers_lost == 1)
             async with Receiver(cfg, name="test->peer") as second:
                 await second.bind(address)  # the restart, at the same address
-                got = []
-                with anyio.fail_after(20):
-                    while True:
-                        try:
-                            b = await second.recv()
-                        except EndOfStream:
-                            break
-                        got.append(b.batch_id)
-                        await second.ack(b)
-                    await wait_until(lambda: not tx.unacked())
-        assert got == ["b2", "b3", "b4", "b5"]
+                got = await receive_all(second)
+                await wait_until(lambda: not tx.unacked())
+        assert [b.batch_id for b in got] == ["b2", "b3", "b4", "b5"]
         assert tx.statistics().resent == 4 and tx.take_returned() == []

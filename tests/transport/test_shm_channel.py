@@ -25,7 +25,7 @@ import zmq
 
 from flowrl.transport import Batch, BrokenChannel, ChannelConfig, EndOfStream, Receiver, Sender, wire
 from flowrl.transport.shm import MIN_BLOCK, ShmArena, ShmError, ShmPeer
-from tests.transport.helpers import fast_config, spawn_peer, spawn_python, wait_until
+from tests.transport.helpers import deliver_to_holding_peer, fast_config, spawn_peer, spawn_python, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -317,15 +317,9 @@ async def test_a_killed_consumer_process_gets_its_batches_lent_in_shared_memory_
     expected = {i: snapshot(b) for i, b in sent.items()}
     async with Sender(cfg, name="test->peer") as tx:
         async with spawn_peer("consumer", address, "--capacity", "8", "--hold-after", "3") as first:
-            await first.next_event("ready")
-            await tx.connect(address)
+            events = await deliver_to_holding_peer(first, tx, address, [sent[i] for i in range(8)], acked=3)
             first_link = link_of(tx)
-            assert first_link.shm_ok
-            for i in range(8):
-                await tx.send(sent[i])
-            events = [await first.next_event("recv") for _ in range(8)]
-            await wait_until(lambda: tx.statistics().acked == 3)
-            assert first_link.arena.stats()["puts"] == 8
+            assert first_link.shm_ok and first_link.arena.stats()["puts"] == 8
             first.kill()  # mid-stream: b3..b7 delivered through shared memory, not acknowledged
             # the restart comes after the loss is noticed (as a supervisor's does): else batches sent
             # on the old link meanwhile are re-sent too (at-least-once; here, `resent` would be 8)
@@ -367,13 +361,7 @@ async def test_batches_lent_to_a_killed_consumer_that_never_returns_are_handed_b
     expected = [snapshot(b) for b in sent]
     async with Sender(fast_config(capacity_messages=8, peer_timeout_s=0.5), name="test->peer") as tx:
         async with spawn_peer("consumer", address, "--capacity", "8", "--hold-after", "1") as consumer:
-            await consumer.next_event("ready")
-            await tx.connect(address)
-            for b in sent:
-                await tx.send(b)
-            for _ in sent:
-                await consumer.next_event("recv")
-            await wait_until(lambda: tx.statistics().acked == 1)
+            await deliver_to_holding_peer(consumer, tx, address, sent, acked=1)
             assert link_of(tx).arena.stats()["puts"] == 4
             consumer.kill()
         await wait_until(lambda: tx.statistics().returned == 3)
