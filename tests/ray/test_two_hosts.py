@@ -110,10 +110,12 @@ def test_an_actor_spanning_two_hosts_without_a_shared_folder_learns_trains_as_on
     shards = {h: {Path(s).name.split(".e")[0] for s in before[h]["shards"]} for h in ("run_dir", "host_b")}
     assert shards == {"run_dir": {"actor.0.0", "actor.0.1"}, "host_b": {"actor.0.2", "actor.0.3", "critic.0.0"}}
 
-    # kill -9 of a rank on host-b: its whole group restarts (once)
+    # kill -9 of a rank on host-b: its whole group restarts (once). The killed rank is not always the
+    # first one seen down: a rank on host-a whose collective broke exits by itself within
+    # milliseconds, and may be polled before the exit of the one on host-b is
     assert facts["killed"][0] == "actor.0.2"
     first = facts["node_down"][:4]
-    assert first[0] == "actor/0/2" and sorted(first) == [f"actor/0/{r}" for r in range(4)], facts["node_down"]
+    assert sorted(first) == [f"actor/0/{r}" for r in range(4)], facts["node_down"]
 
     # kill -9 of the controller, `--resume` from the commit record on host-a alone: every rank reads
     # its shard where it is (on both hosts), the critic's is fetched from host-b to host-a
