@@ -43,19 +43,21 @@ async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") 
             await anyio.sleep(0.01)
 
 
-async def receive_all(rx, timeout: float = 20.0) -> list:
-    """Every batch `rx` hands out until EndOfStream, each acknowledged (by the deadline)."""
+async def drain(rx, ack: bool = True, timeout: float | None = None) -> list:
+    """Every batch `rx` hands out until EndOfStream (each acknowledged unless `ack` is False),
+    within `timeout` seconds when one is given."""
     from flowrl.transport import EndOfStream
 
-    got = []
+    out = []
     with anyio.fail_after(timeout):
         while True:
             try:
                 b = await rx.recv()
             except EndOfStream:
-                return got
-            got.append(b)
-            await rx.ack(b)
+                return out
+            out.append(b)
+            if ack:
+                await rx.ack(b)
 
 
 async def deliver_to_holding_peer(peer: "Peer", tx, address: str, batches: list, acked: int) -> list[dict]:

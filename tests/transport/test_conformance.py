@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from flowrl.transport import Batch, BrokenChannel, ChannelClosed, EndOfStream, Receiver, Sender
-from tests.transport.helpers import KINDS, address_for, fast_config, wait_until
+from tests.transport.helpers import KINDS, address_for, drain, fast_config, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -16,18 +16,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 def batch(i: int, n: int = 8, producer: str = "p") -> Batch:
     return Batch(tensors={"x": np.full(n, i, dtype=np.int64)}, meta={"producer": producer, "i": i},
                  batch_id=f"{producer}{i}")
-
-
-async def drain(rx: Receiver, ack: bool = True) -> list[Batch]:
-    out = []
-    while True:
-        try:
-            b = await rx.recv()
-        except EndOfStream:
-            return out
-        out.append(b)
-        if ack:
-            await rx.ack(b)
 
 
 @pytest.fixture(params=KINDS)

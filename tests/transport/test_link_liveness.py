@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from flowrl.transport import Batch, Receiver, Sender, wire
-from tests.transport.helpers import deliver_to_holding_peer, fast_config, receive_all, spawn_peer, wait_until
+from tests.transport.helpers import deliver_to_holding_peer, drain, fast_config, spawn_peer, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -60,7 +60,7 @@ async def finish_one_batch(rx: Receiver, address: str) -> list[str]:
         await tx.send(Batch(tensors={"x": np.arange(4)}, batch_id="b0"))
         async with anyio.create_task_group() as tg:
             tg.start_soon(tx.end_of_stream)
-            got = await receive_all(rx)
+            got = await drain(rx, timeout=20)
     return [b.batch_id for b in got]
 
 
@@ -145,7 +145,7 @@ async def test_a_consumer_restarted_while_its_producer_ends_the_stream_gets_ever
                 await wait_until(lambda: tx.statistics().peers_lost == 1)
             async with Receiver(cfg, name="test->peer") as second:
                 await second.bind(address)  # the restart, at the same address
-                got = await receive_all(second)
+                got = await drain(second, timeout=20)
                 await wait_until(lambda: not tx.unacked())
         assert [b.batch_id for b in got] == ["b2", "b3", "b4", "b5"]
         assert tx.statistics().resent == 4 and tx.take_returned() == []
