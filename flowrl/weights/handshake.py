@@ -42,23 +42,20 @@ def announce(store: Any, r: int, rank: int, status: str = "ok") -> None:
 
 def gather(store: Any, r: int, world_size: int, ready_timeout_s: float, stop: Stop = None) -> None:
     """Publisher: wait until ranks 1..world_size-1 all said ok; raise at the first refusal, or
-    naming who is late at the deadline, or at once when `stop()` gives a reason."""
+    naming who is late at the deadline, or at once when `stop()` gives a reason. (A rank's record
+    is waited for and then read: two round trips to the store, none to check for it first.)"""
     deadline = time.monotonic() + ready_timeout_s
     pending = list(range(1, world_size))
-    while True:
-        for rank in [x for x in pending if store.check([_ready(r, x)])]:
-            pending.remove(rank)
-            status = store.get(_ready(r, rank)).decode()  # StoreAuthError for a forged record
-            if status != "ok":
-                raise WeightSyncError(f"rank {rank} {status}")
-        if not pending:
-            return
-        if time.monotonic() >= deadline:
+    while pending:
+        if not _wait_key(store, _ready(r, pending[0]), deadline, stop):
             raise WeightSyncError(
                 f"rank(s) {pending} did not say they were ready within ready_timeout_s={ready_timeout_s:.1f} s: "
                 "dead, or busy in a batch for longer than that (make ready_timeout_s at least the node's process "
                 "timeout)")
-        _wait_key(store, _ready(r, pending[0]), deadline, stop)
+        rank = pending.pop(0)
+        status = store.get(_ready(r, rank)).decode()  # StoreAuthError for a forged record
+        if status != "ok":
+            raise WeightSyncError(f"rank {rank} {status}")
 
 
 def release(store: Any, r: int, verdict: str = "go") -> None:

@@ -88,8 +88,6 @@ class WeightPublisher:
             except WeightSyncError as e:
                 release(store, r, f"abort: {e}")
                 raise WeightSyncError(f"weight-sync epoch {epoch} round {r}: {e}") from e
-            if r > 0:  # everyone is past round r - 1: the store stays O(members), not O(versions)
-                forget(store, r - 1, world_size)
             release(store, r, "go")
             with self._lock:  # the collective's timeout counts from here: every member is waiting
                 if self._group is None:
@@ -101,6 +99,8 @@ class WeightPublisher:
                                                    stop=stop)
                 self._version_tensor.fill_(self.version)
                 self.seconds = self._group.broadcast([self._version_tensor, *self.buckets], fill=self.fault_hook)
+            if r > 0:  # everyone is past round r - 1: the store stays O(members), not O(versions) (after
+                forget(store, r - 1, world_size)  # the broadcast: the members wait for it, not for this)
             return self.version
         except Exception:
             self._failed = True

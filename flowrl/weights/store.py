@@ -52,24 +52,23 @@ DEFAULT_TIMEOUT_S = 60.0  # a store's waits without a timeout of their own (TCPS
 
 
 def wait_until(ready: Callable[[], bool], deadline: float, stop: Stop = None,
-               block: Callable[[float], None] | None = None) -> bool:
+               block: Callable[[float], bool] | None = None) -> bool:
     """Wait until `ready()` (True) or `deadline`, a time.monotonic() (False); raise WeightSyncError
     as soon as `stop()` gives a reason.
 
     With `block(seconds)` (a blocking store wait on the same key, see `blocking`) the first
-    FIRST_WAIT_S block: a key set meanwhile wakes the wait at once (a round's usual case: no added
-    latency), and `stop` is heard within FIRST_WAIT_S. Then it polls `ready()`, 2 ms growing to 50
-    ms apart: `stop` is heard within POLL_MAX_S, and a long wait (a member busy in a batch) makes
+    FIRST_WAIT_S block: a key set meanwhile (or already) ends the wait at once, and that is the
+    answer, with no `ready()` round trip to the store before or after it (a round's usual case: no
+    added latency); `stop` is heard within FIRST_WAIT_S. Then it polls `ready()`, 2 ms growing to
+    50 ms apart: `stop` is heard within POLL_MAX_S, and a long wait (a member busy in a batch) makes
     c10d log one timed-out-wait warning, not two every FIRST_WAIT_S."""
     reason = stop() if stop is not None else None
     if reason:
         raise WeightSyncError(reason)
-    if ready():
-        return True
     if block is not None:
         left = min(FIRST_WAIT_S, deadline - time.monotonic())
-        if left > 0:
-            block(left)
+        if left > 0 and block(left):
+            return True
     delay = POLL_MIN_S
     while True:
         reason = stop() if stop is not None else None
@@ -84,13 +83,15 @@ def wait_until(ready: Callable[[], bool], deadline: float, stop: Stop = None,
         delay = min(2 * delay, POLL_MAX_S)
 
 
-def blocking(store: Any, keys: list[str]) -> Callable[[float], None]:
-    """`block` for `wait_until`: `store.wait(keys)` for at most that many seconds, a timeout quiet."""
-    def block(seconds: float) -> None:
+def blocking(store: Any, keys: list[str]) -> Callable[[float], bool]:
+    """`block` for `wait_until`: `store.wait(keys)` for at most that many seconds; True once every
+    key is there, False at its timeout (quiet)."""
+    def block(seconds: float) -> bool:
         try:
             store.wait(keys, datetime.timedelta(seconds=seconds))
         except Exception:  # noqa: BLE001 - a timeout; a broken store raises in the caller's next check
-            pass
+            return False
+        return True
     return block
 
 

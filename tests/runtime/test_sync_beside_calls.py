@@ -2,7 +2,14 @@
 `serve_lane`): a sync order that waited for the running call would leave the rollout idle for a
 whole training step with `max_staleness >= 1`. Here the trainer's call for each batch returns only
 once the subscriber holds the trainer's current version, so the run ends only if syncs are served
-beside calls (before, it failed after `wait_s`)."""
+beside calls (before, it failed after `wait_s`).
+
+A plain subscriber, too, receives a round while its call runs (`FetchLane`) and lands it between
+two calls: its trace shows the rounds inside its calls, and `Follower` checks at the end of every
+call that the weights it holds are exactly the version it was told (a round written into the live
+weights during a call would fail it)."""
+
+import json
 
 import pytest
 
@@ -31,3 +38,31 @@ schedule: {{steps: 8, batch_size: 2, max_staleness: 1}}
     consumed = [r for r in result.ledger if r["event"] == "consumed"]
     assert len(consumed) == 8
     assert int(held.read_text()) >= 7  # the subscriber took every version up to the last but one
+
+
+def test_a_subscriber_receives_rounds_while_its_calls_run_and_lands_them_between_calls(tmp_path):
+    graph = tmp_path / "g.yaml"
+    graph.write_text(f"""
+name: fetch
+nodes:
+  numbers: {{kind: "{N}:Numbers"}}
+  follower: {{kind: "{N}:Follower", config: {{delay_s: 0.25}}}}
+  trainer: {{kind: "{N}:Trainer"}}
+edges: [numbers -> follower, follower -> trainer]
+weights: [trainer -> follower]
+schedule: {{steps: 8, batch_size: 2, max_staleness: 1}}
+""")
+    result = run_graph(graph, tmp_path / "run", timeout_s=120)
+    assert result.exit_code == 0, result.stderr[-3000:]
+    assert not [r for r in result.ledger if r["event"] == "restarted"], "a fault-free run restarted a node"
+    assert result.audit().exactly_once
+    events = json.loads((tmp_path / "run" / "trace.json").read_text())
+    pid = next(e["pid"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"
+               and e["args"]["name"].startswith("follower"))
+    spans = [e for e in events if e.get("ph") == "X" and e["pid"] == pid]
+    calls = [(e["ts"], e["ts"] + e["dur"]) for e in spans if e["name"] == "compute"]
+    rounds = [(e["ts"], e["ts"] + e["dur"]) for e in spans if e["name"] == "weight_sync"]
+    assert len(rounds) >= 6 and all((e.get("args") or {}).get("beside") for e in spans if e["name"] == "weight_sync")
+    inside = [r for r in rounds if any(a <= r[0] and r[1] <= b for a, b in calls)]
+    # the trainer takes a batch and publishes within a few ms; the follower's next call runs 250 ms
+    assert len(inside) >= len(rounds) // 2, (rounds, calls)

@@ -1,7 +1,8 @@
 """`WeightSyncs` (flowrl/runtime/worker/syncs.py) owns the sync orders of a node process: a
 subscriber takes the version it received and the batches that waited for it go on; a failed round
 leaves the version as it was; a data-parallel follower joins a sync only when its leader's step
-names it, whichever of the order and the step comes first."""
+names it, whichever of the order and the step comes first; a plain subscriber receives a round as
+its order arrives and lands it in the order's turn."""
 
 from __future__ import annotations
 
@@ -118,6 +119,78 @@ def test_a_publisher_serves_in_order_beside_its_calls_but_never_during_a_rollbac
                     await anyio.sleep(0.01)
             assert order_of_events == [("rollback", [1])]  # between the two serves, not during one
             assert [type(r).__name__ for r in kit.reports] == ["Synced", "Synced"]
+            tg.cancel_scope.cancel()
+        kit.close()
+
+    anyio.run(main)
+
+
+class FetchingWeights(Weights):
+    """A subscriber's client whose rounds are received ahead (`fetch`, held until the test lets
+    each go) and made live in the order's turn (`land_fetched`), as `WeightsClient`'s."""
+
+    def __init__(self):
+        super().__init__()
+        self.fetched: list[int] = []
+        self.landed: list[int] = []
+        self.go: dict[int, anyio.Event] = {}
+
+    async def fetch(self, order):
+        self.fetched.append(order.version)
+        await self.go.setdefault(order.version, anyio.Event()).wait()
+        return order.version
+
+    async def land_fetched(self, fetch, runner):
+        await fetch.done.wait()
+        if fetch.error is not None:
+            raise fetch.error
+        self.landed.append(fetch.received)
+        return fetch.received
+
+
+def test_a_plain_subscriber_receives_a_round_as_its_order_arrives_and_lands_it_in_the_orders_turn():
+    """The round starts when the control loop gets the order (a call may be running: the event
+    queue is not needed), lands only when the order's turn on the event queue comes, and the next
+    round starts only once the last landed (they share the staging buffers). An order that arrives
+    behind a rollback is not fetched: it runs whole in its turn, after the rollback."""
+    async def main():
+        weights = FetchingWeights()
+        kit = await build(shape(subscribes=True), weights=weights, fetch=True)
+        assert kit.syncs.fetches is not None and not kit.syncs.beside
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kit.syncs.fetches.run)
+            with anyio.fail_after(5):
+                first, second = _sync(1), _sync(2)
+                assert not kit.syncs.arrived(first) and not kit.syncs.arrived(second)  # both go on the event queue
+                await anyio.wait_all_tasks_blocked()
+                assert weights.fetched == [1] and kit.version.value == 0  # receiving; nothing landed
+                weights.go.setdefault(1, anyio.Event()).set()
+                weights.go.setdefault(2, anyio.Event()).set()
+                await anyio.wait_all_tasks_blocked()
+                assert weights.fetched == [1]  # the next round waits until this one landed
+                await kit.syncs.order(first)  # its turn
+                assert kit.version.value == 1 and weights.landed == [1]
+                await anyio.wait_all_tasks_blocked()
+                assert weights.fetched == [1, 2]
+
+                rollback, third = m.Epoch(epoch=1, watermark=0), _sync(3, sync_epoch=2)
+                assert not kit.syncs.arrived(rollback)
+                kit.syncs.arrived(third)  # queued behind the rollback: not fetched
+                await kit.syncs.order(second)
+                await anyio.wait_all_tasks_blocked()
+                assert weights.fetched == [1, 2] and weights.landed == [1, 2] and kit.version.value == 2
+                handled = []
+
+                async def enter_epoch(msg):
+                    handled.append(msg.epoch)
+
+                await kit.syncs.apart_from(enter_epoch)(rollback)
+                await kit.syncs.order(third)  # the whole round, in its turn
+                assert handled == [1] and weights.rounds == [2] and kit.version.value == 3
+                assert kit.syncs.arrived(_sync(4, sync_epoch=2)) is False
+                await anyio.wait_all_tasks_blocked()
+                assert weights.fetched == [1, 2, 4]  # the rollback handled: fetched ahead again
+            assert [type(r).__name__ for r in kit.reports] == ["Synced", "Synced", "Synced"]
             tg.cancel_scope.cancel()
         kit.close()
 

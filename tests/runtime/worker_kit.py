@@ -105,7 +105,7 @@ class Kit:
 
 async def build(sh: Shape | None = None, *, node=None, run_dir=".", epoch: int = 0, watermark: int = 0,
                 rank: int = 0, world_size: int = 1, rank_rx=None, peers: dict | None = None, weights=None,
-                steps: int = 100, checkpoint_every: int = 0, senders=()) -> Kit:
+                steps: int = 100, checkpoint_every: int = 0, senders=(), fetch: bool = False) -> Kit:
     sh = sh or shape()
     node = node or Node()
     reports: list = []
@@ -138,7 +138,7 @@ async def build(sh: Shape | None = None, *, node=None, run_dir=".", epoch: int =
         await path.release(v)
 
     syncs = WeightSyncs(weights, runner, version, policies.fence, shape=sh, ranks=ranks, report=report,
-                        released=released)
+                        released=released, fetch=fetch)
     group_steps = GroupSteps(state, syncs, ranks, policies.fence)
     path = DataPath(sh, policies, node="n", runner=runner, outputs=outputs, steps=group_steps, state=state,
                     ranks=ranks, version=version, recorder=recorder, report=report, labels={}, started=0.0)

@@ -135,14 +135,15 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
     async def released(v: int) -> None:  # a subscriber's new version: held batches go on (`path`, made below)
         await path.release(v)
 
+    # calls at once only where nothing orders them (`flowrl check`: concurrency-unsupported)
+    concurrency = 1 if shape.stateful or spec.world_size > 1 else node_spec.concurrency
     syncs = WeightSyncs(weights, runner, version, policies.fence, shape=shape, ranks=ranks, report=report,
-                        released=released)
+                        released=released, fetch=concurrency == 1 and spec.turn_group is None)
     steps = GroupSteps(state, syncs, ranks, policies.fence)
     path = DataPath(shape, policies, node=spec.node, runner=runner, outputs=outputs, steps=steps, state=state,
                     ranks=ranks, version=version, recorder=recorder, report=report, labels=input_labels,
                     started=started, max_staleness=sched.max_staleness,
-                    # calls at once only where nothing orders them (`flowrl check`: concurrency-unsupported)
-                    concurrency=1 if shape.stateful or spec.world_size > 1 else node_spec.concurrency)
+                    concurrency=concurrency)
     orders = OrderTaker(path, state, steps, version, policies.fence, shape=shape, rank=spec.rank, report=report)
     return Parts(graph=graph, shape=shape, recorder=recorder, version=version, runner=runner, state=state,
                  weights=weights, outputs=outputs, ranks=ranks, syncs=syncs, steps=steps, path=path, orders=orders,

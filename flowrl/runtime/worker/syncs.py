@@ -10,6 +10,15 @@ Every rank of a data-parallel subscriber is a member of the sync group, a collec
 join it when their leader says (a `GroupStep`), never while another rank waits for them in a step
 of its own.
 
+A plain subscriber (one rank, one call at a time, no take-turns group, no handoff) receives a
+round beside its call (`FetchLane`): the round starts as the order arrives, the version waits in
+the staging buffers, and the order, in its place on the event queue, only lands it (on the compute
+thread, between two calls, as before). Waiting for the running call to end first made the
+publisher's round and the subscriber's receive a step of their own on the subscriber's path: with
+`max_staleness >= 1` a few ms per version of a rollout's time. One round is fetched at a time, and
+the next only once the last landed (they share the staging buffers); an order queued behind a
+rollback (`Epoch`) is not fetched ahead (the rollback may make the subscriber anew).
+
 A publisher (a trainer) serves its orders beside its calls, on a lane of their own (`serve_lane`),
 not between them: a broadcast reads only the send buckets of the last snapshot (the publisher's
 lock keeps a snapshot and a broadcast apart), so training on the next batch goes on while the
@@ -40,7 +49,7 @@ class WeightSyncs:
 
     def __init__(self, weights, runner: NodeRunner, version: WeightVersion, fence: Fence, *, shape: Shape,
                  ranks: RankGroup | None, report: Callable[[Any], Awaitable[None]],
-                 released: Callable[[int], Awaitable[None]]):
+                 released: Callable[[int], Awaitable[None]], fetch: bool = False):
         self._weights = weights  # the WeightsClient (None: this process takes no part in weight sync)
         self._runner = runner
         self._version = version
@@ -56,6 +65,10 @@ class WeightSyncs:
         # unbounded: the control loop hands orders over and never waits (an order is a few numbers)
         self._lane_tx, self._lane_rx = anyio.create_memory_object_stream[m.Sync](math.inf)
         self._serving = anyio.Lock()  # held by a serve of the lane, and through a rollback (`apart`)
+        # a plain subscriber's rounds, received as their orders arrive (`fetch`: one call at a time and
+        # no take-turns group, the worker's say)
+        plain = fetch and weights is not None and shape.subscribes and not shape.publishes and ranks is None
+        self.fetches = FetchLane(weights, runner) if plain else None
 
     def fence(self, sync_epoch: int) -> None:
         """A member died (any thread): stop waiting for the members of an older sync epoch."""
@@ -64,7 +77,7 @@ class WeightSyncs:
 
     async def order(self, order: m.Sync) -> None:
         """A `Sync` order from the controller."""
-        if self.arrived(order):  # a publisher's: to its lane (the control loop hands them over itself)
+        if self._take(order):  # a publisher's: to its lane (the control loop hands them over itself)
             return
         if self._ranks is not None and self._shape.subscribes:
             if self._ranks.rank > 0:  # kept until the leader's step names this sync epoch
@@ -78,9 +91,21 @@ class WeightSyncs:
                 return  # a rank is in a newer recovery epoch: the recovery forms a new sync epoch
         await self.run(order)
 
-    def arrived(self, order: m.Sync) -> bool:
-        """The control loop got `order` (its thread, before the event queue): older epochs are fenced
-        at once, and a publisher's order goes straight to its lane (True: nothing more to do)."""
+    def arrived(self, msg: Any) -> bool:
+        """The control loop got `msg` (its thread, before the event queue). A `Sync`: older epochs are
+        fenced at once, a publisher's order goes straight to its lane (True: nothing more to do), a
+        plain subscriber's round starts (`FetchLane`) unless a rollback is queued ahead of it."""
+        if isinstance(msg, m.Epoch) and self.fetches is not None:
+            self.fetches.rollbacks += 1  # until handled (`apart_from`)
+        if not isinstance(msg, m.Sync):
+            return False
+        if self._take(msg):
+            return True
+        if self.fetches is not None:
+            self.fetches.start(msg)
+        return False
+
+    def _take(self, order: m.Sync) -> bool:
         self.fence(order.sync_epoch)  # a member died: stop waiting for the old epoch
         if self.beside:  # served beside the node's calls, not after the one running
             self._lane_tx.send_nowait(order)
@@ -89,8 +114,12 @@ class WeightSyncs:
     def apart_from(self, handler: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
         """`handler` (the `Epoch` order's) run `apart` from every serve."""
         async def run(msg) -> None:
-            async with self.apart():
-                await handler(msg)
+            try:
+                async with self.apart():
+                    await handler(msg)
+            finally:
+                if self.fetches is not None and isinstance(msg, m.Epoch):
+                    self.fetches.rollbacks = max(0, self.fetches.rollbacks - 1)
         return run
 
     async def serve_lane(self) -> None:
@@ -112,8 +141,9 @@ class WeightSyncs:
             yield
 
     def stop(self) -> None:
-        """The process stops: a serve still waiting for its members ends within a quarter second."""
-        if self.beside:
+        """The process stops (or fails): a serve still waiting for its members, or a round a
+        subscriber receives ahead, ends within a quarter second."""
+        if self.beside or self.fetches is not None:
             self._weights.fence(2**62)
 
     async def join(self, sync_epoch: int) -> None:
@@ -124,16 +154,24 @@ class WeightSyncs:
             await self.run(order)
 
     async def run(self, order: m.Sync) -> None:
-        """One sync round; `Synced` or `SyncFailed` to the controller."""
+        """One sync round (or landing the round `FetchLane` received); `Synced` or `SyncFailed` to
+        the controller."""
+        fetch = self.fetches.taken(order) if self.fetches is not None else None
         try:
             with self._runner.occupied(f"weight sync v{order.version}"):
-                received = await self._weights.sync(order, self._version.value, self._runner)
+                if fetch is not None:
+                    received = await self._weights.land_fetched(fetch, self._runner)
+                else:
+                    received = await self._weights.sync(order, self._version.value, self._runner)
         except Exception as e:  # noqa: BLE001 - reported; the controller forms a new epoch
             from flowrl.weights import LayoutMismatchError
 
             await self._report(m.SyncFailed(sync_epoch=order.sync_epoch, error=str(e)[:2000],
                                             permanent=isinstance(e, LayoutMismatchError)))
             return
+        finally:
+            if fetch is not None:
+                fetch.landed.set()
         if not self._shape.publishes:
             self._version.set(received)
         await self._report(m.Synced(version=received, sync_epoch=order.sync_epoch, **self._weights.digest()))
@@ -142,3 +180,49 @@ class WeightSyncs:
         if self._shape.observer:
             with self._runner.occupied(f"observe v{received}"):
                 await self._runner.run(self._runner.node.observe, received)
+
+
+class FetchLane:
+    """A plain subscriber's rounds, received one at a time as their orders arrive (`run` is the
+    task the worker keeps while the process lives); the next starts once the last landed or failed
+    (`WeightSyncs.run`, in the order's place on the event queue): the staging buffers are free again."""
+
+    def __init__(self, weights, runner: NodeRunner):
+        self._weights = weights
+        self._runner = runner
+        self._tx, self._rx = anyio.create_memory_object_stream[Fetch](math.inf)
+        self._fetched: dict[int, Fetch] = {}  # by id() of the order object, queued on the event queue
+        self.rollbacks = 0  # `Epoch` orders on the event queue, not handled yet
+
+    def start(self, order: m.Sync) -> None:
+        """Receive `order`'s round ahead, unless it is a handoff (a turn of its own) or a rollback is
+        queued ahead of it (the rollback may make the subscriber anew)."""
+        if not order.handoff and not self.rollbacks:
+            fetch = self._fetched[id(order)] = Fetch(order)
+            self._tx.send_nowait(fetch)
+
+    def taken(self, order: m.Sync) -> Fetch | None:
+        """The round fetched for `order` (now at its turn on the event queue), if one was."""
+        return self._fetched.pop(id(order), None)
+
+    async def run(self) -> None:
+        async for fetch in self._rx:
+            try:
+                with self._runner.occupied(f"weight sync v{fetch.order.version}"):
+                    fetch.received = await self._weights.fetch(fetch.order)
+            except Exception as e:  # noqa: BLE001 - `WeightSyncs.run` reports it, in the order's place
+                fetch.error = e
+            finally:
+                fetch.done.set()
+            await fetch.landed.wait()
+
+
+class Fetch:
+    """One round a plain subscriber receives ahead of its order's turn (`FetchLane`)."""
+
+    def __init__(self, order: m.Sync):
+        self.order = order
+        self.received: int | None = None
+        self.error: BaseException | None = None
+        self.done = anyio.Event()  # received (or failed)
+        self.landed = anyio.Event()  # its order ran: the staging buffers are free for the next round

@@ -121,6 +121,24 @@ class WeightsClient:
                     self.sub.finish("failed: the version did not land")
         return received
 
+    async def fetch(self, order) -> int:
+        """A subscriber's round, received into the staging buffers while the node may be in a call
+        (syncs.py, `FetchLane`); `land_fetched` makes it live, between two calls."""
+        with self.recorder.span("weight_sync", version=order.version, handoff=False, beside=True):
+            return await self._receive(order, False)
+
+    async def land_fetched(self, fetch, runner) -> int:
+        """The round `fetch` received (waiting for it to arrive) becomes the live weights."""
+        await fetch.done.wait()
+        try:
+            if fetch.error is not None:
+                raise fetch.error
+            await runner.run(self.land, fetch.received)
+        finally:  # as `sync`: a round that did not land is let go
+            if self.sub is not None:
+                self.sub.finish("failed: the version did not land")
+        return fetch.received
+
     async def _receive(self, order, handoff: bool) -> int:
         sub = self.subscriber()
         store = (order.store[0], int(order.store[1]))

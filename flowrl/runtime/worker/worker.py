@@ -190,7 +190,7 @@ class Worker:
             except m.ControlError as e:
                 log.warning("dropped bad control message: %s", e)
                 continue
-            if self.parts.turns.arrived(msg) or isinstance(msg, m.Sync) and self.parts.syncs.arrived(msg):
+            if self.parts.turns.arrived(msg) or self.parts.syncs.arrived(msg):
                 continue  # a turn's grant or yield, and a trainer's sync orders, are served beside its calls
             if isinstance(msg, m.Connect) and self.wired:  # a moved consumer: a send blocked on its old
                 await self.rewire(msg)  # address gets credit there (Connect never waits; Disconnect queues)
@@ -298,9 +298,14 @@ class Worker:
                 tg.start_soon(parts.turns.serve)  # colocated nodes that take turns: sleeps when asked
                 if parts.syncs.beside:
                     tg.start_soon(parts.syncs.serve_lane)
+                if parts.syncs.fetches is not None:
+                    tg.start_soon(parts.syncs.fetches.run)
                 if parts.shape.stateful and not self.spec.resume_from:
                     await parts.state.save(self.spec.watermark)  # the state every rollback can reach
-                await self.main_loop()
+                try:
+                    await self.main_loop()
+                finally:  # (also failing) a round still waiting ends soon: the task group waits for it
+                    parts.syncs.stop()
                 tg.cancel_scope.cancel()
             with anyio.move_on_after(5):
                 await self.compute.call(parts.runner.node.teardown)
