@@ -48,8 +48,9 @@ def gather(store: Any, r: int, world_size: int, ready_timeout_s: float, stop: St
     pending = list(range(1, world_size))
     while pending:
         if not _wait_key(store, _ready(r, pending[0]), deadline, stop):
+            late = [x for x in pending if not store.check([_ready(r, x)])]
             raise WeightSyncError(
-                f"rank(s) {pending} did not say they were ready within ready_timeout_s={ready_timeout_s:.1f} s: "
+                f"rank(s) {late} did not say they were ready within ready_timeout_s={ready_timeout_s:.1f} s: "
                 "dead, or busy in a batch for longer than that (make ready_timeout_s at least the node's process "
                 "timeout)")
         rank = pending.pop(0)

@@ -127,13 +127,19 @@ def test_a_publisher_serves_in_order_beside_its_calls_but_never_during_a_rollbac
 
 class FetchingWeights(Weights):
     """A subscriber's client whose rounds are received ahead (`fetch`, held until the test lets
-    each go) and made live in the order's turn (`land_fetched`), as `WeightsClient`'s."""
+    each go) and made live in the order's turn (`land_fetched`), as `WeightsClient`'s; its
+    subscriber is made by its first whole round (`sync`)."""
 
     def __init__(self):
         super().__init__()
+        self.sub = None
         self.fetched: list[int] = []
         self.landed: list[int] = []
         self.go: dict[int, anyio.Event] = {}
+
+    async def sync(self, order, version, runner):
+        self.sub = object()
+        return await super().sync(order, version, runner)
 
     async def fetch(self, order):
         self.fetched.append(order.version)
@@ -151,8 +157,9 @@ class FetchingWeights(Weights):
 def test_a_plain_subscriber_receives_a_round_as_its_order_arrives_and_lands_it_in_the_orders_turn():
     """The round starts when the control loop gets the order (a call may be running: the event
     queue is not needed), lands only when the order's turn on the event queue comes, and the next
-    round starts only once the last landed (they share the staging buffers). An order that arrives
-    behind a rollback is not fetched: it runs whole in its turn, after the rollback."""
+    round starts only once the last landed (they share the staging buffers). A round runs whole in
+    its turn when the subscriber is not made yet or when a rollback is queued ahead of it, and no
+    round is fetched while such a one waits or runs (two rounds never run at once)."""
     async def main():
         weights = FetchingWeights()
         kit = await build(shape(subscribes=True), weights=weights, fetch=True)
@@ -160,6 +167,15 @@ def test_a_plain_subscriber_receives_a_round_as_its_order_arrives_and_lands_it_i
         async with anyio.create_task_group() as tg:
             tg.start_soon(kit.syncs.fetches.run)
             with anyio.fail_after(5):
+                zeroth, again = _sync(0), _sync(0)
+                kit.syncs.arrived(zeroth)  # no subscriber yet: made in the order's turn, not during a call
+                weights.sub = object()
+                kit.syncs.arrived(again)  # an earlier round is still to run whole
+                await anyio.wait_all_tasks_blocked()
+                assert weights.fetched == []
+                await kit.syncs.order(zeroth)
+                await kit.syncs.order(again)
+                assert weights.rounds == [1, 1]
                 first, second = _sync(1), _sync(2)
                 assert not kit.syncs.arrived(first) and not kit.syncs.arrived(second)  # both go on the event queue
                 await anyio.wait_all_tasks_blocked()
@@ -175,22 +191,28 @@ def test_a_plain_subscriber_receives_a_round_as_its_order_arrives_and_lands_it_i
 
                 rollback, third = m.Epoch(epoch=1, watermark=0), _sync(3, sync_epoch=2)
                 assert not kit.syncs.arrived(rollback)
-                kit.syncs.arrived(third)  # queued behind the rollback: not fetched
+                kit.syncs.arrived(third)  # queued behind the rollback: runs whole in its turn
                 await kit.syncs.order(second)
-                await anyio.wait_all_tasks_blocked()
-                assert weights.fetched == [1, 2] and weights.landed == [1, 2] and kit.version.value == 2
                 handled = []
 
                 async def enter_epoch(msg):
                     handled.append(msg.epoch)
 
                 await kit.syncs.apart_from(enter_epoch)(rollback)
-                await kit.syncs.order(third)  # the whole round, in its turn
-                assert handled == [1] and weights.rounds == [2] and kit.version.value == 3
-                assert kit.syncs.arrived(_sync(4, sync_epoch=2)) is False
+                fourth = _sync(4, sync_epoch=2)
+                kit.syncs.arrived(fourth)  # the rollback is handled, but `third` has yet to run whole
                 await anyio.wait_all_tasks_blocked()
-                assert weights.fetched == [1, 2, 4]  # the rollback handled: fetched ahead again
-            assert [type(r).__name__ for r in kit.reports] == ["Synced", "Synced", "Synced"]
+                assert weights.fetched == [1, 2] and weights.landed == [1, 2] and kit.version.value == 2
+                await kit.syncs.order(third)
+                await kit.syncs.order(fourth)
+                assert handled == [1] and weights.rounds == [1, 1, 2, 2] and kit.version.value == 4
+                kit.syncs.arrived(fifth := _sync(5, sync_epoch=2))
+                await anyio.wait_all_tasks_blocked()
+                assert weights.fetched == [1, 2, 5]  # nothing left to run whole: fetched ahead again
+                weights.go.setdefault(5, anyio.Event()).set()
+                await kit.syncs.order(fifth)
+                assert kit.version.value == 5
+            assert [type(r).__name__ for r in kit.reports] == ["Synced"] * 7
             tg.cancel_scope.cancel()
         kit.close()
 

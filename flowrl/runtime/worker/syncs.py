@@ -16,8 +16,10 @@ the staging buffers, and the order, in its place on the event queue, only lands 
 thread, between two calls, as before). Waiting for the running call to end first made the
 publisher's round and the subscriber's receive a step of their own on the subscriber's path: with
 `max_staleness >= 1` a few ms per version of a rollout's time. One round is fetched at a time, and
-the next only once the last landed (they share the staging buffers); an order queued behind a
-rollback (`Epoch`) is not fetched ahead (the rollback may make the subscriber anew).
+the next only once the last landed (they share the staging buffers). Some rounds still run whole
+in their order's turn (`FetchLane.start`: a handoff, a subscriber's first, one queued behind a
+rollback, which may make the subscriber anew), and no round is fetched while one of those waits
+or runs.
 
 A publisher (a trainer) serves its orders beside its calls, on a lane of their own (`serve_lane`),
 not between them: a broadcast reads only the send buckets of the last snapshot (the publisher's
@@ -94,9 +96,9 @@ class WeightSyncs:
     def arrived(self, msg: Any) -> bool:
         """The control loop got `msg` (its thread, before the event queue). A `Sync`: older epochs are
         fenced at once, a publisher's order goes straight to its lane (True: nothing more to do), a
-        plain subscriber's round starts (`FetchLane`) unless a rollback is queued ahead of it."""
-        if isinstance(msg, m.Epoch) and self.fetches is not None:
-            self.fetches.rollbacks += 1  # until handled (`apart_from`)
+        plain subscriber's round starts (`FetchLane.start` says when not)."""
+        if self.fetches is not None and isinstance(msg, (m.Epoch, m.Stop)):
+            self.fetches.held(msg)
         if not isinstance(msg, m.Sync):
             return False
         if self._take(msg):
@@ -172,6 +174,8 @@ class WeightSyncs:
         finally:
             if fetch is not None:
                 fetch.landed.set()
+            elif self.fetches is not None:
+                self.fetches.ran(order)
         if not self._shape.publishes:
             self._version.set(received)
         await self._report(m.Synced(version=received, sync_epoch=order.sync_epoch, **self._weights.digest()))
@@ -192,18 +196,36 @@ class FetchLane:
         self._runner = runner
         self._tx, self._rx = anyio.create_memory_object_stream[Fetch](math.inf)
         self._fetched: dict[int, Fetch] = {}  # by id() of the order object, queued on the event queue
+        self._whole: set[int] = set()  # ids of orders queued or running whose round runs whole in its turn
         self.rollbacks = 0  # `Epoch` orders on the event queue, not handled yet
+        self._stopping = False
+
+    def held(self, msg: m.Epoch | m.Stop) -> None:
+        """A rollback queued (until `WeightSyncs.apart_from` handled it), or the end of the process."""
+        if isinstance(msg, m.Stop):
+            self._stopping = True
+        else:
+            self.rollbacks += 1
 
     def start(self, order: m.Sync) -> None:
-        """Receive `order`'s round ahead, unless it is a handoff (a turn of its own) or a rollback is
-        queued ahead of it (the rollback may make the subscriber anew)."""
-        if not order.handoff and not self.rollbacks:
-            fetch = self._fetched[id(order)] = Fetch(order)
-            self._tx.send_nowait(fetch)
+        """Receive `order`'s round ahead, unless it runs whole in its turn: a handoff (a turn of its
+        own), the first round of a subscriber not made yet (making it repoints a module's tensors:
+        not while a call runs), a rollback queued ahead (it may make the subscriber anew), a round
+        of an earlier order still to run whole (two rounds never run at once: they share the
+        subscriber and its staging buffers), or a process that is stopping."""
+        if order.handoff or self.rollbacks or self._whole or self._stopping or self._weights.sub is None:
+            self._whole.add(id(order))
+            return
+        fetch = self._fetched[id(order)] = Fetch(order)
+        self._tx.send_nowait(fetch)
 
     def taken(self, order: m.Sync) -> Fetch | None:
         """The round fetched for `order` (now at its turn on the event queue), if one was."""
         return self._fetched.pop(id(order), None)
+
+    def ran(self, order: m.Sync) -> None:
+        """`order`'s round ran whole in its turn (delivered or failed)."""
+        self._whole.discard(id(order))
 
     async def run(self) -> None:
         async for fetch in self._rx:
