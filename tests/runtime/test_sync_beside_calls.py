@@ -19,15 +19,15 @@ pytestmark = pytest.mark.timeout(150)
 N = "flowrl.testing.nodes"
 
 
-def test_a_trainer_serves_syncs_while_it_trains(tmp_path):
-    held = tmp_path / "held"
+def run_fault_free(tmp_path, follower: str, trainer: str):
+    """numbers -> follower -> trainer, weights trainer -> follower, 8 steps with max_staleness 1."""
     graph = tmp_path / "g.yaml"
     graph.write_text(f"""
 name: beside
 nodes:
   numbers: {{kind: "{N}:Numbers"}}
-  follower: {{kind: "{N}:HeldVersion", config: {{held_file: "{held}"}}}}
-  trainer: {{kind: "{N}:TrainsWhileServing", config: {{held_file: "{held}", wait_s: 30}}}}
+  follower: {follower}
+  trainer: {trainer}
 edges: [numbers -> follower, follower -> trainer]
 weights: [trainer -> follower]
 schedule: {{steps: 8, batch_size: 2, max_staleness: 1}}
@@ -35,26 +35,20 @@ schedule: {{steps: 8, batch_size: 2, max_staleness: 1}}
     result = run_graph(graph, tmp_path / "run", timeout_s=120)
     assert result.exit_code == 0, result.stderr[-3000:]
     assert not [r for r in result.ledger if r["event"] == "restarted"], "a fault-free run restarted a node"
+    return result
+
+
+def test_a_trainer_serves_syncs_while_it_trains(tmp_path):
+    held = tmp_path / "held"
+    result = run_fault_free(tmp_path, f'{{kind: "{N}:HeldVersion", config: {{held_file: "{held}"}}}}',
+                            f'{{kind: "{N}:TrainsWhileServing", config: {{held_file: "{held}", wait_s: 30}}}}')
     consumed = [r for r in result.ledger if r["event"] == "consumed"]
     assert len(consumed) == 8
     assert int(held.read_text()) >= 7  # the subscriber took every version up to the last but one
 
 
 def test_a_subscriber_receives_rounds_while_its_calls_run_and_lands_them_between_calls(tmp_path):
-    graph = tmp_path / "g.yaml"
-    graph.write_text(f"""
-name: fetch
-nodes:
-  numbers: {{kind: "{N}:Numbers"}}
-  follower: {{kind: "{N}:Follower", config: {{delay_s: 0.25}}}}
-  trainer: {{kind: "{N}:Trainer"}}
-edges: [numbers -> follower, follower -> trainer]
-weights: [trainer -> follower]
-schedule: {{steps: 8, batch_size: 2, max_staleness: 1}}
-""")
-    result = run_graph(graph, tmp_path / "run", timeout_s=120)
-    assert result.exit_code == 0, result.stderr[-3000:]
-    assert not [r for r in result.ledger if r["event"] == "restarted"], "a fault-free run restarted a node"
+    result = run_fault_free(tmp_path, f'{{kind: "{N}:Follower", config: {{delay_s: 0.25}}}}', f'{{kind: "{N}:Trainer"}}')
     assert result.audit().exactly_once
     events = json.loads((tmp_path / "run" / "trace.json").read_text())
     pid = next(e["pid"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"
