@@ -14,7 +14,7 @@ Stages sleep for a known time (so the 2 cores are not the limit and the bound is
 
 Throughput is measured from the ledger's timestamps between the 3rd consumed ticket (start-up
 excluded) and the last; with R replicas, from the first completion of the second round to the first
-of the last (`measured_rate`), each replica row running at least 12 rounds. Target: >= 0.9 of the bound in each row.
+of the last (`measured_rate`), each replica row running at least 12 rounds. Target: >= 0.95 of the bound in each row.
 """
 
 from __future__ import annotations
