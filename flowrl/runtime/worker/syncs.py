@@ -121,7 +121,7 @@ class WeightSyncs:
                     await handler(msg)
             finally:
                 if self.fetches is not None and isinstance(msg, m.Epoch):
-                    self.fetches.rollbacks = max(0, self.fetches.rollbacks - 1)
+                    self.fetches.handled(msg)
         return run
 
     async def serve_lane(self) -> None:
@@ -197,15 +197,19 @@ class FetchLane:
         self._tx, self._rx = anyio.create_memory_object_stream[Fetch](math.inf)
         self._fetched: dict[int, Fetch] = {}  # by id() of the order object, queued on the event queue
         self._whole: set[int] = set()  # ids of orders queued or running whose round runs whole in its turn
-        self.rollbacks = 0  # `Epoch` orders on the event queue, not handled yet
+        self._rollbacks = 0  # `Epoch` orders on the event queue, not handled yet
         self._stopping = False
 
     def held(self, msg: m.Epoch | m.Stop) -> None:
-        """A rollback queued (until `WeightSyncs.apart_from` handled it), or the end of the process."""
+        """A rollback queued (until `handled`), or the end of the process."""
         if isinstance(msg, m.Stop):
             self._stopping = True
         else:
-            self.rollbacks += 1
+            self._rollbacks += 1
+
+    def handled(self, msg: m.Epoch) -> None:
+        """A rollback `held` ran (`WeightSyncs.apart_from`)."""
+        self._rollbacks = max(0, self._rollbacks - 1)
 
     def start(self, order: m.Sync) -> None:
         """Receive `order`'s round ahead, unless it runs whole in its turn: a handoff (a turn of its
@@ -213,7 +217,7 @@ class FetchLane:
         not while a call runs), a rollback queued ahead (it may make the subscriber anew), a round
         of an earlier order still to run whole (two rounds never run at once: they share the
         subscriber and its staging buffers), or a process that is stopping."""
-        if order.handoff or self.rollbacks or self._whole or self._stopping or self._weights.sub is None:
+        if order.handoff or self._rollbacks or self._whole or self._stopping or self._weights.sub is None:
             self._whole.add(id(order))
             return
         fetch = self._fetched[id(order)] = Fetch(order)
