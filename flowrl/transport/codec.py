@@ -98,6 +98,11 @@ def prepare(batch: Batch, inline_max: int = INLINE_MAX_BYTES) -> Prepared:
                 payload += offsets.nbytes
                 desc["offsets"] = {"shape": offsets.shape, "frame": len(buffers)}
         descs.append(desc)
+    if batch.meta:
+        try:
+            wire.check_meta(batch.meta)
+        except TypeError as e:
+            raise TypeError(f"batch {batch.batch_id!r}: meta must hold JSON-like values only ({e})") from None
     header = {"v": wire.SCHEMA_VERSION, "kind": wire.DATA, "batch_id": batch.batch_id, "attempt": batch.attempt,
               "policy_version": batch.policy_version, "meta": batch.meta, "tensors": descs}
     if batch.index != -1 or batch.min_version or batch.epoch or batch.drop is not None:

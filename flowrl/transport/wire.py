@@ -59,11 +59,10 @@ Decoding is bounded by `DecodeLimits`; any violation raises `DecodeError`.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
+import msgspec
 
 from flowrl.transport.errors import DecodeError
 
@@ -95,15 +94,28 @@ class DecodeLimits:
     """Dimensions of one tensor."""
 
 
-_local = threading.local()
+def _subclass(obj: Any) -> Any:
+    """What msgspec does not encode itself: a subclass of str, int or float (numpy's float64) as its
+    base value, as msgpack does; anything else is refused."""
+    for base in (float, int, str):
+        if isinstance(obj, base):
+            return base(obj)
+    if isinstance(obj, (list, tuple)):
+        return list(obj)
+    raise TypeError(f"cannot encode a {type(obj).__name__}")
+
+
+# msgspec's MessagePack codec, not msgpack's: on a 4 KiB batch's header it encodes in about half the
+# time and decodes in ~60% (1.2 and 2.0 us per message, each end, with msgpack). The bytes are the same
+# MessagePack. An Encoder and a Decoder keep no state between calls (and hold the GIL throughout): one each.
+_ENCODE = msgspec.msgpack.Encoder(enc_hook=_subclass).encode
+_DECODE = msgspec.msgpack.Decoder().decode
 
 
 def pack(header: dict) -> bytes:
-    """msgpack bytes of `header` (a Packer per thread: cheaper than `packb` for small maps)."""
-    packer = getattr(_local, "packer", None)
-    if packer is None:
-        packer = _local.packer = msgpack.Packer(use_bin_type=True)
-    return packer.pack(header)
+    """msgpack bytes of `header`, whose values the caller made or checked (`check_meta`): msgspec also
+    encodes sets, datetimes, dataclasses and more, which no decoder here accepts."""
+    return _ENCODE(header)
 
 
 def pack_bundle(counts: list[int]) -> bytes:
@@ -135,7 +147,7 @@ def unpack_header(buf: Any, limits: DecodeLimits) -> dict:
         raise DecodeError("header_too_large", f"header of {size} bytes exceeds max_header_bytes="
                                               f"{limits.max_header_bytes}")
     try:
-        header = msgpack.unpackb(buf, raw=False, strict_map_key=True, use_list=True)
+        header = _DECODE(buf)  # (non-str map keys decode too: every map's keys are checked below)
     except Exception as e:  # noqa: BLE001 - any malformed input is one error type
         raise DecodeError("bad_msgpack", f"frame 0 is not a msgpack map ({type(e).__name__}: {e})") from None
     if type(header) is not dict:
@@ -180,6 +192,35 @@ def get_bool(d: dict, key: str) -> bool:
     if type(v) is not bool:
         raise DecodeError("bad_field", f"{key} must be a bool, got {v!r:.40}")
     return v
+
+
+def check_meta(meta: dict) -> None:
+    """Before a batch is encoded: `meta` holds what `check_json` lets through at the consumer (tuples
+    travel as lists). Raises TypeError naming the first value that does not, at the sender, where the
+    code that put it there is; MAX_META_DEPTH bounds the walk (a list that holds itself)."""
+    stack = [(meta, 1)]
+    while stack:
+        v, depth = stack.pop()
+        t = type(v)
+        if t is str or t is int or t is float or t is bool or v is None:
+            continue
+        if depth > MAX_META_DEPTH:
+            raise TypeError(f"meta nests deeper than {MAX_META_DEPTH} (does a list or dict hold itself?)")
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if not isinstance(k, str):
+                    raise TypeError(f"meta keys must be str, got {type(k).__name__} {k!r:.40}")
+                stack.append((x, depth + 1))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, depth + 1) for x in v)
+        elif isinstance(v, (str, int, float)):  # numpy's float64, an IntEnum: sent as the plain value
+            continue
+        else:
+            raise TypeError(f"meta holds a {t.__name__} ({v!r:.40}); only JSON-like values travel (str, int, "
+                            "float, bool, None, lists and dicts with str keys)")
+
+
+MAX_META_DEPTH = 512
 
 
 def check_json(value: Any, max_depth: int, where: str = "meta") -> None:

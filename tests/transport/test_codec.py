@@ -1,5 +1,8 @@
 """Codec round trips: every dtype, numpy and torch, odd shapes and layouts, inline and framed."""
 
+import datetime
+import enum
+
 import numpy as np
 import pytest
 import torch
@@ -91,6 +94,23 @@ def test_decoded_tensors_are_writable_views_of_the_received_frames():
 def test_meta_that_is_not_json_like_is_refused_when_encoding():
     with pytest.raises(TypeError, match="JSON-like"):
         encode(Batch(tensors={}, meta={"f": object()}))
+    # what the consumer would refuse is refused at the sender, where the code that put it there is
+    cyclic: list = []
+    cyclic.append(cyclic)
+    for bad in ({"s": {1, 2}}, {"b": b"raw"}, {"k": {3: "int key"}}, {"d": [{"t": datetime.date(2026, 1, 1)}]},
+                {"c": cyclic}):
+        with pytest.raises(TypeError, match="JSON-like"):
+            encode(Batch(tensors={}, meta=bad))
+
+
+def test_meta_values_of_subclasses_travel_as_their_plain_values():
+    class Kind(enum.IntEnum):
+        GOOD = 2
+
+    meta = {"reward": np.float64(0.5), "kind": Kind.GOOD, "pair": (1, "a"), "nested": {"x": [np.float64(1.0)]}}
+    out = decode(encode(Batch(tensors={}, meta=meta))).meta
+    assert out == {"reward": 0.5, "kind": 2, "pair": [1, "a"], "nested": {"x": [1.0]}}
+    assert type(out["reward"]) is float and type(out["kind"]) is int
 
 
 @pytest.mark.gpu

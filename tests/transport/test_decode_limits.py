@@ -79,7 +79,9 @@ def test_shape_entries_and_rank_are_bounded():
 
 def test_map_keys_must_be_strings_and_known():
     raw = msgpack.packb({1: 2}, use_bin_type=True)
-    assert reason_of([raw]) == "bad_msgpack"  # strict_map_key refuses the int key
+    assert reason_of([raw]) == "bad_version"  # a map of an int key holds no version
+    assert reason_of(frames_of({**good_header(), 1: 2}, X)) == "unknown_key"  # nor do the header's checks pass it
+    assert reason_of(frames_of(good_header(meta={"a": {3: 1}}), X)) == "bad_field"  # nor meta's, at any depth
     assert reason_of(frames_of(good_header(extra=1), X)) == "unknown_key"
     h = good_header()
     del h["meta"]
