@@ -95,6 +95,8 @@ class MetricsHub:
         self._lock = threading.RLock()
         self.t0 = self._last_end = clock()
         self._series: dict[SeriesKey, Series] = {}
+        self._plan: list | None = None  # rows.row_plan of the series: made again when one comes or goes
+        self._order: dict = {}  # rows.order_row's memo: the last row's keys in order
         self.reporters: dict[tuple[str, int], Reporter] = {}
         self._window_reporters: set[tuple[str, int]] = set()
         self._run_names: dict[tuple, set[str]] = defaultdict(set)
@@ -149,6 +151,7 @@ class MetricsHub:
         s = self._series.get(key)
         if s is None:
             s = self._series[key] = Series(name, kind, labels, scope, node, replica)
+            self._plan = None  # the rows' grouping changes with the set of series
         return s
 
     def _add(self, s: Series, value: Reduction) -> None:
@@ -271,6 +274,7 @@ class MetricsHub:
             self._window_reporters.discard((node, replica))
             for key in [k for k in self._series if k[0] == node and k[1] == replica]:
                 del self._series[key]
+            self._plan = None
 
     def set(self, name: str, value: float, *, across: str = "mean", **labels: Any) -> None:
         """Controller gauge, e.g. set("queue_depth", 3, edge="rollout->reward")."""
@@ -315,7 +319,9 @@ class MetricsHub:
             now = self._clock() if now is None or now < self._last_end else now
             step_time = max(now - self._last_end, 1e-9)
             self.ratios = self.node_ratios(max(self.ratio_window_s, step_time))
-            row = rows.build_row(self._series.values(), self.ratios)
+            if self._plan is None:
+                self._plan = rows.row_plan(self._series.values())
+            row = rows.build_row(self._series.values(), self.ratios, self._plan)
             tokens = row.get("tokens") or 0
             if policy_version is None:
                 policy_version = row.get("policy_version")
@@ -325,7 +331,7 @@ class MetricsHub:
                        tokens_per_s_per_device=tokens / (step_time * self.devices),
                        samples_per_s=(row.get("samples") or 0) / step_time)
             row.update(extra or {})
-            row = rows.order_row(row)
+            row = rows.order_row(row, self._order)
             self._rows.write(json.dumps(row, separators=(",", ":")) + "\n")
             self._rows.flush()
             if self._rows.tell() > self.rotate_bytes:  # a long run: older rows go to metrics.N.jsonl.gz

@@ -121,20 +121,31 @@ def ratio_keys(node: str, per_replica: list[dict[str, float]]) -> dict[str, floa
     return out
 
 
-def build_row(series: Iterable[Any], ratios: dict[tuple[str, int], dict[str, float]]
-              ) -> dict[str, Any]:
-    """The metric keys of one row from every hub Series' window, plus each node's span ratios
-    from `ratios` ({(node, replica): {span: share}}, see MetricsHub.node_ratios)."""
-    row: dict[str, Any] = {}
+def row_plan(series: Iterable[Any]) -> list[tuple[str, list, dict[str, str], tuple]]:
+    """How `build_row` groups `series` into keys: [(kind, member series, {suffix: row key}, (node or
+    None, name, labels))], the keys filled in as they are first needed. The same as long as the set
+    of series is (the hub makes it again when a series comes or goes)."""
     groups: dict[tuple, list] = defaultdict(list)
     for s in series:
         if s.name == SPAN_METRIC and s.scope == "node" and s.kind == "sum":
             continue  # span seconds become ratios (below) and Prometheus counters, not columns
         groups[(s.node if s.scope == "node" else None, s.name, s.kind, s.labels)].append(s)
-    for (node, name, kind, labels), members in groups.items():
+    return [(kind, members, {}, (node, name, labels)) for (node, name, kind, labels), members in groups.items()]
+
+
+def build_row(series: Iterable[Any], ratios: dict[tuple[str, int], dict[str, float]],
+              plan: list | None = None) -> dict[str, Any]:
+    """The metric keys of one row from every hub Series' window, plus each node's span ratios
+    from `ratios` ({(node, replica): {span: share}}, see MetricsHub.node_ratios). `plan`:
+    `row_plan(series)`, kept from an earlier row (per step, grouping and naming were most of the cost)."""
+    row: dict[str, Any] = {}
+    for kind, members, keys, (node, name, labels) in (row_plan(series) if plan is None else plan):
         value = reduce_values(m.window for m in members)
         for suffix, v in summarize(kind, value).items():
-            put(row, row_key(node, name, suffix, labels), v)
+            key = keys.get(suffix)
+            if key is None:
+                key = keys[suffix] = row_key(node, name, suffix, labels)
+            put(row, key, v)
     by_node: dict[str, list] = defaultdict(list)
     for (node, _), r in sorted(ratios.items()):
         by_node[node].append(r)
@@ -143,10 +154,16 @@ def build_row(series: Iterable[Any], ratios: dict[tuple[str, int], dict[str, flo
     return row
 
 
-def order_row(row: dict) -> dict:
-    """Contract keys first, the rest sorted; non-finite numbers become null (valid JSON)."""
-    out = {k: row.get(k) for k in LEADING}
-    for k in sorted(k for k in row if k not in out):
-        out[k] = row[k]
+def order_row(row: dict, memo: dict | None = None) -> dict:
+    """Contract keys first, the rest sorted; non-finite numbers become null (valid JSON). `memo`: a
+    dict kept between rows, which holds the last order (rows of one run mostly share their keys)."""
+    if memo is not None and memo.get("keys") == row.keys():
+        order = memo["order"]
+    else:
+        leading = set(LEADING)
+        order = [*LEADING, *sorted(k for k in row if k not in leading)]
+        if memo is not None:
+            memo["keys"], memo["order"] = set(row), order
+    get = row.get
     return {k: (finite(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
-            for k, v in out.items()}
+            for k in order for v in (get(k),)}

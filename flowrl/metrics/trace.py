@@ -42,6 +42,7 @@ class TraceWriter:
         self._tracks: dict[tuple, int] = {}
         self._threads: dict[tuple[int, int], str] = {}
         self._lanes: dict[tuple[int, int], list[deque]] = {}
+        self._ends: dict[tuple[int, int], int] = {}  # per thread: the latest end of its spans so far
         self._f: TextIO | None = open(self.path, "w", encoding="utf-8")
         self._f.write("[")
         self._first = True
@@ -86,7 +87,14 @@ class TraceWriter:
 
     def _lane(self, pid: int, tid: int, start: int, end: int) -> int:
         """`tid`, or the tid of the first lane where [start, end] crosses no recent span."""
-        lanes = self._lanes.setdefault((pid, tid), [deque(maxlen=64)])
+        lanes = self._lanes.get((pid, tid))
+        if lanes is None:
+            lanes = self._lanes[(pid, tid)] = [deque(maxlen=64)]
+            self._ends[(pid, tid)] = 0
+        if start >= self._ends[(pid, tid)]:  # after every span of this thread so far (the common case):
+            lanes[0].append((start, end))     # it crosses none
+            self._ends[(pid, tid)] = end
+            return tid
         for k, recent in enumerate(lanes):
             if not any(s < start < e < end or start < s < end < e for s, e in recent):
                 break
@@ -95,6 +103,7 @@ class TraceWriter:
                 lanes.append(deque(maxlen=64))
             k = len(lanes) - 1
         lanes[k].append((start, end))
+        self._ends[(pid, tid)] = max(self._ends[(pid, tid)], end)
         if k == 0:
             return tid
         lane = LANE_BASE + tid * 8 + k

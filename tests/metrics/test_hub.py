@@ -8,7 +8,7 @@ import msgpack
 import pytest
 
 from flowrl.metrics import MetricsHub, Recorder, SnapshotError
-from flowrl.metrics.rows import REQUIRED
+from flowrl.metrics.rows import LEADING, REQUIRED
 
 
 def _ship(hub, rec):
@@ -181,3 +181,36 @@ def test_an_input_task_waiting_while_the_main_task_computes_is_not_counted_twice
     assert row["actor/compute_ratio"] == pytest.approx(0.75)
     assert row["actor/wait_input_ratio"] == pytest.approx(0.25)
     assert row["actor/busy_ratio"] + row["actor/wait_input_ratio"] == pytest.approx(1.0)
+
+
+def test_rows_follow_series_that_come_and_go_between_steps(tmp_path, clock):
+    """Rows reuse their grouping and key order from step to step; a series that appears later, a
+    replica that joins and one that `forget` removes change the row's keys at the next step."""
+    hub = MetricsHub(tmp_path, clock=clock)
+    r0 = Recorder("rollout", 0, clock=clock)
+    r0.count("samples", 8)
+    _ship(hub, r0)
+    clock.t += 1.0
+    first = hub.end_step(step=1)
+    assert first["samples"] == 8 and "loss_mean" not in first
+    r0.count("samples", 8)
+    r0.mean("loss", 2.0)  # a new series
+    r0.count("restarts_seen", 1, per_node=True)
+    r1 = Recorder("rollout", 1, clock=clock)  # a replica that joined
+    r1.count("samples", 4)
+    _ship(hub, r0), _ship(hub, r1)
+    clock.t += 1.0
+    second = hub.end_step(step=2)
+    assert second["samples"] == 12 and second["loss_mean"] == 2.0 and second["rollout/restarts_seen"] == 1
+    assert list(second)[:len(REQUIRED)] == list(REQUIRED)
+    rest = list(second)[len(LEADING):]
+    assert rest == sorted(rest) and "loss_mean" in rest  # the new keys take their sorted places
+    hub.forget("rollout", 0)  # removed by `flowrl scale`: its series go, and their keys with them
+    r1.count("samples", 4)
+    _ship(hub, r1)
+    clock.t += 1.0
+    third = hub.end_step(step=3)
+    hub.close()
+    assert third["samples"] == 4 and "rollout/restarts_seen" not in third and "loss_mean" not in third
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[1]["loss_mean"] == 2.0
