@@ -305,6 +305,9 @@ class Receiver(TaskOwner):
                     self._dispatch(rid, header, [part], size)
             except DecodeError as e:  # this part only: the others of the bundle are fine
                 self._reject(e.reason, str(e), rid)
+            except Exception:  # noqa: BLE001 - a bug: logged, and the bundle's other parts still go in
+                log.exception("channel %s: internal error on a part of a bundle", self.name)
+                self._reject("internal", "internal error", rid)
 
     def _dispatch(self, rid: bytes, header: dict, views: list, size: int) -> None:
         kind = header["kind"]

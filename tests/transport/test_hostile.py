@@ -308,3 +308,30 @@ async def test_acknowledgements_in_a_status_that_could_not_be_written_go_out_in_
         rx._on_send_error(zmq.Again(), [raw.rid, lost])  # as the socket reports a full queue
         assert (await raw.status(lambda s: bool(s.acks))).acks == [1]
         raw.close()
+
+
+async def test_a_bad_part_of_a_bundle_is_refused_alone_and_the_parts_after_it_go_in(tmp_path, monkeypatch):
+    """A part whose unknown keys are str and bytes is refused by name (naming them once raised a
+    TypeError, which ended the bundle); a bug on one part (here, decoding raises) is logged and that
+    part refused, and the bundle's later parts still arrive."""
+    from flowrl.transport import codec
+
+    decode_data = codec.decode_data
+
+    def buggy(header, *args, **kw):
+        if header.get("batch_id") == "raw2":
+            raise RuntimeError("a bug on this part")
+        return decode_data(header, *args, **kw)
+
+    monkeypatch.setattr(codec, "decode_data", buggy)
+    async with bound(tmp_path) as (rx, address):
+        raw = Raw(address)
+        inc = (await raw.join()).inc
+        odd = msgpack.unpackb(data(2, inc, 9)[0], strict_map_key=False)
+        odd.update({"zz": 1, b"raw": 2})
+        parts = [data(1, inc, 1)[0], pack(odd), data(3, inc, 2)[0], data(4, inc, 3)[0]]
+        raw.send(pack({"v": 1, "kind": "bundle", "parts": [len(p) for p in parts]}), b"".join(parts))
+        got = [(await rx.recv()).batch_id for _ in range(2)]
+        assert got == ["raw1", "raw3"]
+        assert rx.statistics().rejected_by_reason == {"unknown_key": 1, "internal": 1}
+        raw.close()
