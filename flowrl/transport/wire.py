@@ -184,29 +184,13 @@ def get_bool(d: dict, key: str) -> bool:
 
 
 def check_meta(meta: dict) -> None:
-    """Before a batch is encoded: `meta` holds what `check_json` lets through at the consumer (tuples
-    travel as lists). Raises TypeError naming the first value that does not, at the sender, where the
-    code that put it there is; MAX_META_DEPTH bounds the walk (a list that holds itself)."""
-    stack = [(meta, 1)]
-    while stack:
-        v, depth = stack.pop()
-        t = type(v)
-        if t is str or t is int or t is float or t is bool or v is None:
-            continue
-        if depth > MAX_META_DEPTH:
-            raise TypeError(f"meta nests deeper than {MAX_META_DEPTH} (does a list or dict hold itself?)")
-        if isinstance(v, dict):
-            for k, x in v.items():
-                if not isinstance(k, str):
-                    raise TypeError(f"meta keys must be str, got {type(k).__name__} {k!r:.40}")
-                stack.append((x, depth + 1))
-        elif isinstance(v, (list, tuple)):
-            stack.extend((x, depth + 1) for x in v)
-        elif isinstance(v, (str, int, float)):  # numpy's float64, an IntEnum: sent as the plain value
-            continue
-        else:
-            raise TypeError(f"meta holds a {t.__name__} ({v!r:.40}); only JSON-like values travel (str, int, "
-                            "float, bool, None, lists and dicts with str keys)")
+    """Before a batch is encoded: `meta` holds what `check_json` lets through at the consumer (a
+    subclass of str, int or float, such as numpy's float64, and a tuple travel as the plain value and
+    a list). Raises TypeError naming the first value that does not, at the sender, where the code that
+    put it there is; MAX_META_DEPTH bounds the walk (a list that holds itself)."""
+    problem = _json_problem(meta, MAX_META_DEPTH, lenient=True)
+    if problem is not None:
+        raise TypeError(f"meta {problem[1]} (str, int, float, bool, None, lists and dicts with str keys)")
 
 
 MAX_META_DEPTH = 512
@@ -214,23 +198,40 @@ MAX_META_DEPTH = 512
 
 def check_json(value: Any, max_depth: int, where: str = "meta") -> None:
     """JSON-like values only, nested at most `max_depth` deep (iterative: no recursion limit)."""
+    problem = _json_problem(value, max_depth)
+    if problem is not None:
+        raise DecodeError(problem[0], f"{where} {problem[1]}")
+
+
+def _json_problem(value: Any, max_depth: int, lenient: bool = False) -> tuple[str, str] | None:
+    """(reason, what) for the first value that is not JSON-like, or None. `lenient` (what encodes):
+    subclasses of the JSON types and tuples too; else (what was decoded) the exact types only."""
     stack = [(value, 1)]
     while stack:
         v, depth = stack.pop()
         t = type(v)
-        if t in (str, int, float, bool) or v is None:
+        if t is str or t is int or t is float or t is bool or v is None:
             continue
         if depth > max_depth:
-            raise DecodeError("depth", f"{where} nests deeper than max_depth={max_depth}")
+            return "depth", f"nests deeper than max_depth={max_depth}"
+        if t is list or t is dict or not lenient:
+            pass
+        elif isinstance(v, dict):
+            t = dict
+        elif isinstance(v, (list, tuple)):
+            t = list
+        elif isinstance(v, (str, int, float)):
+            continue
         if t is list:
             stack.extend((x, depth + 1) for x in v)
         elif t is dict:
             for k, x in v.items():
-                if type(k) is not str:
-                    raise DecodeError("bad_field", f"{where} has a non-str key {k!r:.40}")
+                if type(k) is not str and not (lenient and isinstance(k, str)):
+                    return "bad_field", f"has a non-str key {k!r:.40}"
                 stack.append((x, depth + 1))
         else:
-            raise DecodeError("bad_field", f"{where} holds a {t.__name__}; only JSON-like values travel")
+            return "bad_field", f"holds a {type(v).__name__} ({v!r:.40}); only JSON-like values travel"
+    return None
 
 
 # ----------------------------------------------------------------------------------- control messages
