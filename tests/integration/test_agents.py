@@ -58,8 +58,10 @@ def test_a_kill_mid_episode_or_mid_request_loses_and_repeats_no_ticket(tmp_path,
 
 def test_an_environment_that_raises_or_hangs_ends_its_episode_not_the_run(tmp_path):
     result = run_graph(GRAPH, tmp_path / "run", timeout_s=300, overrides=[
-        "schedule.steps=4", "nodes.agent.config.env=flowrl.testing.agent_envs:Flaky",
-        "nodes.agent.config.env_config={every: 4, hang_s: 3.0}", "nodes.agent.config.episode_timeout_s=1.0",
+        "schedule.steps=2", "nodes.agent.config.env=flowrl.testing.agent_envs:Flaky",
+        # the deadline well above a plain episode's time on a busy machine (about 1 s under the
+        # suite's two workers), the hang far above the deadline: only the hanging episodes hit it
+        "nodes.agent.config.env_config={every: 4, hang_s: 60.0}", "nodes.agent.config.episode_timeout_s=4.0",
         "nodes.agent.config.error_reward=-1.0", *RECORD])
     assert result.exit_code == 0, result.stderr[-3000:]
     assert not [r for r in result.ledger if r["event"] == "node_down"]
