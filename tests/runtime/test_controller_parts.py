@@ -36,3 +36,30 @@ def test_the_controllers_tuning_is_in_the_graph_with_the_values_it_always_had():
     assert (c.weight_sync.max_failures, c.weight_sync.min_timeout_s, c.weight_sync.timeout_deadlines) == (5, 30.0, 4.0)
     assert c.recovery.epoch_resend_s == 2.0
     assert g.supervision.peer_timeout_s == 300.0
+
+
+def test_a_commit_writes_the_rows_of_the_steps_it_counts_first(tmp_path, monkeypatch):
+    """A controller killed right after a commit is resumed past that step and never makes its row
+    again: the rows that waited in the report's backlog are on disk before the commit record."""
+    import flowrl.runtime.controller.controller as controller
+    from flowrl.metrics import MetricsHub
+    from flowrl.runtime.controller.report import RunReport
+
+    hub = MetricsHub(tmp_path)
+    report = RunReport(hub, tmp_path)
+    for step in (1, 2):
+        report.step(step, version=step, staleness=0, done=False)
+    assert report.backlog  # metrics work waits until the control socket is quiet
+
+    def rows() -> list[int]:
+        return [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")]
+
+    seen = {}
+    book = SimpleNamespace(committable=lambda below: 2, root=tmp_path / "checkpoints",
+                           commit=lambda step, state: seen.setdefault(step, rows()))
+    monkeypatch.setattr(controller, "prune_shards", lambda *a: None)
+    fake = SimpleNamespace(book=book, report=report, restarts=SimpleNamespace(launcher=None),
+                           scheduler=SimpleNamespace(complete_below=8, state_dict=lambda step: {}))
+    Controller.commit_if_ready(fake)
+    assert seen == {2: [1, 2]}
+    hub.close()

@@ -144,6 +144,9 @@ class Controller:
     def commit_if_ready(self) -> None:
         step = self.book.committable(self.scheduler.complete_below)
         if step is not None:
+            # the rows of the steps it counts go to metrics.jsonl first: after a crash, a resume
+            # starts past them and never writes them again (they waited in the report's backlog)
+            self.report.catch_up()
             self.book.commit(step, self.scheduler.state_dict(step))
             prune_shards(self.book, self.restarts.launcher, self.book.root.parent)  # host folders, checkpoint_uri
             log.info("checkpoint %d committed", step)
