@@ -39,7 +39,9 @@ def pytest_configure(config):
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     rank = {g: i for i, g in enumerate(FIRST)}
+    groups = {}
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(group_of(Path(item.fspath))))
+        groups[item.nodeid] = group = group_of(item.path)
+        item.add_marker(pytest.mark.xdist_group(group))
     # stable: within a group (a module) the tests keep their order, and so do the groups not listed
-    items.sort(key=lambda item: rank.get(group_of(Path(item.fspath)), len(FIRST)))
+    items.sort(key=lambda item: rank.get(groups[item.nodeid], len(FIRST)))
