@@ -25,12 +25,8 @@ INLINE_MAX_BYTES = 8192
 """Default: tensors of at most this many bytes are copied into the header instead of own frames."""
 _trusted_batch = Batch._trusted  # (looked up once: the decoder makes one per message)
 
-_DATA_KEYS = frozenset({"v", "kind", "batch_id", "attempt", "policy_version", "meta", "tensors"})
-_DATA_OPTIONAL = frozenset({"env", "shm", "route"})
-_TENSOR_KEYS = frozenset({"name", "dtype", "shape", "lib"})
-_TENSOR_OPTIONAL = frozenset({"frame", "data", "shm", "offsets"})
-_OFFSETS_KEYS = frozenset({"shape"})
-_OFFSETS_OPTIONAL = frozenset({"frame", "data", "shm"})
+_DESC_LEN = len(wire.TENSOR_FIELDS)
+_D_ENV, _D_SHM = wire.D_ENV, wire.D_SHM
 
 
 class Prepared:
@@ -41,31 +37,26 @@ class Prepared:
     def __init__(self, batch: Batch, header: dict, buffers: list, payload_bytes: int):
         self.batch, self.header, self.buffers, self.payload_bytes = batch, header, buffers, payload_bytes
 
-    def frames(self, env: dict | None = None) -> list:
-        """[header, *buffers] with `env` as the channel envelope (None: no envelope)."""
-        if env is None:
-            self.header.pop("env", None)
-        else:
-            self.header["env"] = env
+    def frames(self, env: list | None = None) -> list:
+        """[header, *buffers] with `env` ([incarnation, seq]) as the channel envelope (None: none)."""
+        self.header[_D_ENV] = env
         try:
             head = wire.pack(self.header)
         except (TypeError, ValueError, OverflowError) as e:
             raise TypeError(f"batch {self.batch.batch_id!r}: meta must hold JSON-like values only ({e})") from None
         return [head, *self.buffers]
 
-    def shm_header(self, env: dict, ref: list, offsets: list[int]) -> bytes:
-        """Frame 0 of this batch sent through shared memory: tensor i of the frames is at
-        offsets[i - 1] of the block that `ref` ([block id, fd, used bytes]) names."""
-        def moved(d: dict) -> dict:
-            if "frame" in d:
-                d = dict(d)
-                d["shm"] = offsets[d.pop("frame") - 1]
-            if "offsets" in d:
-                d = {**d, "offsets": moved(d["offsets"])}
-            return d
+    def shm_header(self, env: list, ref: list, offsets: list[int]) -> bytes:
+        """Frame 0 of this batch sent through shared memory: tensor bytes that frame i holds
+        (i >= 1) are at offsets[i - 1] of the block that `ref` ([block id, fd, used bytes]) names."""
+        def moved(at: Any) -> Any:
+            return offsets[at - 1] if type(at) is int else at
 
-        descs = [moved(d) for d in self.header["tensors"]]
-        return wire.pack({**self.header, "tensors": descs, "env": env, "shm": ref})
+        descs = [[name, dtype, shape, lib, moved(at), None if sub is None else [sub[0], moved(sub[1])]]
+                 for name, dtype, shape, lib, at, sub in self.header[6]]
+        header = list(self.header)
+        header[6], header[_D_ENV], header[_D_SHM] = descs, env, ref
+        return wire.pack(header)
 
 
 def prepare(batch: Batch, inline_max: int = INLINE_MAX_BYTES) -> Prepared:
@@ -85,28 +76,30 @@ def prepare(batch: Batch, inline_max: int = INLINE_MAX_BYTES) -> Prepared:
         nbytes = arr.nbytes
         # shapes travel as msgpack arrays: a tuple packs as one, without a list made per tensor
         if nbytes <= inline_max:
-            desc = {"name": name, "dtype": dtype, "shape": t.shape, "lib": lib, "data": arr.tobytes()}
+            at = arr.tobytes()
         else:
             buffers.append(arr)
             payload += nbytes
-            desc = {"name": name, "dtype": dtype, "shape": t.shape, "lib": lib, "frame": len(buffers)}
+            at = len(buffers)
+        sub = None
         if offsets is not None:
             if offsets.nbytes <= inline_max:
-                desc["offsets"] = {"shape": offsets.shape, "data": offsets.tobytes()}
+                sub = [offsets.shape, offsets.tobytes()]
             else:
                 buffers.append(offsets)
                 payload += offsets.nbytes
-                desc["offsets"] = {"shape": offsets.shape, "frame": len(buffers)}
-        descs.append(desc)
+                sub = [offsets.shape, len(buffers)]
+        descs.append([name, dtype, t.shape, lib, at, sub])
     if batch.meta:
         try:
             wire.check_meta(batch.meta)
         except TypeError as e:
             raise TypeError(f"batch {batch.batch_id!r}: meta must hold JSON-like values only ({e})") from None
-    header = {"v": wire.SCHEMA_VERSION, "kind": wire.DATA, "batch_id": batch.batch_id, "attempt": batch.attempt,
-              "policy_version": batch.policy_version, "meta": batch.meta, "tensors": descs}
+    route = None
     if batch.index != -1 or batch.min_version or batch.epoch or batch.drop is not None:
-        header["route"] = list(batch.route)
+        route = list(batch.route)
+    header = [wire.SCHEMA_VERSION, wire.DATA, batch.batch_id, batch.attempt, batch.policy_version, batch.meta, descs,
+              route, None, None]
     return Prepared(batch, header, buffers, payload)
 
 
@@ -132,7 +125,7 @@ def decode(frames: Sequence[Any], limits: wire.DecodeLimits = wire.DecodeLimits(
     """Frames of one `data` message -> Batch. Raises DecodeError on anything unexpected."""
     views, _ = check_frames(frames, limits)
     header = wire.unpack_header(views[0], limits)
-    if header["kind"] != wire.DATA:
+    if type(header) is not list:
         raise DecodeError("bad_kind", f"expected a data message, got {header['kind']!r}")
     return decode_data(header, views, limits)
 
@@ -156,32 +149,26 @@ def check_frames(frames: Sequence[Any], limits: wire.DecodeLimits) -> tuple[list
     return views, total
 
 
-def decode_data(header: dict, views: list, limits: wire.DecodeLimits, delivery: Any = None,
+def decode_data(header: list, views: list, limits: wire.DecodeLimits, delivery: Any = None,
                 region: np.ndarray | None = None) -> Batch:
-    """A checked `data` header plus the message's frame views -> Batch (`delivery`: the receiver's
-    tag for `ack`; `region`: the shared memory its `shm` tensors are in, a uint8 array)."""
-    try:  # v and kind were checked by unpack_header; with these five, nothing else may be there but env
-        batch_id, attempt, policy_version = header["batch_id"], header["attempt"], header["policy_version"]
-        meta, descs = header["meta"], header["tensors"]
-    except KeyError:
-        batch_id = None
-    if batch_id is None or len(header) != 7 + ("env" in header) + ("shm" in header) + ("route" in header):
-        wire.check_keys(header, _DATA_KEYS, _DATA_OPTIONAL, "data header")
-    route = header.get("route")
+    """A `data` header (as `wire.unpack_header` returns it: its length, version and kind checked)
+    plus the message's frame views -> Batch (`delivery`: the receiver's tag for `ack`; `region`: the
+    shared memory its tensors are in, a uint8 array, when the header names a block)."""
+    _, _, batch_id, attempt, policy_version, meta, descs, route, _, ref = header
     if route is not None:
         if type(route) is not list or len(route) != 4:
-            raise DecodeError("bad_field", "route must be a list [index, min_version, epoch, drop]")
+            raise DecodeError("bad_field", "route must be nil or a list [index, min_version, epoch, drop]")
         try:
             _check_route(tuple(route))
         except ValueError as e:
             raise DecodeError("bad_field", f"route: {e}") from None
         route = tuple(route)
     if type(batch_id) is not str or not 0 < len(batch_id) <= wire.MAX_STR:
-        wire.get_str(header, "batch_id")
+        raise DecodeError("bad_field", f"batch_id must be a str of 1..{wire.MAX_STR} chars, got {batch_id!r:.40}")
     if type(attempt) is not int or attempt < 0:
-        wire.get_int(header, "attempt", 0)
+        raise DecodeError("bad_field", f"attempt must be an int >= 0, got {attempt!r:.40}")
     if type(policy_version) is not int or not -(1 << 63) <= policy_version < 1 << 63:
-        wire.get_int(header, "policy_version")
+        raise DecodeError("bad_field", f"policy_version must be a 64-bit int, got {policy_version!r:.40}")
     if type(meta) is not dict:
         raise DecodeError("bad_field", f"meta must be a map, got {type(meta).__name__}")
     if meta:
@@ -194,23 +181,24 @@ def decode_data(header: dict, views: list, limits: wire.DecodeLimits, delivery: 
     n = None
     shared: dict = {}  # inline offsets bytes -> offsets already decoded and checked (aligned tensors)
     for desc in descs:
-        # the common case first: a 1-d numpy tensor inline, plain (5 keys) or ragged with inline offsets
-        # (6); anything else, or anything off in it, takes the exhaustive path, which decides
+        # the common case first: a 1-d numpy tensor inline, plain or ragged with inline offsets;
+        # anything else, or anything off in it, takes the exhaustive path, which decides
         t = None
-        if type(desc) is dict and type(data := desc.get("data")) is bytes:
-            name, dtype, lib, shape = desc.get("name"), desc.get("dtype"), desc.get("lib"), desc.get("shape")
-            spec = _FAST_SPECS.get((dtype, lib)) if type(dtype) is str and type(lib) is str else None
-            if spec is not None and type(name) is str and 0 < len(name) <= wire.MAX_STR and type(shape) is list \
+        if type(desc) is list and len(desc) == _DESC_LEN:
+            name, dtype, shape, lib, data, sub = desc
+            if type(data) is bytes and type(dtype) is str and type(lib) is str \
+                    and (spec := _FAST_SPECS.get((dtype, lib))) is not None \
+                    and type(name) is str and 0 < len(name) <= wire.MAX_STR and type(shape) is list \
                     and len(shape) == 1 and type(samples := shape[0]) is int and samples >= 0 \
                     and samples * spec[0] == len(data):
-                if len(desc) == 5:
+                if sub is None:
                     t = _frombuffer(bytearray(data), spec[1])  # writable, like a received frame
-                elif len(desc) == 6:
-                    t = _fast_ragged(name, desc.get("offsets"), data, spec[1], samples, shared)
+                else:
+                    t = _fast_ragged(name, sub, data, spec[1], samples, shared)
                     if t is not None:
                         samples = len(t.offsets) - 1
         if t is None:
-            name, t = _decode_tensor(desc, views, used, limits, region, shared)
+            name, t = _decode_tensor(desc, views, used, limits, region if ref is not None else _NO_REGION, shared)
             samples = t.num_samples if type(t) is Ragged else (t.shape[0] if t.shape else None)
         if name in tensors:
             raise DecodeError("bad_field", f"tensor name {name!r} appears twice")
@@ -226,6 +214,9 @@ def decode_data(header: dict, views: list, limits: wire.DecodeLimits, delivery: 
     return _trusted_batch(tensors, meta, batch_id, attempt, policy_version, int(n or 0), delivery, route)
 
 
+_NO_REGION = np.empty(0, np.uint8)  # marks "not in shared memory": an int `at` is a frame index
+
+
 _SPECS: dict[tuple, tuple] = {(d, lib): (ITEMSIZE[d], NUMPY_DTYPES.get(d)) for d in ITEMSIZE
                                 for lib in ("numpy", "torch") if lib == "torch" or d in NUMPY_DTYPES}
 """(wire dtype, lib) -> (itemsize, numpy dtype or None): the combinations a descriptor may name."""
@@ -239,11 +230,10 @@ _frombuffer = np.frombuffer
 
 def _fast_ragged(name: str, sub: Any, data: bytes, np_dtype: np.dtype, total: int, shared: dict) -> Ragged | None:
     """A ragged tensor whose values (`data`: `total` checked values of `np_dtype`) and offsets are
-    inline, or None when its offsets descriptor is not the plain `{shape: [k], data: bin}` (the
-    exhaustive path then decides)."""
-    if type(sub) is not dict or len(sub) != 2 or type(odata := sub.get("data")) is not bytes:
+    inline, or None when its offsets are not the plain `[[k], bin]` (the exhaustive path then decides)."""
+    if type(sub) is not list or len(sub) != 2 or type(odata := sub[1]) is not bytes:
         return None
-    shape = sub.get("shape")
+    shape = sub[0]
     if type(shape) is not list or len(shape) != 1 or type(k := shape[0]) is not int or k * 8 != len(odata) or k < 1:
         return None
     values = _frombuffer(bytearray(data), np_dtype)
@@ -261,17 +251,14 @@ def _fast_ragged(name: str, sub: Any, data: bytes, np_dtype: np.dtype, total: in
 _count_nonzero = np.count_nonzero
 
 
-def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits,
-                   region: np.ndarray | None = None, shared: dict | None = None) -> tuple[str, Any]:
-    ragged = type(desc) is dict and "offsets" in desc
-    if type(desc) is not dict or len(desc) != 5 + ragged or ("frame" in desc) + ("data" in desc) + ("shm" in desc) != 1:
-        wire.check_keys(desc, _TENSOR_KEYS, _TENSOR_OPTIONAL, "tensor descriptor")
-        raise DecodeError("bad_field", "a tensor descriptor needs exactly one of `frame`, `data` and `shm`")
-    try:
-        name, dtype, lib, shape = desc["name"], desc["dtype"], desc["lib"], desc["shape"]
-    except KeyError:
-        wire.check_keys(desc, _TENSOR_KEYS, _TENSOR_OPTIONAL, "tensor descriptor")
-        raise
+def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits, region: np.ndarray | None,
+                   shared: dict | None = None) -> tuple[str, Any]:
+    """`region`: the shared memory the message names (`_NO_REGION` when it names none; None when it
+    names one that the decoder was not given)."""
+    if type(desc) is not list or len(desc) != _DESC_LEN:
+        raise DecodeError("bad_field", f"a tensor descriptor is an array {wire.TENSOR_FIELDS}, got "
+                                       f"{type(desc).__name__} of {len(desc) if type(desc) is list else '?'}")
+    name, dtype, shape, lib, at, sub = desc
     if type(name) is not str or not 0 < len(name) <= wire.MAX_STR:
         raise DecodeError("bad_field", f"tensor name must be a str of 1..{wire.MAX_STR} chars, got {name!r:.40}")
     spec = _SPECS.get((dtype, lib)) if type(dtype) is str and type(lib) is str else None
@@ -279,23 +266,20 @@ def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits
         if type(dtype) is not str or dtype not in ITEMSIZE:
             raise DecodeError("dtype", f"tensor {name!r}: dtype {dtype!r:.40} is not allowed")
         raise DecodeError("bad_field", f"tensor {name!r}: lib {lib!r:.40} with dtype {dtype} is not allowed")
-    values = _decode_array(name, desc, spec, dtype, lib, shape, views, used, limits, region)
-    if not ragged:
+    values = _decode_array(name, at, spec, dtype, lib, shape, views, used, limits, region)
+    if sub is None:
         return name, values
-    sub = desc["offsets"]
-    if type(sub) is not dict or ("frame" in sub) + ("data" in sub) + ("shm" in sub) != 1 or len(sub) != 2:
-        wire.check_keys(sub, _OFFSETS_KEYS, _OFFSETS_OPTIONAL, f"offsets of tensor {name!r}")
-        raise DecodeError("bad_field", f"tensor {name!r}: offsets need exactly one of `frame`, `data` and `shm`")
-    shape = sub.get("shape")
+    if type(sub) is not list or len(sub) != 2:
+        raise DecodeError("bad_field", f"tensor {name!r}: offsets must be nil or [shape, at]")
+    shape, data = sub
     if type(shape) is not list or len(shape) != 1:
         raise DecodeError("shape", f"tensor {name!r}: offsets must have a 1-d shape")
     if not len(values.shape):
         raise DecodeError("shape", f"ragged tensor {name!r}: values need a leading (token) dimension")
-    data = sub.get("data")
     key = (lib, data, values.shape[0]) if type(data) is bytes and shared is not None else None
     offsets = shared.get(key) if key is not None else None
     if offsets is None:
-        offsets = _decode_array(f"{name}.offsets", sub, _SPECS[("int64", lib)], "int64", lib, shape, views, used,
+        offsets = _decode_array(f"{name}.offsets", data, _SPECS[("int64", lib)], "int64", lib, shape, views, used,
                                 limits, region)
         problem = offsets_problem(values, offsets)
         if problem:
@@ -305,7 +289,7 @@ def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits
     return name, Ragged(values, offsets, check=False)
 
 
-def _decode_array(name: str, desc: dict, spec: tuple, dtype: str, lib: str, shape: Any, views: list, used: list,
+def _decode_array(name: str, at: Any, spec: tuple, dtype: str, lib: str, shape: Any, views: list, used: list,
                   limits: wire.DecodeLimits, region: np.ndarray | None) -> Any:
     nbytes, np_dtype = spec
     if type(shape) is not list or len(shape) > limits.max_ndim:
@@ -314,22 +298,21 @@ def _decode_array(name: str, desc: dict, spec: tuple, dtype: str, lib: str, shap
         if type(d) is not int or d < 0:
             raise DecodeError("shape", f"tensor {name!r}: shape entries must be ints >= 0, got {d!r:.20}")
         nbytes *= d
-    if "shm" in desc:
-        buf = _shm_bytes(name, desc["shm"], nbytes, region)
-        size = buf.nbytes
-    elif "frame" in desc:
-        i = desc["frame"]
-        if type(i) is not int or not 0 < i < len(views) or used[i]:
-            raise DecodeError("frame_index", f"tensor {name!r}: frame {i!r:.20} is missing or used twice")
-        used[i] = True
-        buf = views[i]
+    if type(at) is bytes:
+        size = len(at)
+        buf = bytearray(at)  # writable, like a received frame
+    elif type(at) is not int:
+        raise DecodeError("bad_field", f"tensor {name!r}: `at` must be bin (inline bytes) or an int (a frame "
+                                       f"index, or an offset in shared memory), got {type(at).__name__}")
+    elif region is not _NO_REGION:
+        buf = _shm_bytes(name, at, nbytes, region)
         size = buf.nbytes
     else:
-        data = desc["data"]
-        if type(data) is not bytes:
-            raise DecodeError("bad_field", f"tensor {name!r}: inline data must be bin")
-        size = len(data)
-        buf = bytearray(data)  # writable, like a received frame
+        if not 0 < at < len(views) or used[at]:
+            raise DecodeError("frame_index", f"tensor {name!r}: frame {at!r:.20} is missing or used twice")
+        used[at] = True
+        buf = views[at]
+        size = buf.nbytes
     if size != nbytes:
         raise DecodeError("size_mismatch", f"tensor {name!r}: shape {shape} x {dtype} needs {nbytes} bytes, "
                                            f"got {size}")
@@ -348,7 +331,8 @@ def _shm_bytes(name: str, offset: Any, nbytes: int, region: np.ndarray | None) -
     """Bytes [offset, offset + nbytes) of a shared-memory region (a view: tensors built on it keep
     the region, and with it the block, alive)."""
     if region is None:
-        raise DecodeError("bad_field", f"tensor {name!r} is in shared memory but the message names no block")
+        raise DecodeError("bad_field", f"tensor {name!r} is in shared memory, which this decoder was not given "
+                                       "(only a channel's receiver maps a producer's blocks)")
     if type(offset) is not int or offset < 0 or offset + nbytes > region.nbytes:
         raise DecodeError("out_of_bounds", f"tensor {name!r}: bytes at {offset!r:.20} + {nbytes} lie outside "
                                            f"the {region.nbytes}-byte region")

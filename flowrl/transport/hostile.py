@@ -43,17 +43,27 @@ def _hello(rng: random.Random, **kw) -> dict:
     return h
 
 
-def _data_frames(i: int, env: dict | None = None, **over) -> list[bytes]:
+def _data_frames(i: int, envelope: list | None = None, **over) -> list[bytes]:
+    """A well-formed batch's frames, with its `envelope` ([incarnation, seq]) and header fields
+    replaced by `over` (by name: `wire.DATA_FIELDS`; an `env` there wins over `envelope`)."""
     b = Batch(tensors={"x": np.arange(i % 7 + 1, dtype=np.int64), "y": np.ones((i % 7 + 1, 600), np.float32)},
               meta={"i": i}, batch_id=f"hostile{i}")
     frames = [bytes(memoryview(f).cast("B")) for f in codec.encode(b)]
-    if env is not None or over:
+    if envelope is not None or over:
         h = msgpack.unpackb(frames[0], raw=False)
-        if env is not None:
-            h["env"] = env
-        h.update(over)
+        over.setdefault("env", envelope)
+        for name, value in over.items():
+            h[wire.DATA_FIELDS.index(name)] = value
         frames[0] = _pack(h)
     return frames
+
+
+def _data_header(**fields) -> list:
+    """A data header of defaults with `fields` (by name) set: what a lie needs around it."""
+    h = [V, wire.DATA, "lie", 0, 0, {}, [], None, None, None]
+    for name, value in fields.items():
+        h[wire.DATA_FIELDS.index(name)] = value
+    return h
 
 
 _BOMBS: dict[str, bytes] = {}
@@ -66,7 +76,7 @@ def _bomb(kind: str) -> bytes:
             deep: object = 1
             for _ in range(1000):
                 deep = [deep]
-            _BOMBS[kind] = _pack({"v": V, "kind": "data", "meta": {"d": deep}})
+            _BOMBS[kind] = _pack(_data_header(meta={"d": deep}))
         else:
             _BOMBS[kind] = _pack({"v": V, "kind": "bundle", "parts": [1] * (1_000_000 if kind == "bundle" else 1000)})
     return _BOMBS[kind]
@@ -78,16 +88,17 @@ def _stranger_message(rng: random.Random, i: int) -> tuple[str, list[bytes]]:
     if k == 0:
         return "random", [rng.randbytes(rng.randrange(0, 300)) for _ in range(rng.randrange(1, 5))]
     if k == 1:
-        frames = _data_frames(i, {"inc": "0" * 16, "seq": i})
+        frames = _data_frames(i, ["0" * 16, i])
         j = rng.randrange(len(frames))
         frames[j] = frames[j][:rng.randrange(len(frames[j]) + 1)]
         return "truncated", frames
     if k == 2:
         lie = rng.choice([{"policy_version": True}, {"policy_version": 1.0}, {"attempt": -1}, {"v": True},
                           {"v": 1.0}, {"batch_id": 7}, {"route": [0, 0, 0]}, {"meta": {"a": {1: 2}}},
-                          {"tensors": [{"name": "x", "dtype": "int64", "shape": [1 << 40], "lib": "numpy",
-                                        "frame": 1}]}])
-        return "lying_header", _data_frames(i, {"inc": "0" * 16, "seq": i}, **lie)
+                          {"tensors": [["x", "int64", [1 << 40], "numpy", 1, None]]}, {"env": {"inc": "0", "seq": 1}},
+                          {"tensors": [{"name": "x", "dtype": "int64", "shape": [1], "lib": "numpy",
+                                        "data": b"0" * 8}]}])  # a descriptor of schema version 1
+        return "lying_header", _data_frames(i, ["0" * 16, i], **lie)
     if k == 3:
         return "bomb_nesting", [_bomb("nesting")]
     if k == 4 and rng.random() < 0.05:  # a bundle of a million one-byte parts (the header alone is ~1 MB)
@@ -105,7 +116,7 @@ def _stranger_message(rng: random.Random, i: int) -> tuple[str, list[bytes]]:
                                                                {"ret_m": -5}, {"shm": {"pid": 1, "fd": 0, "key": "k"}},
                                                                {"mac": "x" * 32}, {"state": "eos"}])))]
     if k == 9:
-        return "forged_data", _data_frames(i, {"inc": rng.randbytes(8).hex(), "seq": rng.randrange(1, 1 << 30)})
+        return "forged_data", _data_frames(i, [rng.randbytes(8).hex(), rng.randrange(1, 1 << 30)])
     if k == 10:
         return "status_to_consumer", [_pack({"v": V, "kind": "status", "ch": "x", "inc": "y", "known": True,
                                              "closing": False, "cap_m": 1, "cap_b": 1, "max_msg": 1, "lim_m": 9,
@@ -162,19 +173,17 @@ class Insider:
         out.append(("hoard", 2))
         self.sock.send(_pack(_hello(self.rng, mac=self.mac, need=link_bytes * 10)))
         out.append(("need_too_large", 1))
-        env = {"inc": st.inc, "seq": 1}
-        frames = _data_frames(i, env)
+        frames = _data_frames(i, [st.inc, 1])
         self.sock.send_multipart(frames)
         acked = self.status(lambda s: 1 in s.acks)
         self.sock.send_multipart(frames)  # the same batch again, after (or without) its ack
         out.append(("replay_after_ack" if acked else "replay", 2))
         for seq, lie in enumerate([{"policy_version": True}, {"policy_version": 1.0}, {"v": True},
-                                   {"tensors": [{"name": "x", "dtype": "int64", "shape": [3], "lib": "numpy",
-                                                 "data": b"\x00" * 5}]}], start=2):
-            self.sock.send_multipart(_data_frames(i, {"inc": st.inc, "seq": seq}, **lie))
+                                   {"tensors": [["x", "int64", [3], "numpy", b"\x00" * 5, None]]}], start=2):
+            self.sock.send_multipart(_data_frames(i, [st.inc, seq], **lie))
         out.append(("insider_lies", 4))
         for _ in range(2):  # the second is past what it was granted
-            self.sock.send_multipart([_pack({"v": V, "kind": "data"}), b"\x00" * (link_bytes - 8192)])
+            self.sock.send_multipart([_pack(_data_header(env=[st.inc, 9])), b"\x00" * (link_bytes - 8192)])
         out.append(("over_credit", 2))
         return out
 

@@ -291,6 +291,8 @@ class Receiver(TaskOwner):
             raise DecodeError("no_credit", f"a {size}-byte message from link {rid[:24]!r}, which holds credit "
                                            f"for {self._pool.accounts[rid].unused_b} bytes")
         header = wire.unpack_header(views[0], self._limits)
+        if type(header) is list:  # data
+            return self._on_data(rid, header, views, size)
         if header["kind"] != wire.BUNDLE:
             return self._dispatch(rid, header, views, size)
         start, blob, limits, unpack = 0, views[-1], self._limits, wire.unpack_header
@@ -299,7 +301,7 @@ class Receiver(TaskOwner):
             start += size
             try:
                 header = unpack(part, limits)
-                if header["kind"] == wire.DATA:  # (_dispatch's first case, without the call: per batch)
+                if type(header) is list:  # data (without _dispatch's call: per batch)
                     self._on_data(rid, header, [part], size)
                 else:
                     self._dispatch(rid, header, [part], size)
@@ -311,9 +313,7 @@ class Receiver(TaskOwner):
 
     def _dispatch(self, rid: bytes, header: dict, views: list, size: int) -> None:
         kind = header["kind"]
-        if kind == wire.DATA:
-            self._on_data(rid, header, views, size)
-        elif kind == wire.HELLO:
+        if kind == wire.HELLO:
             self._on_hello(rid, wire.Hello.from_header(header))
         elif kind == wire.BUNDLE:
             raise DecodeError("bad_kind", "a bundle inside a bundle")
@@ -376,11 +376,11 @@ class Receiver(TaskOwner):
         except shm.ShmError as e:
             log.info("channel %s: producer link %r sends large batches over the socket: %s", self.name, peer.rid, e)
 
-    def _on_data(self, rid: bytes, header: dict, views: list, size: int) -> None:
-        env = header.get("env")
-        if type(env) is not dict or len(env) != 2 or "inc" not in env or "seq" not in env:
-            wire.check_keys(env, wire.ENV_KEYS, where="env")
-        inc, seq = env["inc"], env["seq"]
+    def _on_data(self, rid: bytes, header: list, views: list, size: int) -> None:
+        env = header[wire.D_ENV]
+        if type(env) is not list or len(env) != 2:
+            raise DecodeError("bad_field", f"env must be [incarnation, seq], got {env!r:.40}")
+        inc, seq = env
         if type(seq) is not int or seq < 0:
             raise DecodeError("bad_field", f"env.seq must be an int >= 0, got {seq!r:.20}")
         peer = self._peers.get(rid)
@@ -391,7 +391,7 @@ class Receiver(TaskOwner):
             raise DecodeError("stale_incarnation", f"data addressed to consumer incarnation {inc!r:.40}")
         if seq <= peer.max_seq:
             raise DecodeError("replay", f"sequence number {seq} on link {rid[:24]!r}, which is past {peer.max_seq}")
-        ref, region = header.get("shm"), None
+        ref, region = header[wire.D_SHM], None
         if ref is not None:
             size = self._shm_size(peer, ref, views, size)
         if not self._pool.can_accept(rid, size):
@@ -402,7 +402,7 @@ class Receiver(TaskOwner):
             except shm.ShmError as e:
                 if e.reason in SHM_MAPPING_FAILURES:  # a well-formed reference we cannot follow
                     self._refuse_shm(peer, e)
-                raise DecodeError(e.reason, f"shared memory of batch {header.get('batch_id')!r:.60}: {e}") from None
+                raise DecodeError(e.reason, f"shared memory of batch {header[2]!r:.60}: {e}") from None
         batch = codec.decode_data(header, views, self._limits, _Delivery(rid, seq, size), region)
         peer.max_seq, peer.last_data = seq, self._now
         self._pool.on_data(rid, size)

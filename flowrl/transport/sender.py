@@ -250,7 +250,7 @@ class Sender(TaskOwner):
         size = entry.size
         prepared = entry.prepared
         for lk in live:
-            env = {"inc": lk.inc, "seq": lk.sent_m + 1}  # sequence numbers count a link's messages
+            env = [lk.inc, lk.sent_m + 1]  # sequence numbers count a link's messages
             frames = prepared.frames(env)
             size = entry.size = len(frames[0]) + prepared.payload_bytes
             if size > lk.cap_b or size > lk.max_msg:
@@ -456,8 +456,8 @@ class Sender(TaskOwner):
                 if len(frames) != 1:
                     raise DecodeError("bad_frames", f"a status has 1 frame, got {len(frames)}")
                 header = wire.unpack_header(frames[0], limits)
-                if header["kind"] != wire.STATUS:
-                    raise DecodeError("bad_kind", f"a consumer sent a {header['kind']!r} message")
+                if type(header) is not dict or header["kind"] != wire.STATUS:
+                    raise DecodeError("bad_kind", "a consumer sent a message other than a status")
                 self._on_status(link, wire.Status.from_header(header))
             except DecodeError as e:
                 self._c["rejected"] += 1
@@ -489,9 +489,11 @@ class Sender(TaskOwner):
         link.cap_m, link.cap_b, link.max_msg = st.cap_m, st.cap_b, st.max_msg
         link.pump.bundle_max = min(sockets.BUNDLE_BYTES, st.max_msg)  # a bundle must fit where its parts do
         link.lim_m, link.lim_b = max(link.lim_m, st.lim_m), max(link.lim_b, st.lim_b)
-        for seq in st.acks:
-            if link.unacked.pop(seq, None) is not None:
-                self._c["acked"] += 1
+        unacked = link.unacked
+        held, pop = len(unacked), unacked.pop
+        for seq in st.acks:  # (one per batch: a bare pop, counted once after)
+            pop(seq, None)
+        self._c["acked"] += held - len(unacked)
         link.eos_acked = st.eos_ack
         if link.arena is not None:
             link.shm_ok = st.shm_max > 0

@@ -1,17 +1,23 @@
 """Wire types: the only thing both ends of a channel share. Written down once, versioned.
 
-Every message is a ZeroMQ multipart message whose frame 0 is a msgpack map with `v`
-(= `SCHEMA_VERSION`) and `kind`. Three kinds exist, and a fourth that carries several of them:
+Every message is a ZeroMQ multipart message whose frame 0 is msgpack starting with `v`
+(= `SCHEMA_VERSION`) and `kind`: a map for the control messages, an array for `data`. Three kinds
+exist, and a fourth that carries several of them:
 
-`data` (producer -> consumer), frames 1..n are raw C-contiguous little-endian tensor buffers::
+`data` (producer -> consumer), frames 1..n are raw C-contiguous little-endian tensor buffers. Its
+header is an array of `DATA_FIELDS`, one per batch and decoded per batch, so positional: a map of
+the same values costs its consumer two and a half times as much to decode (its keys are strings
+made anew per message)::
 
-    {v, kind: "data", batch_id: str, attempt: int, policy_version: int, meta: {...},
-     tensors: [{name, dtype, shape: [int], lib: "numpy"|"torch", frame: i}      # bytes in frame i
-               | {name, dtype, shape, lib, data: bin}                          # tiny: inline
-               | {name, dtype, shape, lib, shm: offset}],                      # in shared memory
-     route: [index, min_version, epoch, drop],  # routing facts; absent when all are defaults
-     env: {inc: str, seq: int},                 # channel envelope, absent from `codec.encode`
-     shm: [block id, fd, used bytes]}           # only with shm tensors; then frame 0 is all there is
+    [v, "data", batch_id: str, attempt: int, policy_version: int, meta: {...},
+     tensors: [[name, dtype, shape: [int], lib: "numpy"|"torch", at, offsets], ...],
+     route: [index, min_version, epoch, drop] | nil,  # routing facts; nil when all are defaults
+     env: [inc: str, seq: int] | nil,                 # channel envelope; nil from `codec.encode`
+     shm: [block id, fd, used bytes] | nil]           # shared memory; then frame 0 is all there is
+
+    at: bin (a tiny tensor's bytes, inline) | int (without `shm`: the frame i holding its bytes;
+        with `shm`: the offset of its bytes in the block)
+    offsets: nil | [shape, at]   # a ragged tensor's int64 offsets, stored as its values are
 
 Shared memory (`shm.py`) carries the tensors of large messages between processes on one host: the
 producer copies them into a block of its memory that the consumer maps (after a probe announced
@@ -67,7 +73,7 @@ import msgpack
 
 from flowrl.transport.errors import DecodeError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the data header became an array
 DATA, HELLO, STATUS, BUNDLE = "data", "hello", "status", "bundle"
 HELLO_STATES = ("open", "eos", "bye", "relink")
 MAX_BUNDLE_PARTS = 256  # a producer bundles at most sockets.CORK_MESSAGES (64) messages
@@ -75,6 +81,10 @@ MAC_BYTES = 32  # HMAC-SHA256
 NONCE_BYTES = 16
 MAX_STR = 256
 _I64 = 1 << 63
+DATA_FIELDS = ("v", "kind", "batch_id", "attempt", "policy_version", "meta", "tensors", "route", "env", "shm")
+DATA_LEN = len(DATA_FIELDS)
+D_ROUTE, D_ENV, D_SHM = 7, 8, 9  # positions in a data header (see DATA_FIELDS)
+TENSOR_FIELDS = ("name", "dtype", "shape", "lib", "at", "offsets")
 
 
 @dataclass(frozen=True)
@@ -129,8 +139,9 @@ def bundle_parts(header: dict, frames: int, blob_bytes: int) -> list[int]:
     return parts
 
 
-def unpack_header(buf: Any, limits: DecodeLimits) -> dict:
-    """Frame 0 -> header map, after the size, msgpack, version and kind checks."""
+def unpack_header(buf: Any, limits: DecodeLimits) -> dict | list:
+    """Frame 0 -> header: a map (control messages) or a `data` array of len(DATA_FIELDS) items,
+    after the size, msgpack, version and kind checks."""
     size = buf.nbytes if type(buf) is memoryview else len(buf)
     if size > limits.max_header_bytes:
         raise DecodeError("header_too_large", f"header of {size} bytes exceeds max_header_bytes="
@@ -138,15 +149,35 @@ def unpack_header(buf: Any, limits: DecodeLimits) -> dict:
     try:
         header = msgpack.unpackb(buf, raw=False, strict_map_key=True, use_list=True)
     except Exception as e:  # noqa: BLE001 - any malformed input is one error type
-        raise DecodeError("bad_msgpack", f"frame 0 is not a msgpack map ({type(e).__name__}: {e})") from None
+        raise DecodeError("bad_msgpack", f"frame 0 is not msgpack ({type(e).__name__}: {e})") from None
+    if type(header) is list:
+        if len(header) != DATA_LEN or type(v := header[0]) is not int or v != SCHEMA_VERSION \
+                or header[1] != DATA:
+            raise DecodeError(*_array_problem(header))
+        return header
     if type(header) is not dict:
-        raise DecodeError("bad_header", f"frame 0 holds a {type(header).__name__}, not a map")
+        raise DecodeError("bad_header", f"frame 0 holds a {type(header).__name__}, not a map or a data array")
     v = header.get("v")
     if type(v) is not int or v != SCHEMA_VERSION:  # True == 1 and 1.0 == 1 in Python: not on the wire
         raise DecodeError("bad_version", f"schema version {v!r:.20}; this side speaks {SCHEMA_VERSION}")
-    if header.get("kind") not in (DATA, HELLO, STATUS, BUNDLE):  # (a tuple: compares, never hashes a hostile value)
-        raise DecodeError("bad_kind", f"unknown message kind {header.get('kind')!r}")
+    kind = header.get("kind")
+    if kind not in (HELLO, STATUS, BUNDLE):  # (a tuple: compares, never hashes a hostile value)
+        if kind == DATA:
+            raise DecodeError("bad_header", f"a data header is an array of {len(DATA_FIELDS)} items "
+                                            f"{DATA_FIELDS}, not a map")
+        raise DecodeError("bad_kind", f"unknown message kind {kind!r:.40}")
     return header
+
+
+def _array_problem(header: list) -> tuple[str, str]:
+    """Why an array header is not a data header: (reason, text)."""
+    v = header[0] if header else None
+    if type(v) is not int or v != SCHEMA_VERSION:
+        return "bad_version", f"schema version {v!r:.20}; this side speaks {SCHEMA_VERSION}"
+    if len(header) < 2 or header[1] != DATA:
+        kind = header[1] if len(header) > 1 else None
+        return "bad_kind", f"an array header must be a data message, got kind {kind!r:.40}"
+    return "bad_header", f"a data header has {len(DATA_FIELDS)} items {DATA_FIELDS}, this one {len(header)}"
 
 
 # ----------------------------------------------------------------------------------- field checks
@@ -240,7 +271,6 @@ _STATUS_KEYS = frozenset({"v", "kind", "ch", "inc", "known", "closing", "cap_m",
                           "lim_m", "lim_b", "acks", "eos_ack"})
 _SHM_PROBE_KEYS = frozenset({"pid", "fd", "key"})
 MAX_FREED = 4096
-ENV_KEYS = frozenset({"inc", "seq"})
 _BUNDLE_KEYS = frozenset({"v", "kind", "parts"})
 
 

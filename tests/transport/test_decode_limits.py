@@ -4,14 +4,29 @@ import msgpack
 import numpy as np
 import pytest
 
-from flowrl.transport import Batch, DecodeError, DecodeLimits, decode, encode
+from flowrl.transport import Batch, DecodeError, DecodeLimits, decode, encode, wire
+
+
+def desc(**changes):
+    """A tensor descriptor (an array of `wire.TENSOR_FIELDS`) of 4 int64 in frame 1, with fields changed."""
+    d = {"name": "x", "dtype": "int64", "shape": [4], "lib": "numpy", "at": 1, "offsets": None}
+    d.update(changes)
+    assert d.keys() == set(wire.TENSOR_FIELDS), "a typo in a field name"
+    return [d[f] for f in wire.TENSOR_FIELDS]
 
 
 def good_header(**changes):
-    h = {"v": 1, "kind": "data", "batch_id": "b", "attempt": 0, "policy_version": 0, "meta": {},
-         "tensors": [{"name": "x", "dtype": "int64", "shape": [4], "lib": "numpy", "frame": 1}]}
+    """A data header (an array of `wire.DATA_FIELDS`) of one tensor `x` in frame 1, with fields changed."""
+    h = {"v": wire.SCHEMA_VERSION, "kind": "data", "batch_id": "b", "attempt": 0, "policy_version": 0, "meta": {},
+         "tensors": [desc()], "route": None, "env": None, "shm": None}
     h.update(changes)
-    return h
+    assert h.keys() == set(wire.DATA_FIELDS), "a typo in a field name"
+    return [h[f] for f in wire.DATA_FIELDS]
+
+
+def as_map(header):
+    """The same data header as the map that schema version 1 sent."""
+    return dict(zip(wire.DATA_FIELDS, header))
 
 
 def frames_of(header, *buffers):
@@ -27,8 +42,21 @@ def reason_of(frames, limits=DecodeLimits()):
     return info.value.reason
 
 
+def control_reason(header):
+    """The DecodeError reason of a control message `header` (a map), read as the receiver reads a hello."""
+    with pytest.raises(DecodeError) as info:
+        h = wire.unpack_header(msgpack.packb(header, use_bin_type=True), DecodeLimits())
+        wire.Hello.from_header(h)
+    return info.value.reason
+
+
+HELLO = {"v": wire.SCHEMA_VERSION, "kind": "hello", "ch": "c", "state": "open", "need": 0, "idle": False,
+         "ret_m": 0, "ret_b": 0}
+
+
 def test_a_well_formed_message_decodes():
     assert decode(frames_of(good_header(), X)).tensors["x"].tolist() == [0, 1, 2, 3]
+    assert wire.Hello.from_header(wire.unpack_header(msgpack.packb(HELLO), DecodeLimits())).ch == "c"
 
 
 def test_header_size_limit():
@@ -55,29 +83,27 @@ def test_nesting_depth_limit():
 
 
 def test_dtype_allow_list():
-    t = [{"name": "x", "dtype": "object", "shape": [4], "lib": "numpy", "frame": 1}]
-    assert reason_of(frames_of(good_header(tensors=t), X)) == "dtype"
-    t = [{"name": "x", "dtype": "bfloat16", "shape": [16], "lib": "numpy", "frame": 1}]
+    assert reason_of(frames_of(good_header(tensors=[desc(dtype="object")]), X)) == "dtype"
+    t = [desc(dtype="bfloat16", shape=[16])]
     assert reason_of(frames_of(good_header(tensors=t), X)) == "bad_field"  # numpy has no bfloat16
 
 
 def test_shape_times_itemsize_must_equal_the_frame_length():
-    t = [{"name": "x", "dtype": "int64", "shape": [5], "lib": "numpy", "frame": 1}]
-    assert reason_of(frames_of(good_header(tensors=t), X)) == "size_mismatch"
-    t = [{"name": "x", "dtype": "int64", "shape": [2 ** 62, 2 ** 62], "lib": "numpy", "frame": 1}]
+    assert reason_of(frames_of(good_header(tensors=[desc(shape=[5])]), X)) == "size_mismatch"
+    t = [desc(shape=[2 ** 62, 2 ** 62])]
     assert reason_of(frames_of(good_header(tensors=t), X)) == "size_mismatch"  # no overflow
-    t = [{"name": "x", "dtype": "int64", "shape": [1], "lib": "torch", "data": b"abc"}]
+    t = [desc(shape=[1], lib="torch", at=b"abc")]
     assert reason_of(frames_of(good_header(tensors=t))) == "size_mismatch"
 
 
 def test_shape_entries_and_rank_are_bounded():
-    t = [{"name": "x", "dtype": "int64", "shape": [-4], "lib": "numpy", "frame": 1}]
-    assert reason_of(frames_of(good_header(tensors=t), X)) == "shape"
-    t = [{"name": "x", "dtype": "int64", "shape": [1] * 33 + [4], "lib": "numpy", "frame": 1}]
-    assert reason_of(frames_of(good_header(tensors=t), X)) == "shape"
+    assert reason_of(frames_of(good_header(tensors=[desc(shape=[-4])]), X)) == "shape"
+    assert reason_of(frames_of(good_header(tensors=[desc(shape=[1] * 33 + [4])]), X)) == "shape"
 
 
 def test_map_keys_must_be_strings_and_known():
+    """Maps (meta, control messages) take str keys, and a control message only its own; a data header
+    and a tensor descriptor have no keys: they are arrays of exactly their fields."""
     raw = msgpack.packb({1: 2}, use_bin_type=True)
     assert reason_of([raw]) == "bad_msgpack"  # strict_map_key refuses the int key
     # ... at any depth, and an array as a key (which would decode to a tuple, whose hash is not randomised:
@@ -85,31 +111,62 @@ def test_map_keys_must_be_strings_and_known():
     assert reason_of(frames_of(good_header(meta={"a": {3: 1}}), X)) == "bad_msgpack"
     tuple_key = b"\x81\x92\x01\x02\x03"  # {[1, 2]: 3}
     assert reason_of([tuple_key]) == "bad_msgpack"
-    # bytes keys pass strict_map_key: beside str ones they are named, not a TypeError from sorting them
-    assert reason_of(frames_of({**good_header(), b"raw": 1, "zz": 2}, X)) == "unknown_key"
-    assert reason_of(frames_of(good_header(extra=1), X)) == "unknown_key"
+    # bytes keys pass strict_map_key: in meta they are named; beside str ones in a control message they are
+    # named too, not a TypeError from sorting them
+    assert reason_of(frames_of(good_header(meta={b"raw": 1}), X)) == "bad_field"
+    assert control_reason({**HELLO, b"raw": 1, "zz": 2}) == "unknown_key"
+    assert control_reason({**HELLO, "extra": 1}) == "unknown_key"
+    assert control_reason({k: v for k, v in HELLO.items() if k != "need"}) == "missing_key"
+    # a data header was a map of these keys (schema version 1); as a map, with or without stray keys, it is
+    # refused whole (it was unknown_key / missing_key)
+    assert reason_of(frames_of(as_map(good_header()), X)) == "bad_header"
+    assert reason_of(frames_of({**as_map(good_header()), b"raw": 1, "zz": 2}, X)) == "bad_header"
+    # an extra field or a missing one (meta) is a data header of the wrong length (was unknown_key / missing_key)
+    assert reason_of(frames_of(good_header() + [1], X)) == "bad_header"
     h = good_header()
-    del h["meta"]
-    assert reason_of(frames_of(h, X)) == "missing_key"
-    t = [{"name": "x", "dtype": "int64", "shape": [4], "lib": "numpy", "frame": 1, "more": 1}]
-    assert reason_of(frames_of(good_header(tensors=t), X)) == "unknown_key"
+    del h[wire.DATA_FIELDS.index("meta")]
+    assert reason_of(frames_of(h, X)) == "bad_header"
+    # ... and a tensor descriptor with an extra field or a missing one, or a map, is refused (was unknown_key)
+    assert reason_of(frames_of(good_header(tensors=[desc() + [1]]), X)) == "bad_field"
+    assert reason_of(frames_of(good_header(tensors=[desc()[:-1]]), X)) == "bad_field"
+    as_dict = dict(zip(wire.TENSOR_FIELDS, desc()))
+    assert reason_of(frames_of(good_header(tensors=[as_dict]), X)) == "bad_field"
 
 
 def test_version_kind_and_msgpack_are_checked():
     assert reason_of(frames_of(good_header(v=99), X)) == "bad_version"
+    assert reason_of(frames_of(good_header(v=1), X)) == "bad_version"  # the version whose data header was a map
+    assert reason_of(frames_of(good_header(v=True), X)) == "bad_version"
+    assert reason_of(frames_of(as_map(good_header(v=1)), X)) == "bad_version"
     assert reason_of(frames_of(good_header(kind="evil"), X)) == "bad_kind"
+    assert reason_of(frames_of(good_header(kind="hello"), X)) == "bad_kind"  # an array is a data header only
+    assert reason_of(frames_of(as_map(good_header(kind="evil")), X)) == "bad_kind"
     assert reason_of([b"\xc1garbage", X]) == "bad_msgpack"
-    assert reason_of([msgpack.packb([1, 2])]) == "bad_header"
+    assert reason_of([msgpack.packb(7)]) == "bad_header"  # frame 0 is neither a map nor an array
+    # an array of the right version and kind but of another length (an array used to be refused as not a map;
+    # [1, 2] is now a data header of version 1: see above)
+    assert reason_of([msgpack.packb([wire.SCHEMA_VERSION, "data"])]) == "bad_header"
+    assert reason_of([msgpack.packb([])]) == "bad_version"
+    assert reason_of([msgpack.packb([1, 2])]) == "bad_version"
+    assert reason_of([msgpack.packb(HELLO)]) == "bad_kind"  # a control message is no data message
     assert reason_of([]) == "no_frames"
 
 
 def test_frames_are_referenced_exactly_once():
-    t = [{"name": "x", "dtype": "int64", "shape": [4], "lib": "numpy", "frame": 2}]
-    assert reason_of(frames_of(good_header(tensors=t), X)) == "frame_index"
-    t = [{"name": "x", "dtype": "int64", "shape": [4], "lib": "numpy", "frame": 1},
-         {"name": "y", "dtype": "int64", "shape": [4], "lib": "numpy", "frame": 1}]
+    assert reason_of(frames_of(good_header(tensors=[desc(at=2)]), X)) == "frame_index"
+    assert reason_of(frames_of(good_header(tensors=[desc(at=0)]), X)) == "frame_index"  # frame 0 is the header
+    assert reason_of(frames_of(good_header(tensors=[desc(at=-1)]), X)) == "frame_index"
+    t = [desc(), desc(name="y")]
     assert reason_of(frames_of(good_header(tensors=t), X)) == "frame_index"
     assert reason_of(frames_of(good_header(), X, X)) == "stray_frame"
+
+
+def test_where_a_tensor_is_must_be_bytes_or_an_int():
+    """`at`: inline bytes or a frame index (an offset with shared memory); nothing else, not a bool either."""
+    for at in (None, True, 1.0, "1", [1], {"frame": 1}):
+        assert reason_of(frames_of(good_header(tensors=[desc(at=at)]), X)) == "bad_field", at
+    # an int with a shared-memory block named but none given to the decoder: refused, not read from a frame
+    assert reason_of(frames_of(good_header(shm=["blk", 3, 32]), X)) == "bad_field"
 
 
 def test_meta_values_must_be_json_like():
@@ -118,13 +175,12 @@ def test_meta_values_must_be_json_like():
 
 
 def test_bool_bytes_other_than_0_and_1_are_refused():
-    t = [{"name": "m", "dtype": "bool", "shape": [2], "lib": "numpy", "data": b"\x01\x07"}]
+    t = [desc(name="m", dtype="bool", shape=[2], at=b"\x01\x07")]
     assert reason_of(frames_of(good_header(tensors=t))) == "bad_value"
 
 
 def test_leading_dimensions_must_agree():
-    t = [{"name": "x", "dtype": "int64", "shape": [4], "lib": "numpy", "frame": 1},
-         {"name": "y", "dtype": "int8", "shape": [3], "lib": "numpy", "data": b"abc"}]
+    t = [desc(), desc(name="y", dtype="int8", shape=[3], at=b"abc")]
     assert reason_of(frames_of(good_header(tensors=t), X)) == "batch_invalid"
 
 

@@ -13,22 +13,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flowrl.transport import Batch, DecodeError, Ragged, codec, decode, encode
+from flowrl.transport import Batch, DecodeError, Ragged, codec, decode, encode, wire
 from tests.transport.helpers import wait_until
 from tests.transport.test_hostile import Raw, bound, pack
 
 pytestmark = pytest.mark.timeout(60)
 
 OFFSETS = np.array([0, 2, 2, 5], dtype=np.int64)
+TENSORS, ENV = wire.DATA_FIELDS.index("tensors"), wire.DATA_FIELDS.index("env")  # in a data header
+SHAPE, SUB = wire.TENSOR_FIELDS.index("shape"), wire.TENSOR_FIELDS.index("offsets")  # in a tensor descriptor
 
 
-def header_of(batch: Batch) -> dict:
+def header_of(batch: Batch) -> list:
     frames = encode(batch)
     assert len(frames) == 1  # everything inline: the fast path's case
     return msgpack.unpackb(bytes(frames[0]))
 
 
-def outcome(h: dict, fast: bool, monkeypatch) -> tuple:
+def outcome(h: list, fast: bool, monkeypatch) -> tuple:
     """('error', reason) or ('ok', [(name, kind, dtype, values, offsets)]) of decoding header `h`."""
     with monkeypatch.context() as m:
         if not fast:
@@ -47,16 +49,28 @@ def outcome(h: dict, fast: bool, monkeypatch) -> tuple:
 
 
 odd_values = st.sampled_from([None, True, 1.5, -1, 0, 3, 2 ** 63, "", "x" * 300, "int64", "numpy", [], [1], {}, b"\x00"])
-fields = st.sampled_from(["name", "dtype", "lib", "shape", "data", "offsets", "extra"])
+fields = st.sampled_from([*wire.TENSOR_FIELDS, "extra"])  # "extra": an item past the last field
 mutations = st.lists(st.tuples(fields, st.one_of(
     odd_values,
     st.sampled_from(["int64", "float32", "bool", "bfloat16", "float16", "x", "torch ", "jax"]),
     st.lists(st.integers(-2, 8), max_size=3),
     st.binary(max_size=48),
-    st.sampled_from(["delete"]),
-    st.fixed_dictionaries({"shape": st.lists(st.integers(-1, 6), max_size=2)},
-                          optional={"data": st.binary(max_size=48), "frame": st.integers(0, 2), "x": st.none()}),
+    st.sampled_from(["delete"]),  # the item goes: a descriptor one field short
+    # offsets: [shape, at], at inline bytes or a frame index, and arrays one item short or long
+    st.tuples(st.lists(st.integers(-1, 6), max_size=2), st.one_of(st.binary(max_size=48), st.integers(0, 2))).map(list),
+    st.lists(st.one_of(st.lists(st.integers(-1, 6), max_size=2), st.binary(max_size=48), st.none()), max_size=3),
 )), min_size=0, max_size=3)
+
+
+def mutate(desc: list, field: str, value) -> None:
+    """Set (or with "delete", remove) the item of `desc` where `field` is (past the end: append it)."""
+    i = len(desc) if field == "extra" else wire.TENSOR_FIELDS.index(field)
+    if value == "delete":
+        del desc[i:i + 1]
+    elif i < len(desc):
+        desc[i] = value
+    else:
+        desc.append(value)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -68,24 +82,29 @@ def test_a_mutated_descriptor_is_decided_alike_with_and_without_the_fast_path(ra
     t = Ragged(values, OFFSETS) if ragged else values
     other = Ragged(np.linspace(0, 1, 5).astype(np.float32), OFFSETS) if ragged else np.ones(5, np.float32)
     h = header_of(Batch(tensors={"a": t, "b": other}, batch_id="b1"))
-    desc = h["tensors"][which]
-    if offsets_bytes is not None and "offsets" in desc:
-        desc["offsets"]["data"] = np.array(offsets_bytes, dtype=np.int64).tobytes()
-        desc["offsets"]["shape"] = [len(offsets_bytes)]
-    for key, value in changes:
-        if value == "delete":
-            desc.pop(key, None)
-        else:
-            desc[key] = value
+    desc = h[TENSORS][which]
+    if offsets_bytes is not None and desc[SUB] is not None:
+        desc[SUB] = [[len(offsets_bytes)], np.array(offsets_bytes, dtype=np.int64).tobytes()]
+    for field, value in changes:
+        mutate(desc, field, value)
     assert outcome(h, True, monkeypatch) == outcome(h, False, monkeypatch)
 
 
 @pytest.mark.parametrize("offsets", [[1, 2, 2, 5], [0, 2, 2, 4], [0, 2, 2, 6], [0, 3, 2, 5], [0, 2, 6, 5], [0, 5, 5, 5, 5]])
 def test_offsets_that_do_not_describe_the_values_are_refused_on_the_fast_path(offsets, monkeypatch):
     h = header_of(Batch(tensors={"r": Ragged(np.arange(5), OFFSETS)}, batch_id="b1"))
-    h["tensors"][0]["offsets"] = {"shape": [len(offsets)], "data": np.array(offsets, np.int64).tobytes()}
+    h[TENSORS][0][SUB] = [[len(offsets)], np.array(offsets, np.int64).tobytes()]
     expected = ("error", "bad_offsets") if len(offsets) == 4 else ("ok", ([("r", "ragged", "<i8", [0, 1, 2, 3, 4], offsets)], 4))
     assert outcome(h, True, monkeypatch) == outcome(h, False, monkeypatch) == expected
+
+
+@pytest.mark.parametrize("shape, data", [
+    ([3], OFFSETS.tobytes()), ([5], OFFSETS.tobytes()), ([4], OFFSETS.tobytes()[:-1]), ([1], b""),
+], ids=["fewer", "more", "torn", "none"])
+def test_offsets_whose_shape_does_not_match_their_bytes_are_refused_on_the_fast_path(shape, data, monkeypatch):
+    h = header_of(Batch(tensors={"r": Ragged(np.arange(5), OFFSETS)}, batch_id="b1"))
+    h[TENSORS][0][SUB] = [shape, data]
+    assert outcome(h, True, monkeypatch) == outcome(h, False, monkeypatch) == ("error", "size_mismatch")
 
 
 def test_the_fast_path_takes_the_common_tensors_and_they_come_out_right():
@@ -127,16 +146,16 @@ def test_tensors_outside_the_fast_paths_still_round_trip(make):
 async def test_a_schema_that_changes_between_messages_on_one_link_is_checked_each_time(tmp_path):
     def frames(seq: int, inc: str, tensors: dict, lie=None) -> list[bytes]:
         h = header_of(Batch(tensors=tensors, batch_id=f"m{seq}"))
-        h["env"] = {"inc": inc, "seq": seq}
+        h[ENV] = [inc, seq]
         if lie:
             lie(h)
         return [pack(h)]
 
     def lying_shape(h):
-        h["tensors"][0]["shape"] = [3]  # the data holds 4 values
+        h[TENSORS][0][SHAPE] = [3]  # the data holds 4 values
 
     def bad_offsets(h):
-        h["tensors"][0]["offsets"]["data"] = np.array([0, 3, 2, 5], np.int64).tobytes()
+        h[TENSORS][0][SUB][1] = np.array([0, 3, 2, 5], np.int64).tobytes()  # offsets: [shape, at]
 
     async with bound(tmp_path) as (rx, address):
         raw = Raw(address)

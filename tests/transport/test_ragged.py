@@ -19,6 +19,9 @@ from flowrl.transport import Batch, codec, wire
 from flowrl.transport.errors import DecodeError
 from flowrl.transport.ragged import Ragged, RaggedError
 
+TENSORS = wire.DATA_FIELDS.index("tensors")  # in a data header
+NAME, AT, SUB = (wire.TENSOR_FIELDS.index(f) for f in ("name", "at", "offsets"))  # in a tensor descriptor
+
 
 def seqs(lengths, seed=0, dtype=np.int64):
     rng = np.random.default_rng(seed)
@@ -123,8 +126,13 @@ def test_the_codec_sends_values_and_offsets_as_raw_bytes_and_rebuilds_the_same_k
     })
     frames = codec.encode(b)
     header = msgpack.unpackb(frames[0])
-    assert all(isinstance(d.get("offsets"), dict) for d in header["tensors"] if d["name"] != "scores")
-    assert "offsets" not in str([d.get("data") for d in header["tensors"]])  # never a list of ints
+    for d in header[TENSORS]:
+        assert type(d[AT]) in (bytes, int)  # raw bytes inline, or a frame's
+        if d[NAME] == "scores":
+            assert d[SUB] is None
+            continue
+        shape, at = d[SUB]  # offsets: [shape, at], stored as the values are: never a list of ints
+        assert type(shape) is list and len(shape) == 1 and type(at) in (bytes, int)
     got = codec.decode(frames)
     assert got.num_samples == len(lengths)
     for name in ("tokens", "logprobs", "halves", "hidden", "np"):
@@ -141,18 +149,32 @@ def test_large_values_travel_as_their_own_frame_without_a_copy():
 
 def _garble(frames, fix):
     header = msgpack.unpackb(frames[0])
-    fix(header["tensors"][0])
+    fix(header[TENSORS][0])
     return [wire.pack(header), *frames[1:]]
 
 
+def _set(desc: list, **fields) -> None:
+    """Replace fields of a tensor descriptor (named as in `wire.TENSOR_FIELDS`)."""
+    for name, value in fields.items():
+        desc[wire.TENSOR_FIELDS.index(name)] = value
+
+
+def _set_offsets(desc: list, **fields) -> None:
+    """Replace fields of a tensor descriptor's offsets, [shape, at]."""
+    for name, value in fields.items():
+        desc[SUB][("shape", "at").index(name)] = value
+
+
 @pytest.mark.parametrize("fix, code", [
-    (lambda d: d["offsets"].update(data=np.array([0, 2, 9], np.int64).tobytes()), "bad_offsets"),
-    (lambda d: d["offsets"].update(data=np.array([0, 3, 1], np.int64).tobytes()), "bad_offsets"),
-    (lambda d: d["offsets"].update(data=np.array([1, 2, 3], np.int64).tobytes()), "bad_offsets"),
-    (lambda d: d["offsets"].update(shape=[4]), "size_mismatch"),
-    (lambda d: d["offsets"].update(frame=1), "bad_field"),
-    (lambda d: d.update(offsets=[0, 1, 3]), "bad_field"),
-    (lambda d: d["offsets"].update(shape=[3, 1]), "shape"),
+    (lambda d: _set_offsets(d, at=np.array([0, 2, 9], np.int64).tobytes()), "bad_offsets"),
+    (lambda d: _set_offsets(d, at=np.array([0, 3, 1], np.int64).tobytes()), "bad_offsets"),
+    (lambda d: _set_offsets(d, at=np.array([1, 2, 3], np.int64).tobytes()), "bad_offsets"),
+    (lambda d: _set_offsets(d, shape=[4]), "size_mismatch"),
+    (lambda d: d[SUB].append(1), "bad_field"),  # inline bytes and a frame both (a map had `data` and `frame`)
+    (lambda d: _set(d, offsets=[0, 1, 3]), "bad_field"),
+    (lambda d: _set(d, offsets=[]), "bad_field"),  # offsets that are not nil are [shape, at], even when falsy
+    (lambda d: _set(d, offsets=False), "bad_field"),
+    (lambda d: _set_offsets(d, shape=[3, 1]), "shape"),
 ])
 def test_garbled_offsets_are_rejected_by_name_never_a_crash_later(fix, code):
     frames = codec.encode(Batch(tensors={"tokens": Ragged.from_sequences(seqs([2, 1]))}))

@@ -426,12 +426,9 @@ async def test_forged_shared_memory_references_are_rejected_and_counted_while_go
             return wire.Hello(ch="intruder", state=state, shm=probe).to_bytes()
 
         def data(ref, offset=0, dtype="int64", shape=(4096,), with_ref=True) -> bytes:
-            header = {"v": wire.SCHEMA_VERSION, "kind": "data", "batch_id": f"forged{next(seq)}", "attempt": 0,
-                      "policy_version": -1, "meta": {},
-                      "tensors": [{"name": "x", "dtype": dtype, "shape": list(shape), "lib": "numpy", "shm": offset}],
-                      "env": {"inc": rx._inc, "seq": next(seq)}}
-            if with_ref:
-                header["shm"] = ref
+            header = [wire.SCHEMA_VERSION, "data", f"forged{next(seq)}", 0, -1, {},
+                      [["x", dtype, list(shape), "numpy", offset, None]], None, [rx._inc, next(seq)],
+                      ref if with_ref else None]
             return msgpack.packb(header, use_bin_type=True)
 
         async def join(sock, rid: bytes, probe=None) -> None:
@@ -472,7 +469,7 @@ async def test_forged_shared_memory_references_are_rejected_and_counted_while_go
             await rejected(sock, "bad_value", data(ref, dtype="bool", shape=(used,)))     # bool bytes > 1
             await rejected(sock, "bad_field", data([block_id, fd], shape=(0,)))           # malformed refs
             await rejected(sock, "bad_field", data([block_id, fd, -1]))
-            await rejected(sock, "bad_field", data(ref, with_ref=False))                  # no block named
+            await rejected(sock, "frame_index", data(ref, with_ref=False))  # no block named: 0 is no frame
             await rejected(sock, "bad_field", data(ref), x.tobytes())                     # plus a frame
             # a well-formed reference is honoured (the frames above were forged only where meant)
             sock.send(data(ref))
