@@ -50,7 +50,8 @@ TARGET_BYTES = 400 << 20  # data moved per measurement (bounded by the counts be
 def count_for(size: int) -> int:
     """Messages per measurement: TARGET_BYTES, from 12 to 100,000. 4 KiB moves 100,000 (1-3 s a
     run): over 10,000 (0.15 s) the start weighed on the result, raw pyzmq's most (its sender spent
-    10-11 us a message over 10,000, 6 us over 100,000), and the ratio swung 0.63-0.91 between runs."""
+    10-11 us a message over 10,000, 6 us over 100,000), and the ratio swung 0.73-0.91 between runs
+    of the same code."""
     return int(min(100_000, max(12, TARGET_BYTES // size)))
 
 

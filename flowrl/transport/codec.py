@@ -30,11 +30,12 @@ _D_ENV, _D_SHM = wire.D_ENV, wire.D_SHM
 
 
 class Prepared:
-    """A batch turned into a header map and zero-copy buffers, ready to be sent (and re-sent)."""
+    """A batch turned into its data header (the array of `wire.DATA_FIELDS`, envelope to be set) and
+    zero-copy buffers, ready to be sent (and re-sent)."""
 
     __slots__ = ("batch", "header", "buffers", "payload_bytes")
 
-    def __init__(self, batch: Batch, header: dict, buffers: list, payload_bytes: int):
+    def __init__(self, batch: Batch, header: list, buffers: list, payload_bytes: int):
         self.batch, self.header, self.buffers, self.payload_bytes = batch, header, buffers, payload_bytes
 
     def frames(self, env: list | None = None) -> list:
@@ -164,11 +165,11 @@ def decode_data(header: list, views: list, limits: wire.DecodeLimits, delivery: 
             raise DecodeError("bad_field", f"route: {e}") from None
         route = tuple(route)
     if type(batch_id) is not str or not 0 < len(batch_id) <= wire.MAX_STR:
-        raise DecodeError("bad_field", f"batch_id must be a str of 1..{wire.MAX_STR} chars, got {batch_id!r:.40}")
+        raise DecodeError("bad_field", f"batch_id must be a str of 1..{wire.MAX_STR} chars, got {wire.short(batch_id)}")
     if type(attempt) is not int or attempt < 0:
-        raise DecodeError("bad_field", f"attempt must be an int >= 0, got {attempt!r:.40}")
+        raise DecodeError("bad_field", f"attempt must be an int >= 0, got {wire.short(attempt)}")
     if type(policy_version) is not int or not -(1 << 63) <= policy_version < 1 << 63:
-        raise DecodeError("bad_field", f"policy_version must be a 64-bit int, got {policy_version!r:.40}")
+        raise DecodeError("bad_field", f"policy_version must be a 64-bit int, got {wire.short(policy_version)}")
     if type(meta) is not dict:
         raise DecodeError("bad_field", f"meta must be a map, got {type(meta).__name__}")
     if meta:
@@ -260,12 +261,12 @@ def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits
                                        f"{type(desc).__name__} of {len(desc) if type(desc) is list else '?'}")
     name, dtype, shape, lib, at, sub = desc
     if type(name) is not str or not 0 < len(name) <= wire.MAX_STR:
-        raise DecodeError("bad_field", f"tensor name must be a str of 1..{wire.MAX_STR} chars, got {name!r:.40}")
+        raise DecodeError("bad_field", f"tensor name must be a str of 1..{wire.MAX_STR} chars, got {wire.short(name)}")
     spec = _SPECS.get((dtype, lib)) if type(dtype) is str and type(lib) is str else None
     if spec is None:
         if type(dtype) is not str or dtype not in ITEMSIZE:
-            raise DecodeError("dtype", f"tensor {name!r}: dtype {dtype!r:.40} is not allowed")
-        raise DecodeError("bad_field", f"tensor {name!r}: lib {lib!r:.40} with dtype {dtype} is not allowed")
+            raise DecodeError("dtype", f"tensor {name!r}: dtype {wire.short(dtype)} is not allowed")
+        raise DecodeError("bad_field", f"tensor {name!r}: lib {wire.short(lib)} with dtype {dtype} is not allowed")
     values = _decode_array(name, at, spec, dtype, lib, shape, views, used, limits, region)
     if sub is None:
         return name, values
@@ -296,7 +297,7 @@ def _decode_array(name: str, at: Any, spec: tuple, dtype: str, lib: str, shape: 
         raise DecodeError("shape", f"tensor {name!r}: shape must be a list of at most {limits.max_ndim} ints")
     for d in shape:
         if type(d) is not int or d < 0:
-            raise DecodeError("shape", f"tensor {name!r}: shape entries must be ints >= 0, got {d!r:.20}")
+            raise DecodeError("shape", f"tensor {name!r}: shape entries must be ints >= 0, got {wire.short(d, 20)}")
         nbytes *= d
     if type(at) is bytes:
         size = len(at)
@@ -309,7 +310,7 @@ def _decode_array(name: str, at: Any, spec: tuple, dtype: str, lib: str, shape: 
         size = buf.nbytes
     else:
         if not 0 < at < len(views) or used[at]:
-            raise DecodeError("frame_index", f"tensor {name!r}: frame {at!r:.20} is missing or used twice")
+            raise DecodeError("frame_index", f"tensor {name!r}: frame {wire.short(at, 20)} is missing or used twice")
         used[at] = True
         buf = views[at]
         size = buf.nbytes
@@ -334,7 +335,7 @@ def _shm_bytes(name: str, offset: Any, nbytes: int, region: np.ndarray | None) -
         raise DecodeError("bad_field", f"tensor {name!r} is in shared memory, which this decoder was not given "
                                        "(only a channel's receiver maps a producer's blocks)")
     if type(offset) is not int or offset < 0 or offset + nbytes > region.nbytes:
-        raise DecodeError("out_of_bounds", f"tensor {name!r}: bytes at {offset!r:.20} + {nbytes} lie outside "
+        raise DecodeError("out_of_bounds", f"tensor {name!r}: bytes at {wire.short(offset, 20)} + {nbytes} lie outside "
                                            f"the {region.nbytes}-byte region")
     return region[offset:offset + nbytes]
 

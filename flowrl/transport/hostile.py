@@ -7,12 +7,13 @@ pointed at any running consumer (a node's input) the same way:
 It prints one JSON line when done: {"event": "done", "sent": {kind: count}, "total": N}.
 
 Strangers (no secret) send random bytes, truncated and lying messages, forged hellos (no proof, a
-wrong one, absurd fields), bombs (deep nesting, a bundle of a million parts, frames past the socket's
-limit, msgpack that declares gigabytes), floods of hellos from fresh routing ids, and the libzmq
-abort burst (more queued messages than the receive high-water mark, then a disconnect, with ZeroMQ
-heartbeats on). With `--secret-hex` an *insider* (a link that knows the secret: a buggy producer)
-also hoards credit, asks for more than a link may hold, sends without credit, replays acknowledged
-batches and sends well-formed batches with lying tensors.
+wrong one, absurd fields), bombs (deep nesting in meta and where an error message quotes the value,
+a bundle of a million parts, frames past the socket's limit, msgpack that declares gigabytes),
+floods of hellos from fresh routing ids, and the libzmq abort burst (more queued messages than the
+receive high-water mark, then a disconnect, with ZeroMQ heartbeats on). With `--secret-hex` an
+*insider* (a link that knows the secret: a buggy producer) also hoards credit, asks for more than a
+link may hold, sends without credit, replays acknowledged batches and sends well-formed batches with
+lying tensors.
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ def _stranger_message(rng: random.Random, i: int) -> tuple[str, list[bytes]]:
                           {"tensors": [{"name": "x", "dtype": "int64", "shape": [1], "lib": "numpy",
                                         "data": b"0" * 8}]}])  # a descriptor of schema version 1
         return "lying_header", _data_frames(i, ["0" * 16, i], **lie)
+    if k == 3 and i % 2:  # a value nested 1,000 deep where an error message quotes it (1 KB)
+        frames = _data_frames(i, ["0" * 16, i], **{rng.choice(("batch_id", "v", "env", "route")): "DEEP"})
+        return "bomb_quoted", [frames[0].replace(_pack("DEEP"), b"\x91" * 1000 + b"\x01"), *frames[1:]]
     if k == 3:
         return "bomb_nesting", [_bomb("nesting")]
     if k == 4 and rng.random() < 0.05:  # a bundle of a million one-byte parts (the header alone is ~1 MB)

@@ -379,16 +379,16 @@ class Receiver(TaskOwner):
     def _on_data(self, rid: bytes, header: list, views: list, size: int) -> None:
         env = header[wire.D_ENV]
         if type(env) is not list or len(env) != 2:
-            raise DecodeError("bad_field", f"env must be [incarnation, seq], got {env!r:.40}")
+            raise DecodeError("bad_field", f"env must be [incarnation, seq], got {wire.short(env)}")
         inc, seq = env
         if type(seq) is not int or seq < 0:
-            raise DecodeError("bad_field", f"env.seq must be an int >= 0, got {seq!r:.20}")
+            raise DecodeError("bad_field", f"env.seq must be an int >= 0, got {wire.short(seq, 20)}")
         peer = self._peers.get(rid)
         if peer is None:
             self._reply_unknown(rid)
             raise DecodeError("unknown_link", f"data from link {rid[:24]!r} that sent no hello")
         if inc != self._inc:
-            raise DecodeError("stale_incarnation", f"data addressed to consumer incarnation {inc!r:.40}")
+            raise DecodeError("stale_incarnation", f"data addressed to consumer incarnation {wire.short(inc)}")
         if seq <= peer.max_seq:
             raise DecodeError("replay", f"sequence number {seq} on link {rid[:24]!r}, which is past {peer.max_seq}")
         ref, region = header[wire.D_SHM], None
@@ -402,7 +402,7 @@ class Receiver(TaskOwner):
             except shm.ShmError as e:
                 if e.reason in SHM_MAPPING_FAILURES:  # a well-formed reference we cannot follow
                     self._refuse_shm(peer, e)
-                raise DecodeError(e.reason, f"shared memory of batch {header[2]!r:.60}: {e}") from None
+                raise DecodeError(e.reason, f"shared memory of batch {wire.short(header[2], 60)}: {e}") from None
         batch = codec.decode_data(header, views, self._limits, _Delivery(rid, seq, size), region)
         peer.max_seq, peer.last_data = seq, self._now
         self._pool.on_data(rid, size)
@@ -435,7 +435,7 @@ class Receiver(TaskOwner):
             raise DecodeError("bad_field", "shm must be [block id, fd, used bytes], with frame 0 alone")
         used = ref[2]
         if type(used) is not int or not 0 <= used <= self._limits.max_message_bytes:
-            raise DecodeError("bad_field", f"shm used bytes {used!r:.20} out of range")
+            raise DecodeError("bad_field", f"shm used bytes {wire.short(used, 20)} out of range")
         return size + used
 
     def _reject(self, reason: str, text: str, rid: bytes) -> None:

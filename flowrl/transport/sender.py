@@ -44,7 +44,7 @@ from flowrl.transport.tasks import ChannelTasks, TaskOwner
 
 log = logging.getLogger("flowrl.transport")
 SHM_HEADER_ALLOWANCE = 64  # bytes a shared-memory reference [id, fd, used] adds to a header, at most
-SHM_DESC_ALLOWANCE = 8  # ... and a tensor's `shm: offset` over its `frame: i`
+SHM_DESC_ALLOWANCE = 8  # ... and a tensor's `at` as a block offset (up to 9 bytes) over a frame index (1)
 SHM_WAIT_S = 0.05  # how long a batch waits for a shared-memory block to come back
 
 

@@ -65,6 +65,7 @@ Decoding is bounded by `DecodeLimits`; any violation raises `DecodeError`.
 
 from __future__ import annotations
 
+import reprlib
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,6 +107,16 @@ class DecodeLimits:
 
 
 _local = threading.local()
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict = 2, 40, 40, 4, 4
+
+
+def short(value: Any, limit: int = 40) -> str:
+    """A repr of an unchecked value for an error message: nesting cut after two levels and at most
+    `limit` characters. (`f"{v!r:.40}"` cuts only after building the whole repr, and a list nested
+    a thousand deep, 1 KB of msgpack, makes that repr raise RecursionError.)"""
+    return _SHORT.repr(value)[:limit]
+
 
 
 def pack(header: dict) -> bytes:
@@ -130,7 +141,7 @@ def bundle_parts(header: dict, frames: int, blob_bytes: int) -> list[int]:
         raise DecodeError("bad_frames", f"a bundle has 2 frames, got {frames}")
     if type(parts) is not list or not 0 < len(parts) <= MAX_BUNDLE_PARTS:
         raise DecodeError("bundle_parts", f"a bundle has 1..{MAX_BUNDLE_PARTS} parts, this one "
-                                          f"{len(parts) if type(parts) is list else parts!r:.20}")
+                                          f"{len(parts) if type(parts) is list else short(parts, 20)}")
     for n in parts:  # (a loop, not any(genexpr): no generator resumed per part)
         if type(n) is not int or n < 1:
             raise DecodeError("bad_field", "bundle parts must be a non-empty list of ints >= 1")
@@ -159,13 +170,13 @@ def unpack_header(buf: Any, limits: DecodeLimits) -> dict | list:
         raise DecodeError("bad_header", f"frame 0 holds a {type(header).__name__}, not a map or a data array")
     v = header.get("v")
     if type(v) is not int or v != SCHEMA_VERSION:  # True == 1 and 1.0 == 1 in Python: not on the wire
-        raise DecodeError("bad_version", f"schema version {v!r:.20}; this side speaks {SCHEMA_VERSION}")
+        raise DecodeError("bad_version", f"schema version {short(v, 20)}; this side speaks {SCHEMA_VERSION}")
     kind = header.get("kind")
     if kind not in (HELLO, STATUS, BUNDLE):  # (a tuple: compares, never hashes a hostile value)
         if kind == DATA:
             raise DecodeError("bad_header", f"a data header is an array of {len(DATA_FIELDS)} items "
                                             f"{DATA_FIELDS}, not a map")
-        raise DecodeError("bad_kind", f"unknown message kind {kind!r:.40}")
+        raise DecodeError("bad_kind", f"unknown message kind {short(kind)}")
     return header
 
 
@@ -173,10 +184,10 @@ def _array_problem(header: list) -> tuple[str, str]:
     """Why an array header is not a data header: (reason, text)."""
     v = header[0] if header else None
     if type(v) is not int or v != SCHEMA_VERSION:
-        return "bad_version", f"schema version {v!r:.20}; this side speaks {SCHEMA_VERSION}"
+        return "bad_version", f"schema version {short(v, 20)}; this side speaks {SCHEMA_VERSION}"
     if len(header) < 2 or header[1] != DATA:
         kind = header[1] if len(header) > 1 else None
-        return "bad_kind", f"an array header must be a data message, got kind {kind!r:.40}"
+        return "bad_kind", f"an array header must be a data message, got kind {short(kind)}"
     return "bad_header", f"a data header has {len(DATA_FIELDS)} items {DATA_FIELDS}, this one {len(header)}"
 
 
@@ -196,21 +207,21 @@ def check_keys(d: Any, required: frozenset, optional: frozenset = frozenset(), w
 def get_int(d: dict, key: str, lo: int = -_I64, hi: int = _I64 - 1) -> int:
     v = d[key]
     if type(v) is not int or not lo <= v <= hi:
-        raise DecodeError("bad_field", f"{key} must be an int in [{lo}, {hi}], got {v!r:.40}")
+        raise DecodeError("bad_field", f"{key} must be an int in [{lo}, {hi}], got {short(v)}")
     return v
 
 
 def get_str(d: dict, key: str, max_len: int = MAX_STR, allow_empty: bool = False) -> str:
     v = d[key]
     if type(v) is not str or len(v) > max_len or (not v and not allow_empty):
-        raise DecodeError("bad_field", f"{key} must be a str of 1..{max_len} chars, got {v!r:.40}")
+        raise DecodeError("bad_field", f"{key} must be a str of 1..{max_len} chars, got {short(v)}")
     return v
 
 
 def get_bool(d: dict, key: str) -> bool:
     v = d[key]
     if type(v) is not bool:
-        raise DecodeError("bad_field", f"{key} must be a bool, got {v!r:.40}")
+        raise DecodeError("bad_field", f"{key} must be a bool, got {short(v)}")
     return v
 
 
@@ -258,10 +269,10 @@ def _json_problem(value: Any, max_depth: int, lenient: bool = False) -> tuple[st
         elif t is dict:
             for k, x in v.items():
                 if type(k) is not str and not (lenient and isinstance(k, str)):
-                    return "bad_field", f"has a non-str key {k!r:.40}"
+                    return "bad_field", f"has a non-str key {short(k)}"
                 stack.append((x, depth + 1))
         else:
-            return "bad_field", f"holds a {type(v).__name__} ({v!r:.40}); only JSON-like values travel"
+            return "bad_field", f"holds a {type(v).__name__} ({short(v)}); only JSON-like values travel"
     return None
 
 
@@ -307,7 +318,7 @@ class Hello:
             raise DecodeError("bad_field", f"hello mac must be {MAC_BYTES} bytes of bin")
         state = h["state"]
         if state not in HELLO_STATES:
-            raise DecodeError("bad_field", f"hello state {state!r:.40} not in {HELLO_STATES}")
+            raise DecodeError("bad_field", f"hello state {short(state)} not in {HELLO_STATES}")
         shm = h.get("shm")
         if shm is not None:
             check_keys(shm, _SHM_PROBE_KEYS, where="hello shm")

@@ -189,3 +189,36 @@ def test_ids_are_type_checked():
     assert reason_of(frames_of(good_header(attempt=-1), X)) == "bad_field"
     assert reason_of(frames_of(good_header(policy_version="3"), X)) == "bad_field"
     assert reason_of(frames_of(good_header(attempt=True), X)) == "bad_field"
+
+
+DEEP = b"\x91" * 1000 + b"\x01"  # msgpack: a list nested 1,000 deep (1 KB), whose repr raises RecursionError
+
+
+def with_deep(header) -> bytes:
+    """`header` packed with every "DEEP" string in it replaced by `DEEP`."""
+    return msgpack.packb(header, use_bin_type=True).replace(msgpack.packb("DEEP"), DEEP)
+
+
+@pytest.mark.parametrize("field", ["v", "kind", "batch_id", "attempt", "policy_version", "route", "shm", "tensors"])
+def test_a_deeply_nested_value_in_a_data_header_is_refused_by_name(field):
+    """An error message quotes the value it refuses: it must quote a short form, never build the
+    whole repr of a hostile value (which raised RecursionError, an internal error, not a refusal)."""
+    assert reason_of([with_deep(good_header(**{field: "DEEP"})), X])
+
+
+@pytest.mark.parametrize("field", ["name", "dtype", "shape", "lib", "at", "offsets"])
+def test_a_deeply_nested_value_in_a_tensor_descriptor_is_refused_by_name(field):
+    value = ["DEEP"] if field == "shape" else "DEEP"
+    assert reason_of([with_deep(good_header(tensors=[desc(**{field: value})])), X])
+
+
+def test_a_deeply_nested_value_in_a_control_message_is_refused_by_name():
+    assert control_reason_raw(with_deep({**HELLO, "state": "DEEP"})) == "bad_field"
+    assert reason_of([with_deep({"v": "DEEP", "kind": "hello"})]) == "bad_version"
+    assert reason_of([with_deep({"v": wire.SCHEMA_VERSION, "kind": "DEEP"})]) == "bad_kind"
+
+
+def control_reason_raw(raw: bytes) -> str:
+    with pytest.raises(DecodeError) as info:
+        wire.Hello.from_header(wire.unpack_header(raw, DecodeLimits()))
+    return info.value.reason

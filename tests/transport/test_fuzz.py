@@ -21,14 +21,24 @@ scalars = (st.none() | st.booleans() | st.integers(-(2 ** 63), 2 ** 64 - 1) | st
 json_values = st.recursive(
     scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
     max_leaves=20)
-tensor_descs = st.fixed_dictionaries(
-    {"name": st.text(max_size=4), "dtype": st.sampled_from(["int64", "bool", "float16", "bfloat16", "x"]),
-     "shape": st.lists(st.integers(-2, 9), max_size=3), "lib": st.sampled_from(["numpy", "torch", "jax"])},
-    optional={"frame": st.integers(-1, 3), "data": st.binary(max_size=40)})
-headers = st.fixed_dictionaries(
-    {"v": st.sampled_from([1, 1, 2, "1"]), "kind": st.sampled_from(["data", "data", "hello", "status", "?"])},
-    optional={"batch_id": json_values, "attempt": json_values, "policy_version": json_values, "meta": json_values,
-              "tensors": st.lists(tensor_descs, max_size=3), "env": json_values, "extra": json_values})
+tensor_descs = st.one_of(  # [name, dtype, shape, lib, at, offsets] (wire.TENSOR_FIELDS), of any length
+    st.tuples(st.text(max_size=4), st.sampled_from(["int64", "bool", "float16", "bfloat16", "x"]),
+              st.lists(st.integers(-2, 9), max_size=3), st.sampled_from(["numpy", "torch", "jax"]),
+              st.integers(-1, 3) | st.binary(max_size=40) | json_values,
+              st.none() | st.tuples(st.lists(st.integers(-1, 9), max_size=2),
+                                    st.integers(-1, 3) | st.binary(max_size=40)).map(list) | json_values).map(list),
+    st.lists(json_values, max_size=7))
+# wire.DATA_FIELDS: [v, kind, batch_id, attempt, policy_version, meta, tensors, route, env, shm]
+data_headers = st.tuples(
+    st.sampled_from([2, 2, 1, "2", True]), st.sampled_from(["data", "data", "hello", "?"]), json_values, json_values,
+    json_values, json_values, st.lists(tensor_descs, max_size=3) | json_values, st.none() | json_values,
+    st.none() | json_values, st.none() | json_values).map(list)
+headers = st.one_of(  # data headers, of the right length and not; control messages and maps of old
+    data_headers, data_headers.map(lambda h: h[:-1]), data_headers.map(lambda h: [*h, 0]),
+    st.fixed_dictionaries(
+        {"v": st.sampled_from([1, 2, 2, "1"]), "kind": st.sampled_from(["data", "hello", "status", "bundle", "?"])},
+        optional={"batch_id": json_values, "meta": json_values, "tensors": st.lists(tensor_descs, max_size=3),
+                  "env": json_values, "parts": json_values, "extra": json_values}))
 
 
 def valid_frames(i: int) -> list[bytes]:

@@ -49,7 +49,7 @@ def hello(**kw) -> bytes:
 def data(seq: int, inc: str, i: int = 0, **over) -> list[bytes]:
     """A batch's frames with envelope [inc, seq] and header fields replaced by `over` (by name)."""
     frames = [bytes(memoryview(f).cast("B")) for f in encode(Batch(tensors={"x": np.arange(4)}, batch_id=f"raw{i}"))]
-    return [pack(with_fields(msgpack.unpackb(frames[0]), env=[inc, seq], **over)), *frames[1:]]
+    return [pack(with_fields(msgpack.unpackb(frames[0]), **{"env": [inc, seq], **over})), *frames[1:]]
 
 
 def with_fields(header: list, **fields) -> list:
@@ -315,10 +315,10 @@ async def test_acknowledgements_in_a_status_that_could_not_be_written_go_out_in_
 
 
 async def test_a_bad_part_of_a_bundle_is_refused_alone_and_the_parts_after_it_go_in(tmp_path, monkeypatch):
-    """A part that is a map of the old data header with str and bytes keys is refused by name
-    (naming unknown keys of both types once raised a TypeError, which ended the bundle); a bug on one
-    part (here, decoding raises) is logged and that part refused, and the bundle's later parts still
-    arrive."""
+    """A part that is a data header as the map of schema version 1, with unknown str and bytes keys
+    besides, is refused alone (`bad_header`; naming such keys once raised a TypeError, which ended the
+    bundle); a bug on one part (here, decoding raises) is logged and that part refused, and the
+    bundle's later parts still arrive."""
     from flowrl.transport import codec
 
     decode_data = codec.decode_data
@@ -340,3 +340,24 @@ async def test_a_bad_part_of_a_bundle_is_refused_alone_and_the_parts_after_it_go
         assert got == ["raw1", "raw3"]
         assert rx.statistics().rejected_by_reason == {"bad_header": 1, "internal": 1}
         raw.close()
+
+
+async def test_deeply_nested_values_are_refused_by_name_not_as_internal_errors(tmp_path):
+    """A value nested 1,000 deep (1 KB) where an error message quotes it: in the envelope of a known
+    link's batch, and as the version of a stranger's array header. Each is a refusal by name; building
+    the whole repr raised RecursionError, which the receiver counted as an internal error (and logged
+    with a traceback each time)."""
+    deep = b"\x91" * 1000 + b"\x01"
+    async with bound(tmp_path) as (rx, address):
+        raw = Raw(address)
+        welcome = await raw.join()
+        frames = data(1, welcome.inc, env="DEEP")
+        raw.send(frames[0].replace(msgpack.packb("DEEP"), deep), *frames[1:])
+        stranger = Raw(address)
+        stranger.send(b"\x9a" + deep + msgpack.packb(["data", "b", 0, 0, {}, [], None, None, None])[1:])
+        raw.send(*data(2, welcome.inc, i=2))  # the link goes on
+        assert (await rx.recv()).batch_id == "raw2"
+        await wait_until(lambda: rx.statistics().rejected == 2, what="both refusals")
+        assert rx.statistics().rejected_by_reason == {"bad_field": 1, "bad_version": 1}
+        raw.close()
+        stranger.close()

@@ -21,4 +21,5 @@ def test_hostile_traffic_neither_crashes_a_consumer_nor_loses_duplicates_or_stal
     st = r["stats"]
     assert st["rejected"] >= 10_000  # the hostile traffic reached the consumer and was turned away
     assert st["rejected_by_reason"].get("replay", 0) >= 1 and st["rejected_by_reason"].get("bad_proof", 0) >= 1
+    assert "internal" not in st["rejected_by_reason"]  # every hostile message refused by name, none by a bug
     assert r["rss_after_mb"] - r["rss_before_mb"] < 200
