@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import secrets
 
 import pytest
@@ -16,14 +17,25 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def listening_addresses(port: int) -> set[str]:
-    """Local addresses of the LISTEN sockets on `port`, read from /proc/net/tcp and tcp6."""
+    """Local addresses of this process's LISTEN sockets on `port`, read from /proc/net/tcp and tcp6.
+    Only this process's: another process may listen on the same port number at another address (a
+    test on the other pytest-xdist worker got [::ffff:127.0.0.1]:port while ours had 127.0.0.2:port)."""
+    ours = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            ours.add(target[len("socket:["):-1])
     out = set()
     for path in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(path) as f:
             for line in f.readlines()[1:]:
-                local, state = line.split()[1], line.split()[3]
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], fields[9]
                 addr, p = local.split(":")
-                if state == "0A" and int(p, 16) == port:  # 0A = LISTEN
+                if state == "0A" and int(p, 16) == port and inode in ours:  # 0A = LISTEN
                     out.add(addr)
     return out
 
