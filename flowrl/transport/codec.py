@@ -26,7 +26,7 @@ INLINE_MAX_BYTES = 8192
 _trusted_batch = Batch._trusted  # (looked up once: the decoder makes one per message)
 
 _DESC_LEN = len(wire.TENSOR_FIELDS)
-_D_ENV, _D_SHM = wire.D_ENV, wire.D_SHM
+_D_TENSORS, _D_ENV, _D_SHM = wire.D_TENSORS, wire.D_ENV, wire.D_SHM
 
 
 class Prepared:
@@ -54,9 +54,9 @@ class Prepared:
             return offsets[at - 1] if type(at) is int else at
 
         descs = [[name, dtype, shape, lib, moved(at), None if sub is None else [sub[0], moved(sub[1])]]
-                 for name, dtype, shape, lib, at, sub in self.header[6]]
+                 for name, dtype, shape, lib, at, sub in self.header[_D_TENSORS]]
         header = list(self.header)
-        header[6], header[_D_ENV], header[_D_SHM] = descs, env, ref
+        header[_D_TENSORS], header[_D_ENV], header[_D_SHM] = descs, env, ref
         return wire.pack(header)
 
 
@@ -165,11 +165,11 @@ def decode_data(header: list, views: list, limits: wire.DecodeLimits, delivery: 
             raise DecodeError("bad_field", f"route: {e}") from None
         route = tuple(route)
     if type(batch_id) is not str or not 0 < len(batch_id) <= wire.MAX_STR:
-        raise DecodeError("bad_field", f"batch_id must be a str of 1..{wire.MAX_STR} chars, got {wire.short(batch_id)}")
+        wire.check_str("batch_id", batch_id)
     if type(attempt) is not int or attempt < 0:
-        raise DecodeError("bad_field", f"attempt must be an int >= 0, got {wire.short(attempt)}")
+        wire.check_int("attempt", attempt, 0)
     if type(policy_version) is not int or not -(1 << 63) <= policy_version < 1 << 63:
-        raise DecodeError("bad_field", f"policy_version must be a 64-bit int, got {wire.short(policy_version)}")
+        wire.check_int("policy_version", policy_version)
     if type(meta) is not dict:
         raise DecodeError("bad_field", f"meta must be a map, got {type(meta).__name__}")
     if meta:

@@ -402,7 +402,7 @@ class Receiver(TaskOwner):
             except shm.ShmError as e:
                 if e.reason in SHM_MAPPING_FAILURES:  # a well-formed reference we cannot follow
                     self._refuse_shm(peer, e)
-                raise DecodeError(e.reason, f"shared memory of batch {wire.short(header[2], 60)}: {e}") from None
+                raise DecodeError(e.reason, f"shared memory of batch {wire.short(header[wire.D_ID], 60)}: {e}") from None
         batch = codec.decode_data(header, views, self._limits, _Delivery(rid, seq, size), region)
         peer.max_seq, peer.last_data = seq, self._now
         self._pool.on_data(rid, size)

@@ -84,7 +84,7 @@ MAX_STR = 256
 _I64 = 1 << 63
 DATA_FIELDS = ("v", "kind", "batch_id", "attempt", "policy_version", "meta", "tensors", "route", "env", "shm")
 DATA_LEN = len(DATA_FIELDS)
-D_ROUTE, D_ENV, D_SHM = 7, 8, 9  # positions in a data header (see DATA_FIELDS)
+D_ID, D_TENSORS, D_ENV, D_SHM = 2, 6, 8, 9  # positions in a data header (see DATA_FIELDS)
 TENSOR_FIELDS = ("name", "dtype", "shape", "lib", "at", "offsets")
 
 
@@ -205,16 +205,22 @@ def check_keys(d: Any, required: frozenset, optional: frozenset = frozenset(), w
 
 
 def get_int(d: dict, key: str, lo: int = -_I64, hi: int = _I64 - 1) -> int:
-    v = d[key]
+    return check_int(key, d[key], lo, hi)
+
+
+def check_int(name: str, v: Any, lo: int = -_I64, hi: int = _I64 - 1) -> int:
     if type(v) is not int or not lo <= v <= hi:
-        raise DecodeError("bad_field", f"{key} must be an int in [{lo}, {hi}], got {short(v)}")
+        raise DecodeError("bad_field", f"{name} must be an int in [{lo}, {hi}], got {short(v)}")
     return v
 
 
 def get_str(d: dict, key: str, max_len: int = MAX_STR, allow_empty: bool = False) -> str:
-    v = d[key]
+    return check_str(key, d[key], max_len, allow_empty)
+
+
+def check_str(name: str, v: Any, max_len: int = MAX_STR, allow_empty: bool = False) -> str:
     if type(v) is not str or len(v) > max_len or (not v and not allow_empty):
-        raise DecodeError("bad_field", f"{key} must be a str of 1..{max_len} chars, got {short(v)}")
+        raise DecodeError("bad_field", f"{name} must be a str of 1..{max_len} chars, got {short(v)}")
     return v
 
 
