@@ -234,15 +234,16 @@ class SharedPublisher(WeightPublisher):
                     import torch
 
                     torch.cuda.current_stream(self.device).synchronize()  # the snapshot's copies are in
-                store.set(f"round-{r}/offer", json.dumps({"version": self.version, "layout": self.layout_digest,
+                sent = self.version  # what this round hands over (a snapshot may follow once the lock is free)
+                store.set(f"round-{r}/offer", json.dumps({"version": sent, "layout": self.layout_digest,
                                                           "region": region.handle}))
                 release(store, r, "go")
                 verdicts = _wait_done(store, r, world_size, time.monotonic() + ready_timeout_s + timeout_s, stop)
                 self.seconds = time.perf_counter() - t0
             failed = {k: v for k, v in verdicts.items() if v != "ok"}
             if failed:  # the subscriber reports its own failure; the epoch is not the publisher's to end
-                log.info("handoff of version %s: %s", self.version, failed)
-            return self.version
+                log.info("handoff of version %s: %s", sent, failed)
+            return sent
         except Exception:
             self._failed = True
             raise

@@ -58,6 +58,7 @@ class WeightPublisher:
         self._rounds: dict[int, int] = {}  # epoch -> rounds ordered so far (served or refused)
         self._failed = False
         self._fence = 0  # epochs below this are stale (see fence)
+        self.digests: dict[int, str] | None = None  # set to {}: each snapshot's digest, by version (keep_digests)
 
     @property
     def store_addr(self) -> tuple[str, int]:
@@ -69,6 +70,18 @@ class WeightPublisher:
         with self._lock:
             self.plan.pack(tensors, out=self.buckets)
             self.version = version
+            if self.digests is not None:
+                self.digests[version] = weights_digest(self.plan.views(self.buckets), self.layout)
+                for old in sorted(self.digests)[:-8]:
+                    del self.digests[old]
+
+    def keep_digests(self) -> None:
+        """Digest every snapshot as it is taken (tests, FLOWRL_WEIGHT_DIGEST): `digest(v)` then
+        answers for a version the buckets no longer hold -- the one a round sent while the trainer
+        went on to snapshot the next."""
+        with self._lock:
+            self.digests = {} if self.version is None else \
+                {self.version: weights_digest(self.plan.views(self.buckets), self.layout)}
 
     def serve(self, epoch: int, world_size: int, *, timeout_s: float = 30.0, ready_timeout_s: float = 60.0) -> int:
         """Send the newest snapshot to ranks 1..world_size-1 of `epoch`; returns the version sent.
@@ -97,11 +110,12 @@ class WeightPublisher:
                                                    store=own.child("pg", stop=stop, timeout_s=timeout_s),
                                                    timeout_s=timeout_s, device=self.device, host=self._server.host,
                                                    stop=stop)
-                self._version_tensor.fill_(self.version)
+                sent = self.version  # what this round sends (a snapshot may follow once the lock is free)
+                self._version_tensor.fill_(sent)
                 self.seconds = self._group.broadcast([self._version_tensor, *self.buckets], fill=self.fault_hook)
             if r > 0:  # everyone is past round r - 1: the store stays O(members), not O(versions) (after
                 forget(store, r - 1, world_size)  # the broadcast: the members wait for it, not for this)
-            return self.version
+            return sent
         except Exception:
             self._failed = True
             self._close_group()
@@ -146,10 +160,16 @@ class WeightPublisher:
         for e in sorted(self._rounds)[:-keep]:
             del self._rounds[e]
 
-    def digest(self) -> str:
-        """Digest of the snapshot the buckets hold (equal digests = bitwise equal weights)."""
+    def digest(self, version: int | None = None) -> str:
+        """Digest of the snapshot the buckets hold (equal digests = bitwise equal weights), or of
+        `version`'s snapshot, kept since it was taken (`keep_digests`)."""
         with self._lock:
-            return weights_digest(self.plan.views(self.buckets), self.layout)
+            if version is None or version == self.version:
+                return weights_digest(self.plan.views(self.buckets), self.layout)
+            if self.digests is None or version not in self.digests:
+                raise WeightSyncError(f"no digest of version {version}: the buckets hold version {self.version} "
+                                      "and keep_digests() kept none of it")
+            return self.digests[version]
 
     def close(self) -> None:
         self._close_group()

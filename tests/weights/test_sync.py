@@ -71,6 +71,38 @@ def test_an_all_bf16_graph_syncs_without_a_serving_dtype(peers):
     assert peers.results(sub)[-1]["digest"] == expected_digest(1, "bfloat16") == pub.digest()
 
 
+def test_a_round_returns_and_digests_the_version_it_sent_though_the_next_snapshot_follows_at_once(peers, monkeypatch):
+    """The trainer goes on while a round ends: a snapshot taken the moment the broadcast lets go of the
+    buckets does not relabel what the round sent, and the sent version's digest is still known."""
+    import flowrl.weights.publisher as publisher_module
+
+    pub, weights = publisher(peers.secret)
+    pub.keep_digests()
+    sub = peers.start("sub", {"addr": pub.store_addr, "ops": [
+        {"op": "join", "epoch": 1, "rank": 1, "world": 2}, {"op": "receive"}, {"op": "receive"}]})
+    forget = publisher_module.forget
+
+    def snapshot_then_forget(*args):  # runs after the broadcast of round 1, before serve returns
+        weights.update(master(3))
+        pub.snapshot(3)
+        forget(*args)
+
+    try:
+        assert pub.serve(1, 2, timeout_s=20, ready_timeout_s=30) == 1
+        weights.update(master(2))
+        pub.snapshot(2)
+        monkeypatch.setattr(publisher_module, "forget", snapshot_then_forget)
+        assert pub.serve(1, 2, timeout_s=20, ready_timeout_s=30) == 2  # it sent 2; the buckets hold 3
+    finally:
+        pub.close()
+    got = peers.results(sub)
+    assert [r.get("received") for r in got] == [None, 1, 2]
+    assert got[-1]["digest"] == pub.digest(2) == expected_digest(2, "float32")
+    assert pub.digest() == pub.digest(3) == expected_digest(3, "float32") and pub.digest(1) == expected_digest(1, "float32")
+    with pytest.raises(WeightSyncError, match="no digest of version 7"):
+        pub.digest(7)
+
+
 @pytest.mark.parametrize("mode", ["swap", "copy"])
 def test_a_broadcast_that_breaks_after_bucket_k_leaves_the_previous_version_then_a_new_epoch_delivers(peers, mode):
     pub, weights = publisher(peers.secret)

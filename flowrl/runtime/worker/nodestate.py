@@ -135,7 +135,7 @@ class NodeState:
         await self.publish_snapshot()
         if self._weights is not None:  # the publisher (rank 0) announces the version
             await self._report(m.Published(version=self._version.value, epoch=self._fence.epoch,
-                                           **self._weights.digest()))
+                                           **self._weights.digest(self._version.value)))
 
     async def publish_snapshot(self) -> None:
         """Trainers: copy the weights out for the next broadcast. On a data-parallel trainer the

@@ -178,7 +178,7 @@ class WeightSyncs:
                 self.fetches.ran(order)
         if not self._shape.publishes:
             self._version.set(received)
-        await self._report(m.Synced(version=received, sync_epoch=order.sync_epoch, **self._weights.digest()))
+        await self._report(m.Synced(version=received, sync_epoch=order.sync_epoch, **self._weights.digest(received)))
         if not self.beside:  # a publisher holds no batches for a version (and runs beside the event queue)
             await self._released(self._version.value)
         if self._shape.observer:

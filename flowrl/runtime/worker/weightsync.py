@@ -45,6 +45,8 @@ class WeightsClient:
             self.pub = SharedPublisher(node.weights, device=device, bucket_bytes=self.bucket_bytes,
                                        serving_dtype=None if serving_dtype == "float32" else serving_dtype,
                                        store_host=host, secret=secret, region_name=region_name)
+            if os.environ.get("FLOWRL_WEIGHT_DIGEST") == "1":
+                self.pub.keep_digests()
 
     def rebind(self, node) -> None:
         """The node was built anew (a rollback with nothing committed): read and load its weights."""
@@ -76,11 +78,14 @@ class WeightsClient:
             self.sub.fence(self.fenced)
         return self.sub
 
-    def digest(self) -> dict:
-        """With FLOWRL_WEIGHT_DIGEST=1: a digest of the weights this process now holds."""
+    def digest(self, version: int) -> dict:
+        """With FLOWRL_WEIGHT_DIGEST=1: a digest of `version` as this process holds it (a publisher:
+        of its snapshot of `version`, though the buckets may hold a newer one by now)."""
         if os.environ.get("FLOWRL_WEIGHT_DIGEST") != "1":
             return {}
-        return {"digest": (self.pub or self.sub).digest()}
+        if self.pub is not None:
+            return {"digest": self.pub.digest(version)}
+        return {"digest": self.sub.digest()}
 
     def fence(self, sync_epoch: int) -> None:
         """A newer epoch was ordered (any thread): stop waiting for the members of an older one."""
