@@ -23,7 +23,7 @@ class Weights:
     def rebind(self, node):
         pass
 
-    def digest(self):
+    def digest(self, version):
         return {}
 
 

@@ -24,7 +24,7 @@ class Weights:
             raise RuntimeError("a member left")
         return order.version
 
-    def digest(self):
+    def digest(self, version):
         return {}
 
     def fence(self, sync_epoch):
@@ -159,7 +159,8 @@ def test_a_plain_subscriber_receives_a_round_as_its_order_arrives_and_lands_it_i
     queue is not needed), lands only when the order's turn on the event queue comes, and the next
     round starts only once the last landed (they share the staging buffers). A round runs whole in
     its turn when the subscriber is not made yet or when a rollback is queued ahead of it, and no
-    round is fetched while such a one waits or runs (two rounds never run at once)."""
+    round is fetched while such a one waits or runs (two rounds never run at once): one ordered behind
+    it is fetched once it ran, not run whole as well (else, under load, every round could be)."""
     async def main():
         weights = FetchingWeights()
         kit = await build(shape(subscribes=True), weights=weights, fetch=True)
@@ -170,24 +171,28 @@ def test_a_plain_subscriber_receives_a_round_as_its_order_arrives_and_lands_it_i
                 zeroth, again = _sync(0), _sync(0)
                 kit.syncs.arrived(zeroth)  # no subscriber yet: made in the order's turn, not during a call
                 weights.sub = object()
-                kit.syncs.arrived(again)  # an earlier round is still to run whole
+                kit.syncs.arrived(again)  # behind a round still to run whole: fetched once that one ran
                 await anyio.wait_all_tasks_blocked()
                 assert weights.fetched == []
                 await kit.syncs.order(zeroth)
+                assert weights.rounds == [1]
+                await anyio.wait_all_tasks_blocked()
+                assert weights.fetched == [0]
+                weights.go.setdefault(0, anyio.Event()).set()
                 await kit.syncs.order(again)
-                assert weights.rounds == [1, 1]
+                assert weights.rounds == [1] and weights.landed == [0]
                 first, second = _sync(1), _sync(2)
                 assert not kit.syncs.arrived(first) and not kit.syncs.arrived(second)  # both go on the event queue
                 await anyio.wait_all_tasks_blocked()
-                assert weights.fetched == [1] and kit.version.value == 0  # receiving; nothing landed
+                assert weights.fetched == [0, 1] and kit.version.value == 0  # receiving; nothing landed
                 weights.go.setdefault(1, anyio.Event()).set()
                 weights.go.setdefault(2, anyio.Event()).set()
                 await anyio.wait_all_tasks_blocked()
-                assert weights.fetched == [1]  # the next round waits until this one landed
+                assert weights.fetched == [0, 1]  # the next round waits until this one landed
                 await kit.syncs.order(first)  # its turn
-                assert kit.version.value == 1 and weights.landed == [1]
+                assert kit.version.value == 1 and weights.landed == [0, 1]
                 await anyio.wait_all_tasks_blocked()
-                assert weights.fetched == [1, 2]
+                assert weights.fetched == [0, 1, 2]
 
                 rollback, third = m.Epoch(epoch=1, watermark=0), _sync(3, sync_epoch=2)
                 assert not kit.syncs.arrived(rollback)
@@ -202,13 +207,17 @@ def test_a_plain_subscriber_receives_a_round_as_its_order_arrives_and_lands_it_i
                 fourth = _sync(4, sync_epoch=2)
                 kit.syncs.arrived(fourth)  # the rollback is handled, but `third` has yet to run whole
                 await anyio.wait_all_tasks_blocked()
-                assert weights.fetched == [1, 2] and weights.landed == [1, 2] and kit.version.value == 2
+                assert weights.fetched == [0, 1, 2] and weights.landed == [0, 1, 2] and kit.version.value == 2
                 await kit.syncs.order(third)
+                assert weights.rounds == [1, 2] and kit.version.value == 3
+                await anyio.wait_all_tasks_blocked()
+                assert weights.fetched == [0, 1, 2, 4]  # `third` ran: `fourth` is received now
+                weights.go.setdefault(4, anyio.Event()).set()
                 await kit.syncs.order(fourth)
-                assert handled == [1] and weights.rounds == [1, 1, 2, 2] and kit.version.value == 4
+                assert handled == [1] and weights.rounds == [1, 2] and kit.version.value == 4
                 kit.syncs.arrived(fifth := _sync(5, sync_epoch=2))
                 await anyio.wait_all_tasks_blocked()
-                assert weights.fetched == [1, 2, 5]  # nothing left to run whole: fetched ahead again
+                assert weights.fetched == [0, 1, 2, 4, 5]  # nothing left to run whole: fetched ahead again
                 weights.go.setdefault(5, anyio.Event()).set()
                 await kit.syncs.order(fifth)
                 assert kit.version.value == 5

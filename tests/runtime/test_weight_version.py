@@ -66,7 +66,7 @@ def test_every_path_that_changes_the_version_updates_the_node_context(tmp_path):
         def snapshot(self, version):
             self.snapshots.append(version)
 
-        def digest(self):
+        def digest(self, version):
             return {}
 
         def rebind(self, node):

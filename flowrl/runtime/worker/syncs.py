@@ -19,7 +19,7 @@ publisher's round and the subscriber's receive a step of their own on the subscr
 the next only once the last landed (they share the staging buffers). Some rounds still run whole
 in their order's turn (`FetchLane.start`: a handoff, a subscriber's first, one queued behind a
 rollback, which may make the subscriber anew), and no round is fetched while one of those waits
-or runs.
+or runs: one ordered behind them is fetched once they ran.
 
 A publisher (a trainer) serves its orders beside its calls, on a lane of their own (`serve_lane`),
 not between them: a broadcast reads only the send buckets of the last snapshot (the publisher's
@@ -196,7 +196,9 @@ class FetchLane:
         self._runner = runner
         self._tx, self._rx = anyio.create_memory_object_stream[Fetch](math.inf)
         self._fetched: dict[int, Fetch] = {}  # by id() of the order object, queued on the event queue
-        self._whole: set[int] = set()  # ids of orders queued or running whose round runs whole in its turn
+        # orders queued or running whose round runs whole in their turn, by id() (held: no id is reused meanwhile)
+        self._whole: dict[int, m.Sync] = {}
+        self._ran = anyio.Event()  # set (and made anew) whenever one of them ran
         self._rollbacks = 0  # `Epoch` orders on the event queue, not handled yet
         self._stopping = False
 
@@ -214,13 +216,15 @@ class FetchLane:
     def start(self, order: m.Sync) -> None:
         """Receive `order`'s round ahead, unless it runs whole in its turn: a handoff (a turn of its
         own), the first round of a subscriber not made yet (making it repoints a module's tensors:
-        not while a call runs), a rollback queued ahead (it may make the subscriber anew), a round
-        of an earlier order still to run whole (two rounds never run at once: they share the
-        subscriber and its staging buffers), or a process that is stopping."""
-        if order.handoff or self._rollbacks or self._whole or self._stopping or self._weights.sub is None:
-            self._whole.add(id(order))
+        not while a call runs), a rollback queued ahead (it may make the subscriber anew), or a
+        process that is stopping. Behind a round still to run whole (two rounds never run at once:
+        they share the subscriber and its staging buffers) it is received once that one ran: had it
+        run whole too, under load every round of a run could (each order arriving while the one
+        before still waited behind a call), none beside the calls."""
+        if order.handoff or self._rollbacks or self._stopping or self._weights.sub is None:
+            self._whole[id(order)] = order
             return
-        fetch = self._fetched[id(order)] = Fetch(order)
+        fetch = self._fetched[id(order)] = Fetch(order, after=dict(self._whole))
         self._tx.send_nowait(fetch)
 
     def taken(self, order: m.Sync) -> Fetch | None:
@@ -229,10 +233,14 @@ class FetchLane:
 
     def ran(self, order: m.Sync) -> None:
         """`order`'s round ran whole in its turn (delivered or failed)."""
-        self._whole.discard(id(order))
+        self._whole.pop(id(order), None)
+        self._ran.set()
+        self._ran = anyio.Event()
 
     async def run(self) -> None:
         async for fetch in self._rx:
+            while fetch.after.keys() & self._whole.keys():  # rounds queued ahead of it that run whole: they go first
+                await self._ran.wait()
             try:
                 with self._runner.occupied(f"weight sync v{fetch.order.version}"):
                     fetch.received = await self._weights.fetch(fetch.order)
@@ -246,8 +254,9 @@ class FetchLane:
 class Fetch:
     """One round a plain subscriber receives ahead of its order's turn (`FetchLane`)."""
 
-    def __init__(self, order: m.Sync):
+    def __init__(self, order: m.Sync, after: dict[int, m.Sync] | None = None):
         self.order = order
+        self.after = after or {}  # the orders ahead of it whose rounds run whole (received after them), by id()
         self.received: int | None = None
         self.error: BaseException | None = None
         self.done = anyio.Event()  # received (or failed)
