@@ -230,7 +230,7 @@ class Sender(TaskOwner):
                 self._c["credit_waits"] += 0 if resend else 1
             for lk in self._links.values():
                 if lk.live and lk.need != size:
-                    lk.need, lk.idle = size, False
+                    lk.block_on(size)
                     self._send_hello(lk)
             waits = [SHM_WAIT_S - (time.monotonic() - lk.shm_wait) for lk in self._links.values()
                      if lk.shm_wait is not None]

@@ -71,9 +71,10 @@ class WeightPublisher:
             self.plan.pack(tensors, out=self.buckets)
             self.version = version
             if self.digests is not None:
+                self.digests.pop(version, None)  # a rollback takes a number again: it is the newest now
                 self.digests[version] = weights_digest(self.plan.views(self.buckets), self.layout)
-                for old in sorted(self.digests)[:-8]:
-                    del self.digests[old]
+                while len(self.digests) > 8:  # the 8 snapshots taken last (not the 8 highest numbers)
+                    del self.digests[next(iter(self.digests))]
 
     def keep_digests(self) -> None:
         """Digest every snapshot as it is taken (tests, FLOWRL_WEIGHT_DIGEST): `digest(v)` then

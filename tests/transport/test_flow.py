@@ -4,6 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flowrl.transport.flow import CreditPool
+from flowrl.transport.link import Link
 
 
 def committed(pool: CreditPool) -> tuple[int, int]:
@@ -17,6 +18,17 @@ def check(pool: CreditPool) -> None:
     assert (m, b) == (pool.used_m, pool.used_b)
     assert m <= pool.cap_m and b <= pool.cap_b
     assert all(a.unused_m >= 0 and a.unused_b >= 0 for a in pool.accounts.values())
+
+
+def live(pool: CreditPool) -> None:
+    """Progress: when the consumer holds nothing and some link waits, a waiting link got what it
+    needs, or a link that waits for nothing holds credit (it sends, or goes idle and hands it back)."""
+    accts = [a for a in pool.accounts.values() if a.open]
+    waiting = [a for a in accts if a.need]
+    if not waiting or pool.orphan_m or any(a.held_m for a in accts):
+        return
+    assert any(a.unused_m >= 1 and a.unused_b >= a.need for a in waiting) \
+        or any(not a.need and (a.unused_m or a.unused_b) for a in accts), [(a.unused_m, a.unused_b, a.need) for a in accts]
 
 
 def test_a_single_producer_gets_the_whole_capacity():
@@ -95,6 +107,53 @@ def test_a_need_larger_than_the_capacity_does_not_freeze_the_pool():
     assert "q" in pool.regrant()
 
 
+def test_links_that_wait_hold_no_credit_so_two_never_wait_for_each_other():
+    """A producer link that waits for credit hands back what it holds unused (`Link.block_on`).
+    Before, a chaos run hung: link `a`, alone at first, had been topped up to the whole byte
+    capacity; `b` joined and, first in line, waited for bytes while holding two messages; `a` spent
+    its messages and then waited for one while holding nearly all the bytes. The pool kept what
+    freed up for `b`, so neither ever sent again."""
+    pool = CreditPool(4, 1 << 30, link_messages=2)
+    links = {k: Link("consumer", 0, k.encode()) for k in "ab"}
+
+    def regrant():  # the consumer's statuses reach the producers
+        pool.regrant()
+        for k, lk in links.items():
+            if k in pool.accounts:
+                lk.lim_m, lk.lim_b = pool.accounts[k].lim_m, pool.accounts[k].lim_b
+
+    def send(k, n):
+        assert pool.can_accept(k, n)
+        pool.on_data(k, n)
+        links[k].sent_m, links[k].sent_b = links[k].sent_m + 1, links[k].sent_b + n
+        for lk in links.values():
+            lk.need = 0
+
+    def wait(k, n):  # the producer blocks on a message of n bytes and says so in a hello
+        lk = links[k]
+        lk.block_on(n)
+        pool.on_hello(k, lk.need, lk.idle, lk.ret_m, lk.ret_b)
+        regrant()
+
+    pool.add("a")
+    regrant()
+    assert (links["a"].avail_m, links["a"].avail_b) == (2, 1 << 30)  # alone: all the bytes
+    pool.add("b")
+    regrant()
+    assert links["b"].avail_m == 2 and links["b"].avail_b == 0
+    wait("b", 500)  # first in line: what frees up is kept for it
+    for _ in range(2):
+        send("a", 50)
+    for _ in range(2):
+        pool.on_ack("a", 50)
+    regrant()
+    assert links["a"].avail_m == 0
+    wait("a", 50)
+    for k, need in (("a", 50), ("b", 500)):
+        assert links[k].avail_m >= 1 and links[k].avail_b >= need, (k, links[k].avail_m, links[k].avail_b)
+    check(pool)
+
+
 ops = st.lists(st.tuples(st.sampled_from(["add", "data", "ack", "hello", "finish", "remove", "orphan_ack"]),
                          st.integers(0, 3), st.integers(1, 300), st.booleans()), max_size=80)
 
@@ -118,10 +177,9 @@ def test_credit_never_exceeds_capacity_under_any_sequence_of_events(events):
             held[k].append(size)
         elif op == "ack" and held[k]:
             pool.on_ack(k, held[k].pop())
-        elif op == "hello":
+        elif op == "hello":  # waiting for `size` bytes (flag) or idle: either way, its unused credit goes back
             a = pool.accounts[k]
-            pool.on_hello(k, need=size if flag else 0, idle=not flag, ret_m=a.ret_m + (a.unused_m if not flag else 0),
-                          ret_b=a.ret_b + (a.unused_b if not flag else 0))
+            pool.on_hello(k, need=size if flag else 0, idle=not flag, ret_m=a.ret_m + a.unused_m, ret_b=a.ret_b + a.unused_b)
         elif op == "finish":
             pool.finish(k)
         elif op == "remove":
@@ -129,3 +187,4 @@ def test_credit_never_exceeds_capacity_under_any_sequence_of_events(events):
             orphans.extend(held.pop(k))
         pool.regrant()
         check(pool)
+        live(pool)

@@ -101,6 +101,12 @@ def test_a_round_returns_and_digests_the_version_it_sent_though_the_next_snapsho
     assert pub.digest() == pub.digest(3) == expected_digest(3, "float32") and pub.digest(1) == expected_digest(1, "float32")
     with pytest.raises(WeightSyncError, match="no digest of version 7"):
         pub.digest(7)
+    for v in [*range(4, 12), 2]:  # a rollback takes version 2 again: its digest is kept though 11 is higher
+        weights.update(master(v))
+        pub.snapshot(v)
+    assert pub.digest(2) == expected_digest(2, "float32") and pub.digest(5) == expected_digest(5, "float32")
+    with pytest.raises(WeightSyncError, match="no digest of version 4"):  # the oldest of 9 went
+        pub.digest(4)
 
 
 @pytest.mark.parametrize("mode", ["swap", "copy"])
