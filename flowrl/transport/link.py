@@ -60,18 +60,12 @@ class Link:
     def avail_b(self) -> int:
         return self.lim_b - self.sent_b - self.ret_b
 
-    def block_on(self, size: int) -> None:
-        """A message of `size` bytes waits, and this link lacks the credit for it: ask for it, and
-        hand back all the credit held unused meanwhile. The consumer grants a waiting message all it
-        lacks at once; credit kept while waiting could be what the consumer keeps another waiting
-        link from (two links, one holding bytes and no message, the other a message and no bytes,
-        each waited for the other's for good)."""
+    def release_unused(self) -> None:
+        """Hand back every credit held unused (cumulative `ret_m`, `ret_b`; the next hello says so)."""
         self.ret_m += max(0, self.avail_m)
         self.ret_b += max(0, self.avail_b)
-        self.need, self.idle = size, False
 
     def give_back_credit(self) -> None:
         if self.avail_m > 0 or self.avail_b > 0:
-            self.ret_m += max(0, self.avail_m)
-            self.ret_b += max(0, self.avail_b)
+            self.release_unused()
             self.idle = True

@@ -230,7 +230,7 @@ class Sender(TaskOwner):
                 self._c["credit_waits"] += 0 if resend else 1
             for lk in self._links.values():
                 if lk.live and lk.need != size:
-                    lk.block_on(size)
+                    lk.need, lk.idle = size, False
                     self._send_hello(lk)
             waits = [SHM_WAIT_S - (time.monotonic() - lk.shm_wait) for lk in self._links.values()
                      if lk.shm_wait is not None]
@@ -526,6 +526,11 @@ class Sender(TaskOwner):
                 continue
             if link.live and not link.used and not link.need and (not self._order.locked() or self._state == "eos"):
                 link.give_back_credit()  # idle: hand unused credit back so others can use it
+            elif link.live and not link.used and link.need:
+                # blocked a whole heartbeat: what it holds goes back too, and the consumer grants all
+                # it lacks at once. Kept, two links could each hold what the other waits for (one the
+                # bytes without a message, the other a message without the bytes), for good.
+                link.release_unused()
             link.used = False
             self._send_hello(link)
         self._update_liveness()

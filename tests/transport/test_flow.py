@@ -107,20 +107,22 @@ def test_a_need_larger_than_the_capacity_does_not_freeze_the_pool():
     assert "q" in pool.regrant()
 
 
-def test_links_that_wait_hold_no_credit_so_two_never_wait_for_each_other():
-    """A producer link that waits for credit hands back what it holds unused (`Link.block_on`).
-    Before, a chaos run hung: link `a`, alone at first, had been topped up to the whole byte
-    capacity; `b` joined and, first in line, waited for bytes while holding two messages; `a` spent
-    its messages and then waited for one while holding nearly all the bytes. The pool kept what
-    freed up for `b`, so neither ever sent again."""
+def test_links_blocked_for_a_heartbeat_hand_their_credit_back_so_two_never_wait_for_each_other():
+    """A producer link blocked on a message for a whole heartbeat hands back what it holds unused
+    (`Link.release_unused`, from the sender's tick). Before, a chaos run hung: link `a`, alone at
+    first, had been topped up to the whole byte capacity; `b` joined and, first in line, waited for
+    bytes while holding two messages; `a` spent its messages and then waited for one while holding
+    nearly all the bytes. The pool kept what freed up for `b`, so neither ever sent again."""
     pool = CreditPool(4, 1 << 30, link_messages=2)
     links = {k: Link("consumer", 0, k.encode()) for k in "ab"}
 
-    def regrant():  # the consumer's statuses reach the producers
+    def hello(k):  # the producer's hello reaches the consumer, whose status comes back
+        lk = links[k]
+        pool.on_hello(k, lk.need, lk.idle, lk.ret_m, lk.ret_b)
         pool.regrant()
-        for k, lk in links.items():
-            if k in pool.accounts:
-                lk.lim_m, lk.lim_b = pool.accounts[k].lim_m, pool.accounts[k].lim_b
+        for key, link in links.items():
+            if key in pool.accounts:
+                link.lim_m, link.lim_b = pool.accounts[key].lim_m, pool.accounts[key].lim_b
 
     def send(k, n):
         assert pool.can_accept(k, n)
@@ -129,28 +131,32 @@ def test_links_that_wait_hold_no_credit_so_two_never_wait_for_each_other():
         for lk in links.values():
             lk.need = 0
 
-    def wait(k, n):  # the producer blocks on a message of n bytes and says so in a hello
-        lk = links[k]
-        lk.block_on(n)
-        pool.on_hello(k, lk.need, lk.idle, lk.ret_m, lk.ret_b)
-        regrant()
+    def blocked(k, n):  # as the sender: waiting for a message of n bytes (no credit for it)
+        links[k].need, links[k].idle = n, False
+        hello(k)
+
+    def can_send(k, n) -> bool:
+        return links[k].avail_m >= 1 and links[k].avail_b >= n
 
     pool.add("a")
-    regrant()
+    hello("a")
     assert (links["a"].avail_m, links["a"].avail_b) == (2, 1 << 30)  # alone: all the bytes
     pool.add("b")
-    regrant()
+    hello("b")
     assert links["b"].avail_m == 2 and links["b"].avail_b == 0
-    wait("b", 500)  # first in line: what frees up is kept for it
+    blocked("b", 500)  # first in line: what frees up is kept for it
     for _ in range(2):
         send("a", 50)
     for _ in range(2):
         pool.on_ack("a", 50)
-    regrant()
+    hello("a")
     assert links["a"].avail_m == 0
-    wait("a", 50)
-    for k, need in (("a", 50), ("b", 500)):
-        assert links[k].avail_m >= 1 and links[k].avail_b >= need, (k, links[k].avail_m, links[k].avail_b)
+    blocked("a", 50)
+    assert not can_send("a", 50) and not can_send("b", 500)  # each holds what the other waits for
+    for k in "ab":  # a heartbeat later, both still blocked
+        links[k].release_unused()
+        hello(k)
+    assert can_send("a", 50) and can_send("b", 500)
     check(pool)
 
 
@@ -188,3 +194,4 @@ def test_credit_never_exceeds_capacity_under_any_sequence_of_events(events):
         pool.regrant()
         check(pool)
         live(pool)
+
