@@ -156,6 +156,11 @@ def decode_data(header: list, views: list, limits: wire.DecodeLimits, delivery: 
     plus the message's frame views -> Batch (`delivery`: the receiver's tag for `ack`; `region`: the
     shared memory its tensors are in, a uint8 array, when the header names a block)."""
     _, _, batch_id, attempt, policy_version, meta, descs, route, _, ref = header
+    if ref is None:
+        region = None  # an int `at` is a frame index
+    elif region is None:
+        raise DecodeError("bad_field", "the message's tensors are in shared memory, which this decoder was not "
+                                       "given (only a channel's receiver maps a producer's blocks)")
     if route is not None:
         if type(route) is not list or len(route) != 4:
             raise DecodeError("bad_field", "route must be nil or a list [index, min_version, epoch, drop]")
@@ -199,7 +204,7 @@ def decode_data(header: list, views: list, limits: wire.DecodeLimits, delivery: 
                     if t is not None:
                         samples = len(t.offsets) - 1
         if t is None:
-            name, t = _decode_tensor(desc, views, used, limits, region if ref is not None else _NO_REGION, shared)
+            name, t = _decode_tensor(desc, views, used, limits, region, shared)
             samples = t.num_samples if type(t) is Ragged else (t.shape[0] if t.shape else None)
         if name in tensors:
             raise DecodeError("bad_field", f"tensor name {name!r} appears twice")
@@ -213,9 +218,6 @@ def decode_data(header: list, views: list, limits: wire.DecodeLimits, delivery: 
         raise DecodeError("stray_frame", f"frames {[i for i, u in enumerate(used) if i and not u]} are not "
                                          "referenced by any tensor")
     return _trusted_batch(tensors, meta, batch_id, attempt, policy_version, int(n or 0), delivery, route)
-
-
-_NO_REGION = np.empty(0, np.uint8)  # marks "not in shared memory": an int `at` is a frame index
 
 
 _SPECS: dict[tuple, tuple] = {(d, lib): (ITEMSIZE[d], NUMPY_DTYPES.get(d)) for d in ITEMSIZE
@@ -254,8 +256,8 @@ _count_nonzero = np.count_nonzero
 
 def _decode_tensor(desc: Any, views: list, used: list, limits: wire.DecodeLimits, region: np.ndarray | None,
                    shared: dict | None = None) -> tuple[str, Any]:
-    """`region`: the shared memory the message names (`_NO_REGION` when it names none; None when it
-    names one that the decoder was not given)."""
+    """`region`: the shared memory the message names (None: it names none, and an int `at` is a
+    frame index)."""
     if type(desc) is not list or len(desc) != _DESC_LEN:
         raise DecodeError("bad_field", f"a tensor descriptor is an array {wire.TENSOR_FIELDS}, got "
                                        f"{type(desc).__name__} of {len(desc) if type(desc) is list else '?'}")
@@ -305,7 +307,7 @@ def _decode_array(name: str, at: Any, spec: tuple, dtype: str, lib: str, shape: 
     elif type(at) is not int:
         raise DecodeError("bad_field", f"tensor {name!r}: `at` must be bin (inline bytes) or an int (a frame "
                                        f"index, or an offset in shared memory), got {type(at).__name__}")
-    elif region is not _NO_REGION:
+    elif region is not None:
         buf = _shm_bytes(name, at, nbytes, region)
         size = buf.nbytes
     else:
@@ -328,12 +330,9 @@ def _decode_array(name: str, at: Any, spec: tuple, dtype: str, lib: str, shape: 
     return torch.frombuffer(buf, dtype=torch_dtype(dtype)).reshape(shape)
 
 
-def _shm_bytes(name: str, offset: Any, nbytes: int, region: np.ndarray | None) -> np.ndarray:
+def _shm_bytes(name: str, offset: Any, nbytes: int, region: np.ndarray) -> np.ndarray:
     """Bytes [offset, offset + nbytes) of a shared-memory region (a view: tensors built on it keep
     the region, and with it the block, alive)."""
-    if region is None:
-        raise DecodeError("bad_field", f"tensor {name!r} is in shared memory, which this decoder was not given "
-                                       "(only a channel's receiver maps a producer's blocks)")
     if type(offset) is not int or offset < 0 or offset + nbytes > region.nbytes:
         raise DecodeError("out_of_bounds", f"tensor {name!r}: bytes at {wire.short(offset, 20)} + {nbytes} lie outside "
                                            f"the {region.nbytes}-byte region")

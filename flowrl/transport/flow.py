@@ -14,9 +14,10 @@ Grants, in this order, after every change:
    served; while one cannot be served, nobody else gets credit (no starvation of large messages);
 2. every active producer is topped up to an equal share of the capacity (pipelining).
 Idle producers hand their unused credit back (and get none eagerly) so they hoard nothing; so does
-a producer blocked on a message for a whole heartbeat (the sender's tick), which then gets all it
-lacks at once: no link holds credit for long while it waits for more (two links each holding what
-the other waited for, bytes without a message and a message without bytes, waited for good).
+a producer found blocked at its heartbeat tick with nothing sent since the last (`Sender._tick`),
+which then gets all it lacks at once: no link holds credit for long while it waits for more (two
+links each holding what the other waited for, bytes without a message and a message without
+bytes, waited for good).
 
 No link ever holds more than its cap (`link_m`, `link_b`: granted-unused + unacknowledged): a
 `need` above it is refused by the receiver before it gets here, and a need that only its own

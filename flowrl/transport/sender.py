@@ -527,9 +527,9 @@ class Sender(TaskOwner):
             if link.live and not link.used and not link.need and (not self._order.locked() or self._state == "eos"):
                 link.give_back_credit()  # idle: hand unused credit back so others can use it
             elif link.live and not link.used and link.need:
-                # blocked a whole heartbeat: what it holds goes back too, and the consumer grants all
-                # it lacks at once. Kept, two links could each hold what the other waits for (one the
-                # bytes without a message, the other a message without the bytes), for good.
+                # blocked, and nothing sent since the last tick: what it holds goes back too, and the
+                # consumer grants all it lacks at once. Kept, two links could each hold what the other
+                # waits for (one the bytes without a message, the other a message without the bytes).
                 link.release_unused()
             link.used = False
             self._send_hello(link)

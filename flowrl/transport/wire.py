@@ -118,7 +118,6 @@ def short(value: Any, limit: int = 40) -> str:
     return _SHORT.repr(value)[:limit]
 
 
-
 def pack(header: dict) -> bytes:
     """msgpack bytes of `header` (a Packer per thread: cheaper than `packb` for small maps), whose
     values the caller made or checked (`check_meta`)."""

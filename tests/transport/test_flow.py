@@ -108,8 +108,8 @@ def test_a_need_larger_than_the_capacity_does_not_freeze_the_pool():
 
 
 def test_links_blocked_for_a_heartbeat_hand_their_credit_back_so_two_never_wait_for_each_other():
-    """A producer link blocked on a message for a whole heartbeat hands back what it holds unused
-    (`Link.release_unused`, from the sender's tick). Before, a chaos run hung: link `a`, alone at
+    """A producer link found blocked on a message at its heartbeat tick, nothing sent since the last,
+    hands back what it holds unused (`Link.release_unused`, from the sender's tick). Before, a chaos run hung: link `a`, alone at
     first, had been topped up to the whole byte capacity; `b` joined and, first in line, waited for
     bytes while holding two messages; `a` spent its messages and then waited for one while holding
     nearly all the bytes. The pool kept what freed up for `b`, so neither ever sent again."""
