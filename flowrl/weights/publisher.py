@@ -163,7 +163,11 @@ class WeightPublisher:
 
     def digest(self, version: int | None = None) -> str:
         """Digest of the snapshot the buckets hold (equal digests = bitwise equal weights), or of
-        `version`'s snapshot, kept since it was taken (`keep_digests`)."""
+        `version`'s snapshot, kept since it was taken (`keep_digests`: then no hashing here, nor a
+        wait for the lock that a broadcast holds -- the worker asks from its event loop)."""
+        kept = self.digests.get(version) if self.digests is not None and version is not None else None
+        if kept is not None:
+            return kept
         with self._lock:
             if version is None or version == self.version:
                 return weights_digest(self.plan.views(self.buckets), self.layout)
