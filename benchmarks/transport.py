@@ -1,6 +1,6 @@
 """One-way throughput between two processes: the flowrl channel against the usual alternatives.
 
-    python benchmarks/transport.py                       # table, under two minutes on 2 cores
+    python benchmarks/transport.py                       # table, ~3.5 minutes on 2 cores
     python benchmarks/transport.py --json out.json       # the same numbers as JSON
     python benchmarks/transport.py --sizes 4096 4194304  # some sizes only
 
@@ -44,14 +44,17 @@ SIZES = [4 << 10, 256 << 10, 4 << 20, 64 << 20]
 TCP_METHODS = ["flowrl tcp", "pyzmq tcp", "flowrl tcp+CURVE", "pyzmq tcp+CURVE"]
 METHODS = ["flowrl", "flowrl ragged", "pyzmq zero-copy", "pyzmq pickle", "mp.Queue", *TCP_METHODS]
 TCP_SIZES = (4 << 10, 4 << 20)  # tcp methods run at these sizes only
-TARGET_BYTES = 400 << 20  # data moved per measurement (bounded by the counts below)
+TARGET_BYTES = 4 << 30  # data moved per measurement (bounded by the counts below)
 
 
 def count_for(size: int) -> int:
     """Messages per measurement: TARGET_BYTES, from 12 to 100,000. 4 KiB moves 100,000 (1-3 s a
     run): over 10,000 (0.15 s) the start weighed on the result, raw pyzmq's most (its sender spent
     10-11 us a message over 10,000, 6 us over 100,000), and the ratio swung 0.73-0.91 between runs
-    of the same code."""
+    of the same code. 4 MiB moves 1,024 (0.5-2.5 s a run): over 100 (0.05-0.1 s) flowrl's start
+    weighed on it (the first write to each new shared-memory block faults its pages in, and the
+    credit window filled within the window measured), putting flowrl 25-35% low and the ratio at
+    1.0-1.5x where longer runs of the same code measure 1.7-2.5x."""
     return int(min(100_000, max(12, TARGET_BYTES // size)))
 
 
