@@ -1,4 +1,4 @@
-"""How the suite splits over pytest-xdist workers (`python -m pytest -n 2 --dist loadgroup`, the README's
+"""How the suite splits over pytest-xdist workers (`python -m pytest -n 2 --dist loadscope`, the README's
 test command).
 
 Every test module is one xdist group, so a module-scoped fixture (a chaos campaign, a trained model)
@@ -23,11 +23,10 @@ FIRST = ("ray", "fault/test_shapes.py", "fault/test_chaos.py", "runtime/test_sha
 """The groups that run longest on 2 cores (40 s to 5 min each, `--durations=0`), longest first."""
 
 
-def group_of(path: Path) -> str:
-    try:
-        rel = path.resolve().relative_to(ROOT).as_posix()
-    except ValueError:  # not under tests/ (a file named on the command line elsewhere)
-        return str(path)
+def group_of(nodeid: str) -> str:
+    """A test's group, from its id: its module's path under tests/ ("ray" for every Ray test)."""
+    module = nodeid.split("::", 1)[0].replace("\\", "/")
+    rel = module.removeprefix("tests/")
     return "ray" if rel.startswith("ray/") else rel
 
 
@@ -36,12 +35,24 @@ def pytest_configure(config):
         config.option.loadscopereorder = False       # not by how many tests each has
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: without it installed, none of this runs
+def pytest_xdist_make_scheduler(config, log):
+    """Whole groups to a worker, the group read from the test id itself. Not xdist's `loadgroup`
+    with `xdist_group` marks: it tells a test's group by a suffix it appends to the test's id, which
+    pytest 9.2 no longer lets it change (ids became structured), so there every test went out
+    alone, and each worker ran the modules' chaos campaigns and a Ray cluster of its own."""
+    if config.getvalue("dist") not in ("loadscope", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return ByGroup(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    rank = {g: i for i, g in enumerate(FIRST)}
-    groups = {}
-    for item in items:
-        groups[item.nodeid] = group = group_of(item.path)
-        item.add_marker(pytest.mark.xdist_group(group))
     # stable: within a group (a module) the tests keep their order, and so do the groups not listed
-    items.sort(key=lambda item: rank.get(groups[item.nodeid], len(FIRST)))
+    rank = {g: i for i, g in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(FIRST)))
