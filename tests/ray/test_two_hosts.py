@@ -68,7 +68,8 @@ def run_scenario(tmp_path: Path, scenario: dict, timeout_s: float) -> dict:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT, env=env)
     assert proc.returncode == 0 and Path(scenario["out"]).exists(), proc.stderr[-3000:]
     facts = json.loads(Path(scenario["out"]).read_text())
-    assert "driver_error" not in facts, facts["driver_error"] + "\n" + facts.get("stderr", "")
+    assert "driver_error" not in facts, "\n".join([facts["driver_error"], facts.get("stderr", ""),
+                                                    facts.get("logs_tail", "")])
     return facts
 
 

@@ -405,8 +405,22 @@ def run(sc: dict, facts: dict) -> None:
             facts["cluster_released"] = str(e)
         facts["sockdirs_left"] = [str(p) for p in Path(tempfile.gettempdir()).glob("flowrl-*")
                                   if (p / "pid").exists() and (p / "pid").read_text().strip() == str(proc.pid)]
+    except BaseException:
+        if proc is not None and "stderr" not in facts:  # a wait ran out: what the run and its nodes said
+            if proc.poll() is None:
+                kill_group(proc.pid)
+            out, err = proc.communicate(timeout=30)
+            facts["rc"], facts["stdout"], facts["stderr"] = proc.returncode, out[-4000:], err[-6000:]
+            facts["logs_tail"] = logs_tail(Folders(Path(sc["run_dir"]), sc.get("host_b_run")))
+        raise
     finally:
         shut_down(proc, cluster, temp_dir)
+
+
+def logs_tail(folders: Folders, chars: int = 1500) -> str:
+    """The end of every node log in the run's folders, for a scenario that stopped short."""
+    return "\n".join(f"--- {path}\n{path.read_text(errors='replace')[-chars:]}"
+                     for folder in folders.all for path in sorted((folder / "logs").glob("*.log")))
 
 
 def digest(path: Path) -> str | None:
