@@ -51,10 +51,10 @@ def count_for(size: int) -> int:
     """Messages per measurement: TARGET_BYTES, from 12 to 100,000. 4 KiB moves 100,000 (1-3 s a
     run): over 10,000 (0.15 s) the start weighed on the result, raw pyzmq's most (its sender spent
     10-11 us a message over 10,000, 6 us over 100,000), and the ratio swung 0.73-0.91 between runs
-    of the same code. 4 MiB moves 1,024 (0.5-2.5 s a run): over 100 (0.05-0.1 s) flowrl's start
-    weighed on it (the first write to each new shared-memory block faults its pages in, and the
-    credit window filled within the window measured), putting flowrl 25-35% low and the ratio at
-    1.0-1.5x where longer runs of the same code measure 1.7-2.5x."""
+    of the same code. 4 MiB moves 1,024 (0.5-2.5 s a run): over 100 (0.05-0.1 s) each method's
+    start weighed on it (flowrl's first write to each new shared-memory block faults its pages in:
+    its sender spent 860-890 us a message there, 490-520 over 1,024), and the ratio to raw pyzmq
+    read 1.3-1.7x where the same code measures 2.2-2.5x over 1,024."""
     return int(min(100_000, max(12, TARGET_BYTES // size)))
 
 

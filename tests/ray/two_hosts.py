@@ -311,8 +311,12 @@ def run(sc: dict, facts: dict) -> None:
         def mine(pids: dict[str, int]) -> None:
             ours.update(pids.values(), (psutil.Process(p).ppid() for p in pids.values() if psutil.pid_exists(p)))
 
-        pids = wait_for(lambda: (p := node_processes(run_dir)) and len(p) == sc["processes"] and folders.wired(p)
-                        and p, 180, "every node process to start and wire")
+        def started():
+            if proc.poll() is not None:  # the run ended before it wired: its output says why (the test shows it)
+                raise AssertionError(f"the run exited with code {proc.returncode} before every node process wired")
+            return (p := node_processes(run_dir)) and len(p) == sc["processes"] and folders.wired(p) and p
+
+        pids = wait_for(started, 180, "every node process to start and wire")
         facts["started_s"] = time.monotonic() - t0
         facts["hosts"] = {name: host_of(pid, raylets) for name, pid in pids.items()}
         mine(pids)
