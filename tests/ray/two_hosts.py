@@ -277,7 +277,7 @@ def run(sc: dict, facts: dict) -> None:
 
     from flowrl.ray_cluster import loopback_cluster, loopback_node_args
     from flowrl.testing import audit_ledger, read_jsonl
-    from flowrl.testing.harness import flowrl_command, kill_group
+    from flowrl.testing.harness import flowrl_command
     from tests.ray.conftest import alive
     from tests.ray.test_launcher import assert_cluster_released_everything, host_of, node_processes, wait_for
 
@@ -373,15 +373,8 @@ def run(sc: dict, facts: dict) -> None:
                              "the lost host's processes to start again elsewhere")
             facts["hosts_after"] = {name: host_of(pid, raylets) for name, pid in after.items()}
             mine(after)
-        try:
-            out, err = proc.communicate(timeout=sc["timeout_s"])
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGUSR1) if sc.get("dump") else None
-            kill_group(proc.pid)
-            out, err = proc.communicate()
-            err += f"\n[two_hosts] killed after {sc['timeout_s']} s"
+        record_output(facts, proc, sc, sc["timeout_s"])
         facts["wall_s"] = time.monotonic() - t0
-        facts["rc"], facts["stdout"], facts["stderr"] = proc.returncode, out[-4000:], err[-6000:]
         ledger = read_jsonl(run_dir / "ledger.jsonl")
         audit = audit_ledger(ledger)
         facts["audit"] = {"exactly_once": audit.exactly_once, "issued": len(audit.issued),
@@ -411,14 +404,26 @@ def run(sc: dict, facts: dict) -> None:
                                   if (p / "pid").exists() and (p / "pid").read_text().strip() == str(proc.pid)]
     except BaseException:
         if proc is not None and "stderr" not in facts:  # a wait ran out: what the run and its nodes said
-            if proc.poll() is None:
-                kill_group(proc.pid)
-            out, err = proc.communicate(timeout=30)
-            facts["rc"], facts["stdout"], facts["stderr"] = proc.returncode, out[-4000:], err[-6000:]
+            record_output(facts, proc, sc, 5)  # one that exited returns at once
             facts["logs_tail"] = logs_tail(Folders(Path(sc["run_dir"]), sc.get("host_b_run")))
         raise
     finally:
         shut_down(proc, cluster, temp_dir)
+
+
+def record_output(facts: dict, proc, sc: dict, timeout_s: float) -> None:
+    """The run's exit code and output into `facts`, once it ends; after `timeout_s` its process
+    group is killed (a dump of every process first, with "dump")."""
+    from flowrl.testing.harness import kill_group
+
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGUSR1) if sc.get("dump") else None
+        kill_group(proc.pid)
+        out, err = proc.communicate()
+        err += f"\n[two_hosts] killed after {timeout_s} s"
+    facts["rc"], facts["stdout"], facts["stderr"] = proc.returncode, out[-4000:], err[-6000:]
 
 
 def logs_tail(folders: Folders, chars: int = 1500) -> str:
