@@ -9,9 +9,9 @@ No peer can abort this process. libzmq 4.3.5 aborts (`Assertion failed: !_io_err
 receive high-water mark and the peer then disconnects: a burst of RCVHWM messages and a close is
 enough (tests/transport/test_abort.py reproduces it with plain pyzmq). So the consumer's ROUTER,
 whose input comes from anyone who can connect, runs without ZeroMQ heartbeats (a dead producer is
-noticed by its connection closing, a vanished host by TCP keepalive, a silent link by the receiver's
-own deadlines); a producer's DEALER keeps them (they notice a frozen consumer host) because its
-receive queue is unlimited, so it never reaches the state that aborts.
+noticed by its connection closing, a vanished host by TCP keepalive and TCP_MAXRT (`_common`), a
+silent link by the receiver's own deadlines); a producer's DEALER keeps them (they notice a frozen
+consumer host) because its receive queue is unlimited, so it never reaches the state that aborts.
 
 Why `Pump` and not a zmq.asyncio socket: it does what zmq.asyncio does (watch the socket's FD with
 `loop.add_reader`, and after each send re-check `EVENTS`, because a send may swallow the FD's
@@ -44,11 +44,31 @@ def shared_context() -> zmq.Context:
 def _common(sock: Any, config: ChannelConfig) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 0)  # never drop at a high-water mark: credit bounds the queue
-    # a vanished host (no FIN, no RST) is noticed by the kernel, not by a libzmq timer
+    # a vanished host (no FIN, no RST) is noticed by the kernel, not by a libzmq timer: keepalive
+    # probes a connection with nothing in flight; with data in flight, which towards a vanished
+    # producer there nearly always is (its consumer writes it a status every heartbeat), the kernel
+    # would retransmit for ~15 minutes, and TCP_MAXRT (TCP_USER_TIMEOUT on Linux) ends it instead
+    idle, interval = _keepalive_s(config)
     sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
-    sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, max(1, int(config.peer_timeout_s)))
-    sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, max(1, int(config.heartbeat_s)))
-    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, idle)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, interval)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, KEEPALIVE_PROBES)
+    sock.setsockopt(zmq.TCP_MAXRT, vanished_ms(config))
+
+
+KEEPALIVE_PROBES = 3
+
+
+def _keepalive_s(config: ChannelConfig) -> tuple[int, int]:
+    """TCP keepalive's (idle, interval), in the whole seconds the kernel counts."""
+    return max(1, int(config.peer_timeout_s)), max(1, int(config.heartbeat_s))
+
+
+def vanished_ms(config: ChannelConfig) -> int:
+    """How long a tcp connection to a host that stopped answering lives on, with or without data in
+    flight: keepalive's bound (idle, then its probes), in milliseconds."""
+    idle, interval = _keepalive_s(config)
+    return 1000 * (idle + KEEPALIVE_PROBES * interval)
 
 
 def _heartbeats(sock: Any, config: ChannelConfig) -> None:
