@@ -103,9 +103,12 @@ def test_a_dead_rank_restarts_its_group_and_every_state_matches_a_fault_free_run
     result = run_graph(tmp_path / "g.yaml", tmp_path / "run", faults=[fault], timeout_s=150)
     assert result.exit_code == 0, result.stderr[-2000:]
     assert result.audit(["collect"]).exactly_once
-    node = fault.split(":")[1].split("/")[0]
-    downs = {r["node"] for r in result.ledger if r["event"] == "node_down"}
-    assert downs == {f"{node}/0/0", f"{node}/0/1"}  # the whole group went down and came back
+    killed = fault.split(":")[1].split("@")[0]
+    mate = killed[:-1] + ("0" if killed.endswith("1") else "1")
+    # the whole group went down and came back; the killed rank is the one named, its partner went
+    # down with it (one record each, whether its collective broke first or it was stopped)
+    downs = [(r["node"], r["why"]) for r in result.ledger if r["event"] == "node_down"]
+    assert downs == [(killed, "exited"), (mate, f"its rank group lost {killed}")], downs
     for n in ("norm", "collect"):
         for rank in (0, 1):
             assert node_state(result.run_dir, n, rank=rank) == node_state(reference.run_dir, n, rank=rank)

@@ -86,8 +86,13 @@ def test_a_dead_rank_of_a_publishing_group_rolls_back_in_step(tmp_path, referenc
     snapshot gathered from both ranks) together. Either way the run ends in the fault-free states,
     exactly once."""
     result = _run(tmp_path, [fault])
-    downs = {r["node"] for r in result.ledger if r["event"] == "node_down"}
-    assert downs == ({"norm/0/0"} if "norm" in fault else {"train/0/0", "train/0/1"})
+    downs = [(r["node"], r["why"]) for r in result.ledger if r["event"] == "node_down"]
+    if "norm" in fault:
+        assert downs == [("norm/0/0", "exited")], downs
+    else:  # the killed rank is the one named; its partner went down with its group (one record)
+        killed = fault.split(":")[1].split("@")[0]
+        mate = killed[:-1] + ("0" if killed.endswith("1") else "1")
+        assert downs == [(killed, "exited"), (mate, f"its rank group lost {killed}")], downs
     assert any(r["event"] == "recovery" for r in result.ledger)
     _check_totals(result)
     for r in (0, 1):

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 from flowrl.graph.spec import FailurePolicy, SupervisionSpec
 from flowrl.runtime.controller.report import RunReport
-from flowrl.runtime.controller.restarts import Restarts
+from flowrl.runtime.controller.procs import NodeFailure
+from flowrl.runtime.controller.restarts import PEER_LOSS_GRACE_S, Restarts
 from flowrl.runtime.controller.supervisor import Supervisor
 from flowrl.runtime.protocol.ledger import read_jsonl
 from tests.runtime.controller_fakes import Failures, ledger, table
@@ -71,6 +72,50 @@ def test_a_dead_rank_takes_its_rank_group_down_and_they_restart_together_on_a_ne
     led.flush()
     assert [(row["node"], row["why"]) for row in read_jsonl(led.path) if row["event"] == "node_down"] == [
         ("actor/0/0", "exited"), ("actor/0/1", "its rank group lost actor/0/0")]
+
+
+GLOO_RESET = NodeFailure("process", "RuntimeError", "[third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+                         "[127.0.0.1]:7873: Connection reset by peer")
+
+
+def test_the_rank_that_died_is_named_not_the_rank_whose_collective_broke_because_it_did(tmp_path):
+    # both are seen down in one check, the survivor first in process order (what a killed rank of a
+    # data-parallel actor looked like: its partner's gloo read failed, it reported that and exited)
+    r, procs, _, fails, _, led = restarts(tmp_path, "actor/0/0", "actor/0/1")
+    survivor, killed = procs.get("actor/0/0"), procs.get("actor/0/1")
+    survivor.handle.code, survivor.error = 1, GLOO_RESET
+    killed.handle.code = -9
+    assert r.down() == [(killed, "exited"), (survivor, "exited")]
+    assert r.on_down(killed, "exited") is True and fails.why == []
+    assert survivor.down_since is not None, "taken down with the group: the controller skips its entry"
+    led.flush()
+    assert [(row["node"], row["why"]) for row in read_jsonl(led.path) if row["event"] == "node_down"] == [
+        ("actor/0/1", "exited"), ("actor/0/0", "its rank group lost actor/0/1")]
+
+
+def test_a_rank_that_lost_a_peer_waits_a_moment_for_the_peer_to_be_seen_down(tmp_path):
+    for peer_seen in (True, False):
+        r, procs, _, _, _, _ = restarts(tmp_path, "actor/0/0", "actor/0/1", "actor/1/0")
+        survivor, peer, other = procs.get("actor/0/0"), procs.get("actor/0/1"), procs.get("actor/1/0")
+        survivor.handle.code, survivor.error = 1, GLOO_RESET
+        other.handle.code, other.error = 1, GLOO_RESET  # a replica alone in its group: nobody to wait for
+        t = time.monotonic()
+        assert r.down(now=t) == [(other, "exited")], "the peer's exit is not seen yet: the survivor waits"
+        assert r.down(now=t + PEER_LOSS_GRACE_S / 2) == [(other, "exited")]
+        if peer_seen:  # a check later (a rank on another host)
+            peer.handle.code = -9
+            assert r.down(now=t + PEER_LOSS_GRACE_S * 0.6) == [(peer, "exited"), (survivor, "exited"),
+                                                               (other, "exited")]
+        else:  # never seen: the survivor goes down once the grace is over
+            assert r.down(now=t + PEER_LOSS_GRACE_S * 0.9) == [(other, "exited")]
+            assert r.down(now=t + PEER_LOSS_GRACE_S * 1.1) == [(survivor, "exited"), (other, "exited")]
+
+
+def test_a_rank_that_failed_on_its_own_is_not_held_back(tmp_path):
+    r, procs, _, _, _, _ = restarts(tmp_path, "actor/0/0", "actor/0/1")
+    bug = procs.get("actor/0/0")
+    bug.handle.code, bug.error = 1, NodeFailure("process", "ValueError", "shapes do not match")
+    assert r.down() == [(bug, "exited")]
 
 
 def test_a_node_whose_policy_is_fail_fails_the_run(tmp_path):

@@ -182,6 +182,8 @@ class Controller:
             await self.recovered()
         self.retirement.reap()
         for proc, why in self.restarts.down():
+            if proc.down_since is not None:  # taken down with its rank group a moment ago (one record, one restart)
+                continue
             await self.on_down(proc, why)
             if self.failure:
                 return

@@ -30,6 +30,30 @@ from flowrl.runtime.protocol.ledger import NodeDown
 log = logging.getLogger("flowrl.controller")
 
 
+PEER_LOSS_GRACE_S = 1.0
+"""How long a rank that failed because a peer of its collective went away waits for that peer's exit to
+be seen (`Restarts.down`). The peer exits first, yet its exit can be seen a check later (a rank on
+another host), and the first one seen down is the one its group's restart names."""
+DIED, EXITED, LOST_A_PEER = 0, 1, 2
+
+
+def blame(proc: Proc, why: str) -> int:
+    """How likely `proc` going down (`why`) caused its rank group's failure: DIED (killed by a
+    signal, hung, or never ready) before EXITED (on its own, its error not a collective's) before
+    LOST_A_PEER (its error says a peer of its collective went away)."""
+    code = proc.handle.poll() if proc.handle is not None else None
+    if why not in ("exited", "failed in setup") or code is None or code < 0:
+        return DIED
+    return LOST_A_PEER if proc.error is not None and lost_a_peer(proc.error.type, proc.error.message) else EXITED
+
+
+def lost_a_peer(error_type: str, message: str) -> bool:
+    """Whether an error is a collective's that lost a peer (gloo's transport, NCCL, torch.distributed's
+    own error types), not one of the node's own."""
+    return error_type in ("DistBackendError", "DistNetworkError", "DistStoreError") or "gloo/transport" in message \
+        or "NCCL error" in message or "Connection reset by peer" in message or "Connection closed by peer" in message
+
+
 class Restarts:
     def __init__(self, supervisor: Supervisor, launcher, procs: ProcTable, *, wiring: Wiring, report: RunReport,
                  ledger, fail: Callable[[Proc | None, str], None], replan: Callable[[str], str | None],
@@ -43,6 +67,7 @@ class Restarts:
         self.fail = fail
         self.replan = replan  # a lost host's processes move: None, or why the run must fail
         self.stop_grace_s = stop_grace_s  # a surviving rank of a broken group: SIGTERM, then SIGKILL after this
+        self._waiting: dict[str, float] = {}  # proc id -> since when a rank that lost a peer waits (`down`)
 
     def launch(self, proc: Proc) -> None:
         try:  # a stateful process starting where its checkpoint shard is not gets it first (shards.py)
@@ -55,9 +80,25 @@ class Restarts:
         self.supervisor.launch(proc)
         self.report.node_up(proc, False)
 
-    def down(self) -> list[tuple[Proc, str]]:
-        """Processes that went down since the last tick (removed replicas are not watched)."""
-        return self.supervisor.check([p for p in self.procs if not p.retired])
+    def down(self, now: float | None = None) -> list[tuple[Proc, str]]:
+        """Processes that went down since the last tick (removed replicas are not watched), the likely
+        cause of a rank group's failure first (`blame`): the rank that died, not the ranks whose
+        collective broke because it did. A rank of the second kind whose group looks whole waits up
+        to PEER_LOSS_GRACE_S for the dead one to be seen."""
+        now = time.monotonic() if now is None else now
+        found = self.supervisor.check([p for p in self.procs if not p.retired], now)
+        seen = {p.id for p, _ in found}
+        out, waiting = [], {}
+        for proc, why in found:
+            mates = [p for p in self.rank_group(proc) if p is not proc]
+            if mates and blame(proc, why) == LOST_A_PEER and not any(p.id in seen or p.down_since is not None
+                                                                     for p in mates):
+                waiting[proc.id] = since = self._waiting.get(proc.id, now)
+                if now - since < PEER_LOSS_GRACE_S:
+                    continue
+            out.append((proc, why))
+        self._waiting = waiting
+        return sorted(out, key=lambda d: blame(*d))
 
     def due(self) -> list[Proc]:
         """Processes whose restart backoff has passed."""
