@@ -5,6 +5,8 @@ A real supervisor over fake process handles; no processes."""
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from flowrl.graph.spec import FailurePolicy, SupervisionSpec
 from flowrl.runtime.controller.report import RunReport
 from flowrl.runtime.controller.procs import NodeFailure
@@ -146,3 +148,45 @@ def test_a_process_of_a_lost_host_is_moved_first_or_the_run_fails_with_why(tmp_p
                                                       replan=lambda host: f"{host} is gone and nothing fits")
     r.restart(procs.get("rollout/0/0"))
     assert launcher.started == [] and prepared == [] and fails.why == ["local is gone and nothing fits"]
+
+
+class Recording:
+    """What the controller's `on_down` asks of the rest of the controller."""
+
+    def __init__(self):
+        self.recoveries, self.follows, self.turns_down = [], [], []
+
+    async def begin_recovery(self, reason):
+        self.recoveries.append(reason)
+
+    async def follow(self, version, recovering):
+        self.follows.append(version)
+
+    async def down(self, proc):
+        self.turns_down.append(proc.id)
+
+
+@pytest.mark.anyio
+async def test_processes_seen_down_together_make_one_recovery_epoch_and_one_record_each(tmp_path):
+    """A lost host, or a killed rank whose partner exited with it: one rollback of every stateful
+    node, not one per process (each fenced the one before and loaded every checkpoint again)."""
+    from flowrl.runtime.controller.controller import Controller
+
+    r, procs, _, fails, _, led = restarts(tmp_path, "actor/0/0", "actor/0/1", "critic/0/0", "reward/0/0")
+    survivor, killed, critic, reward = (procs.get(x) for x in ("actor/0/0", "actor/0/1", "critic/0/0", "reward/0/0"))
+    survivor.handle.code, survivor.error = 1, GLOO_RESET
+    for p in (killed, critic, reward):
+        p.handle.code = -9
+    seen = Recording()
+    ctl = SimpleNamespace(restarts=r, wiring=SimpleNamespace(turns=seen), begin_recovery=seen.begin_recovery,
+                          roles=SimpleNamespace(stateful={"actor", "critic"}), recovery=SimpleNamespace(active=False),
+                          sync=seen, scheduler=SimpleNamespace(version=3))
+    await Controller.on_down(ctl, r.down())
+    assert fails.why == []
+    assert seen.recoveries == ["actor/0/1 exited; critic/0/0 exited"] and seen.follows == []
+    assert seen.turns_down == ["actor/0/1", "critic/0/0", "reward/0/0"], "the survivor went down with its group"
+    led.flush()
+    assert [(row["node"], row["why"]) for row in read_jsonl(led.path) if row["event"] == "node_down"] == [
+        ("actor/0/1", "exited"), ("actor/0/0", "its rank group lost actor/0/1"), ("critic/0/0", "exited"),
+        ("reward/0/0", "exited")]
+    assert [p.restart.count for p in (survivor, killed, critic, reward)] == [0, 1, 1, 1]

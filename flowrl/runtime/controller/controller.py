@@ -162,15 +162,23 @@ class Controller:
         await self.sync.form(self.scheduler.version)
         await self.flush()
 
-    async def on_down(self, proc: Proc, why: str) -> None:
-        if not self.restarts.on_down(proc, why):
-            return
-        await self.wiring.turns.down(proc)  # a dead member holds no turn: its partner goes on
-        if proc.spec.node in self.roles.stateful:
-            await self.begin_recovery(f"{proc.id} {why}")
+    async def on_down(self, down: list[tuple[Proc, str]]) -> None:
+        """Processes seen down together: each restarts (with its rank group) or the run fails, and one
+        recovery epoch for those that held state (one each rolled every stateful node back as often)."""
+        lost, others = [], []
+        for proc, why in down:
+            if proc.down_since is not None:  # taken down with its rank group a moment ago (one record, one restart)
+                continue
+            if not self.restarts.on_down(proc, why):
+                return
+            await self.wiring.turns.down(proc)  # a dead member holds no turn: its partner goes on
+            (lost if proc.spec.node in self.roles.stateful else others).append((proc, why))
+        if lost:
+            await self.begin_recovery("; ".join(f"{proc.id} {why}" for proc, why in lost))
         elif self.recovery.active:
-            self.recovery.also_wait_for(p.id for p in self.restarts.rank_group(proc))
-        else:  # weight sync goes on without it (and its rank group); it joins a new epoch once wired again
+            for proc, _ in others:
+                self.recovery.also_wait_for(p.id for p in self.restarts.rank_group(proc))
+        elif others:  # weight sync goes on without them (and their rank groups); they join a new epoch once wired again
             await self.sync.follow(self.scheduler.version, recovering=False)
 
     async def supervise(self) -> None:
@@ -181,12 +189,9 @@ class Controller:
         if ended:
             await self.recovered()
         self.retirement.reap()
-        for proc, why in self.restarts.down():
-            if proc.down_since is not None:  # taken down with its rank group a moment ago (one record, one restart)
-                continue
-            await self.on_down(proc, why)
-            if self.failure:
-                return
+        await self.on_down(self.restarts.down())
+        if self.failure:
+            return
         for proc in self.restarts.due():
             self.restarts.restart(proc)
 
