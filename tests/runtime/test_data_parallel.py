@@ -241,8 +241,11 @@ def test_with_three_ranks_one_follower_in_a_newer_epoch_means_no_rank_enters_the
 def test_a_follower_does_an_accepted_step_on_go_even_in_a_newer_epoch_but_keeps_none_of_its_bookkeeping(verdict):
     """Rank 1 accepted ticket 5 in epoch 1, then entered epoch 2 (its Epoch order came first), then the
     leader's verdict arrived. On `go` it runs its shard (the leader is in that collective) and answers,
-    but neither moves its watermark nor saves the step's checkpoint (epoch 2's restore comes next);
-    on `abort` nothing runs."""
+    and makes the checkpoint's state (the leader, still in epoch 1, saves it, and a sharded state_dict
+    may gather), but neither moves its watermark nor keeps the checkpoint (no file, no report: epoch
+    2's restore comes next); on `abort` nothing runs. Before, it skipped the state too, and a leader
+    whose state_dict gathers waited in that collective until the recovery's timeout failed the run
+    (chaos seed 73: `kill:sink@checkpoint=5` beside a data-parallel stateful sink)."""
     import anyio
 
     from flowrl.runtime.protocol import messages as m
@@ -252,6 +255,8 @@ def test_a_follower_does_an_accepted_step_on_go_even_in_a_newer_epoch_but_keeps_
     async def main():
         f, rx = await _follower(1), Rx()
         leader = f.ranks.senders()[0]
+        made, state_dict = [], f.runner.node.state_dict
+        f.runner.node.state_dict = lambda: made.append(1) or state_dict()
         f.policies.ordered.follow_leader(5)
         route = dict(batch_id="t-000005", attempt=0, index=5, epoch=1)
         step = GroupStep(checkpoint=6)
@@ -263,9 +268,9 @@ def test_a_follower_does_an_accepted_step_on_go_even_in_a_newer_epoch_but_keeps_
         assert f.ranks.waiting() is None
         ran = f.runner.node.seen
         if verdict == "go":
-            assert ran == ["t-000005"] and leader.sent[-1].meta["_reply"] == "result"
+            assert ran == ["t-000005"] and leader.sent[-1].meta["_reply"] == "result" and made == [1]
         else:
-            assert ran == [] and len(leader.sent) == 1
+            assert ran == [] and len(leader.sent) == 1 and made == []
         assert f.path.watermark == 5 and not any(isinstance(r, m.Checkpointed) for r in f.reports)
         f.close()
 

@@ -81,7 +81,7 @@ class DataPath:
             if follow_up is not None:
                 if follow_up.watermark is not None and self._p.ordered is not None:
                     self._p.ordered.follow_leader(follow_up.watermark)
-                await self._steps.follow(follow_up.step, epoch=follow_up.epoch)
+                await self._steps.follow(follow_up.step, epoch=follow_up.epoch, keep=follow_up.keep)
             return
         verdict = fence.classify(work.epoch)
         if verdict == "stale":

@@ -128,6 +128,11 @@ class NodeState:
         await self._report(m.Checkpointed(step=step, epoch=self._fence.epoch, file=name,
                                           version=max(self._version.value, 0), sha256=sha256, size=size, copy=copy))
 
+    async def make_and_drop(self) -> None:
+        """A checkpoint's state made and dropped: a follower that left the epoch its leader still
+        saves in (`ranks.FollowUp`) takes part in whatever collective `state_dict` makes."""
+        await self._runner.run(self._runner.node.state_dict)
+
     # weights --------------------------------------------------------------------------------
     async def publish(self) -> None:
         """A trainer's update made a new version: snapshot it; rank 0 announces it."""

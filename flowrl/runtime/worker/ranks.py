@@ -102,11 +102,13 @@ SKIPPED = GroupStep()  # a ticket no rank ran (a follower was in a newer recover
 class FollowUp:
     """What a follower does after a step it ran at its leader's `go`: follow `step` in recovery epoch
     `epoch`, and, when `watermark` is set, take the leader's in-order watermark first (so its
-    checkpoints fall at the same ticket)."""
+    checkpoints fall at the same ticket). Without `keep`, the step's checkpoint state is made (it
+    may be a collective the leader is in) and dropped: no file, no report."""
 
     step: GroupStep
     epoch: int
     watermark: int | None = None
+    keep: bool = True  # False: the step's checkpoint is made and dropped (this rank left its epoch)
 
 
 class RankGroup:
@@ -242,8 +244,9 @@ class RankGroup:
     async def do_step(self, shard, step: GroupStep) -> FollowUp:
         """Follower: run the step's shard (if it has one), send the result back; returns the step to follow.
         A rank that entered a newer recovery epoch since it accepted still makes the step's
-        collectives (its leader is in them), but keeps none of its bookkeeping: no watermark, no
-        checkpoint (the newer epoch's restore comes next, at the leader's word)."""
+        collectives (its leader is in them: the shard's, a publish's gathers, and a checkpoint's
+        `state_dict`, which a sharded trainer's may gather in), but keeps none of its bookkeeping: no
+        watermark, no checkpoint file (the newer epoch's restore comes next, at the leader's word)."""
         from flowrl.transport import Batch
 
         route = dict(batch_id=shard.batch_id, attempt=shard.attempt, index=shard.index, epoch=shard.epoch)
@@ -264,6 +267,6 @@ class RankGroup:
             await self._faults.hold()
             await self._tx[0].send(answer)
         if shard.epoch != self._fence.epoch:
-            return FollowUp(GroupStep(restore=step.restore, publish=step.publish, sync=step.sync), shard.epoch)
+            return FollowUp(step, shard.epoch, keep=False)
         # the leader's watermark: checkpoints at the same ticket
         return FollowUp(step, shard.epoch, watermark=shard.index + 1 if shard.index >= 0 else None)

@@ -28,15 +28,16 @@ class GroupSteps:
         self._fence = fence
         self._deferred: tuple[GroupStep, int] | None = None
 
-    async def follow(self, step: GroupStep, epoch: int | None = None) -> None:
+    async def follow(self, step: GroupStep, epoch: int | None = None, keep: bool = True) -> None:
         """Do what follows a ticket (or a rollback) on this rank, in the order every rank does it.
-        `epoch`: the step's recovery epoch (default: this rank's)."""
+        `epoch`: the step's recovery epoch (default: this rank's). Without `keep` (a follower that
+        left the step's epoch, `FollowUp`) a checkpoint is made for its collectives and dropped."""
         if step.restore:
             await self._state.restore(self._fence.epoch if epoch is None else epoch)
         if step.publish:
             await self._state.publish()
         if step.checkpoint is not None:
-            await self._state.save(step.checkpoint)
+            await (self._state.save(step.checkpoint) if keep else self._state.make_and_drop())
         if step.sync is not None:
             await self._syncs.join(step.sync)
 
