@@ -13,12 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
 
-from flowrl.transport import Batch, ChannelConfig, Receiver, Sender
+from flowrl.transport import ChannelConfig, Receiver, Sender
 from flowrl.transport.sockets import vanished_ms
+from tests.transport.vanished_host import one_batch_over_tcp
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,11 +38,7 @@ async def test_both_ends_of_a_tcp_channel_give_up_on_a_silent_peer_within_keepal
     config = ChannelConfig(heartbeat_s=0.5, peer_timeout_s=3.0, transport="tcp")
     assert vanished_ms(config) == 6000  # 3 s idle, then 3 probes 1 s apart (keepalive counts whole seconds)
     async with Receiver(config, name="consumer") as rx, Sender(config, name="producer") as tx:
-        address = await rx.bind("tcp://127.0.0.1:0")
-        await tx.connect(address)
-        await tx.send(Batch(tensors={"x": np.arange(4)}, batch_id="b0"))
-        await rx.ack(await rx.recv())
-        timeouts = user_timeouts_ms(int(address.rsplit(":", 1)[1]))
+        timeouts = user_timeouts_ms(await one_batch_over_tcp(rx, tx))
     assert timeouts == [6000, 6000], f"the producer's and the consumer's connection: {timeouts}"
 
 

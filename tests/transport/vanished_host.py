@@ -52,14 +52,19 @@ def park(port: int) -> str | None:
     return None
 
 
+async def one_batch_over_tcp(rx: Receiver, tx: Sender) -> int:
+    """Bind `rx` on loopback, connect `tx`, move one batch; returns the channel's port."""
+    address = await rx.bind("tcp://127.0.0.1:0")
+    await tx.connect(address)
+    await tx.send(Batch(tensors={"x": np.arange(4)}, batch_id="b0"))
+    await rx.ack(await rx.recv())
+    return int(address.rsplit(":", 1)[1])
+
+
 async def main() -> dict:
     config = ChannelConfig(heartbeat_s=0.5, peer_timeout_s=2.0, transport="tcp")
     async with Receiver(config, name="consumer") as rx, Sender(config, name="producer") as tx:
-        address = await rx.bind("tcp://127.0.0.1:0")
-        await tx.connect(address)
-        await tx.send(Batch(tensors={"x": np.arange(4)}, batch_id="b0"))
-        await rx.ack(await rx.recv())
-        why = park(int(address.rsplit(":", 1)[1]))
+        why = park(await one_batch_over_tcp(rx, tx))
         if why:
             return {"outcome": "skip", "after_s": 0.0, "text": why}
         t0 = time.monotonic()
