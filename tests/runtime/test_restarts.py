@@ -12,13 +12,17 @@ from flowrl.runtime.controller.report import RunReport
 from flowrl.runtime.controller.procs import NodeFailure
 from flowrl.runtime.controller.restarts import PEER_LOSS_GRACE_S, Restarts
 from flowrl.runtime.controller.supervisor import Supervisor
+from flowrl.runtime.launch.launcher import ProcessHandle
 from flowrl.runtime.protocol.ledger import read_jsonl
 from tests.runtime.controller_fakes import Failures, ledger, table
 
 
-class Handle:
+class Handle(ProcessHandle):
     def __init__(self, pid=100):
-        self.pid, self.code, self.stopped = pid, None, None
+        self.pid, self.code, self.stopped, self.released = pid, None, None, False
+
+    def release(self):
+        self.released = True
 
     def poll(self):
         return self.code
@@ -133,8 +137,10 @@ def test_a_restart_is_the_next_incarnation_from_its_start_point(tmp_path):
     assert r.due() == [], "its backoff (1 s) has not passed"
     p.restart.at = 0.0  # its backoff passed
     (due,) = r.due()
+    old = p.handle
     r.restart(due)
     assert p.spec.incarnation == 1 and prepared == ["rollout/0/0"] and launcher.started == ["rollout.0.0"]
+    assert old.released and p.handle is not old, "what the launcher held for the last incarnation is freed"
     assert p.handle.code is None and p.down_since is None
 
 

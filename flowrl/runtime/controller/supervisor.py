@@ -41,6 +41,8 @@ class Supervisor:
         proc.ready = proc.wired = False
         proc.error = None
         proc.busy = None
+        if proc.handle is not None:  # the last incarnation's: what the launcher still holds for it goes first
+            proc.handle.release()
         proc.handle = self.launcher.start(path, self.log_path(proc))
         proc.pid = proc.handle.pid
         proc.started_at = proc.last_seen = time.monotonic()

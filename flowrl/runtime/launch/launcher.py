@@ -40,6 +40,10 @@ class ProcessHandle(ABC):
         except ProcessLookupError:
             pass
 
+    def release(self) -> None:
+        """Free what the launcher holds for this process once it is replaced (a Ray actor and its
+        resources: `RayProcessHandle`); a local process holds nothing once it exited."""
+
     def stop(self, timeout_s: float) -> int | None:
         """SIGTERM (SIGCONT first, in case it is stopped), wait, then SIGKILL."""
         if self.poll() is None:

@@ -117,7 +117,9 @@ class RayProcessHandle(ProcessHandle):
         self.actor.signal.remote(sig)  # fire and forget: poll() sees the result
 
     def release(self) -> None:
-        """End the actor (its child, if still there, dies with it) and free its resources."""
+        """End the actor (its child, if still there, dies with it) and free its resources: on exit,
+        and when the supervisor starts the next incarnation (a stop that gave up before the exit
+        was seen would otherwise leave the actor holding the resources the next one needs)."""
         try:
             import_ray().kill(self.actor, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
