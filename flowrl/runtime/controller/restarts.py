@@ -90,15 +90,16 @@ class Restarts:
         seen = {p.id for p, _ in found}
         out, waiting = [], {}
         for proc, why in found:
-            mates = [p for p in self.rank_group(proc) if p is not proc]
-            if mates and blame(proc, why) == LOST_A_PEER and not any(p.id in seen or p.down_since is not None
-                                                                     for p in mates):
+            rank = blame(proc, why)
+            mates = [p for p in self.rank_group(proc) if p is not proc] if rank == LOST_A_PEER else []
+            if mates and not any(p.id in seen or p.down_since is not None for p in mates):
                 waiting[proc.id] = since = self._waiting.get(proc.id, now)
                 if now - since < PEER_LOSS_GRACE_S:
                     continue
-            out.append((proc, why))
+            out.append((rank, proc, why))
         self._waiting = waiting
-        return sorted(out, key=lambda d: blame(*d))
+        out.sort(key=lambda d: d[0])  # stable: table order among equals
+        return [(proc, why) for _, proc, why in out]
 
     def due(self) -> list[Proc]:
         """Processes whose restart backoff has passed."""
