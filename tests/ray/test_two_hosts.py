@@ -69,7 +69,7 @@ def run_scenario(tmp_path: Path, scenario: dict, timeout_s: float) -> dict:
     assert proc.returncode == 0 and Path(scenario["out"]).exists(), proc.stderr[-3000:]
     facts = json.loads(Path(scenario["out"]).read_text())
     assert "driver_error" not in facts, "\n".join([facts["driver_error"], facts.get("stderr", ""),
-                                                    facts.get("logs_tail", "")])
+                                                    facts.get("ray_state", ""), facts.get("logs_tail", "")])
     return facts
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -404,6 +405,7 @@ def run(sc: dict, facts: dict) -> None:
                                   if (p / "pid").exists() and (p / "pid").read_text().strip() == str(proc.pid)]
     except BaseException:
         if proc is not None and "stderr" not in facts:  # a wait ran out: what the run and its nodes said
+            facts["ray_state"] = ray_state()  # before the run ends: its actors die with it
             record_output(facts, proc, sc, 5)  # one that exited returns at once
             facts["logs_tail"] = logs_tail(Folders(Path(sc["run_dir"]), sc.get("host_b_run")))
         raise
@@ -424,6 +426,28 @@ def record_output(facts: dict, proc, sc: dict, timeout_s: float) -> None:
         out, err = proc.communicate()
         err += f"\n[two_hosts] killed after {timeout_s} s"
     facts["rc"], facts["stdout"], facts["stderr"] = proc.returncode, out[-4000:], err[-6000:]
+
+
+def ray_state() -> str:
+    """What Ray says of the cluster when a wait ran out: each node process's actor (its state, node,
+    PID, start and end, why it died) and each node's free resources. Tells an actor that never got
+    its resources (PENDING_CREATION, no PID) from one that started and then hung."""
+    import ray
+    from ray._private.state import state
+
+    try:
+        names = {n["NodeID"]: n.get("NodeName") or n["NodeManagerAddress"] for n in ray.nodes()}
+        lines = []
+        for a in sorted(state.actor_table(None).values(), key=lambda a: a["StartTime"] or float("inf")):
+            if a["ActorClassName"].endswith("FlowrlNodeProcess"):
+                said = re.search(r'error_message: "(.*?)"', str(a["DeathCause"])) if a["State"] == "DEAD" else None
+                cause = said.group(1)[:200] if said else ""
+                lines.append(f"{a['State']:<17} {names.get(a['Address']['NodeID'], '?'):<7} pid {a['Pid']:<7} "
+                             f"start {a['StartTime']} end {a['EndTime']} {cause}")
+        free = {names.get(k, k): v for k, v in state.available_resources_per_node().items()}
+        return "\n".join(["--- Ray actors of node processes (oldest first)", *lines, f"--- free: {free}"])
+    except Exception as e:  # noqa: BLE001 - an aid to reading a failure; never the failure itself
+        return f"--- Ray state unavailable: {type(e).__name__}: {e}"
 
 
 def logs_tail(folders: Folders, chars: int = 1500) -> str:

@@ -373,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     bind_devices(spec)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec.proc_id} %(levelname)s %(name)s: %(message)s",
                         force=True)
+    # the first line of each incarnation: one that never gets as far as `ready` still shows it started
+    log.info("started (incarnation %d, pid %d)", spec.incarnation, os.getpid())
     import signal
 
     # until the event loop answers it (after setup), a dump request must not end the process
