@@ -19,18 +19,23 @@ import numpy as np
 import flowrl
 
 EXACT_S = 0.0015
-"""`spend` sleeps the last this many seconds of a cost in `time.sleep`."""
+"""`spend` sleeps the last this many seconds of a cost in `time.sleep`..."""
+EXACT_FROM_S = 0.01
+"""... of a cost of at least this many seconds (a benchmark's stage); a shorter one (a test's) sleeps
+on the loop alone, where calls running side by side (`concurrency`) are never held up by it."""
 
 
 async def spend(seconds: float) -> None:
-    """Take `seconds`, as exactly as the machine allows: a stage's known cost. `anyio.sleep` alone
-    runs over by about a millisecond (asyncio rounds epoll's timeout up to a whole millisecond, and
-    the kernel adds its slack to it), which a benchmark against a bound made of these costs
-    (benchmarks/pipeline.py) counted as the runtime's. All but the last EXACT_S sleep on the loop
-    (cancellable), the rest in `time.sleep` (exact to ~0.1 ms; a cancel waits for it)."""
+    """Take `seconds`: a stage's known cost. `anyio.sleep` alone runs over by about a millisecond
+    (asyncio rounds epoll's timeout up to a whole millisecond, and the kernel adds its slack to it),
+    which a benchmark against a bound made of these costs (benchmarks/pipeline.py) counted as the
+    runtime's. So a cost of EXACT_FROM_S or more sleeps on the loop (cancellable) but for its last
+    EXACT_S, which `time.sleep` takes (exact to ~0.1 ms; a cancel waits for it)."""
+    if seconds < EXACT_FROM_S:
+        await anyio.sleep(seconds)
+        return
     end = time.monotonic() + seconds
-    if seconds > EXACT_S:
-        await anyio.sleep(seconds - EXACT_S)
+    await anyio.sleep(seconds - EXACT_S)
     left = end - time.monotonic()
     if left > 0:
         time.sleep(left)
