@@ -19,10 +19,10 @@ import numpy as np
 import flowrl
 
 EXACT_S = 0.0015
-"""`spend` sleeps the last this many seconds of a cost in `time.sleep`..."""
+"""The tail of a cost that `spend` takes in `time.sleep`."""
 EXACT_FROM_S = 0.01
-"""... of a cost of at least this many seconds (a benchmark's stage); a shorter one (a test's) sleeps
-on the loop alone, where calls running side by side (`concurrency`) are never held up by it."""
+"""Costs from this many seconds on (a benchmark's stages) get an exact tail; a shorter one (a test's)
+sleeps on the loop alone, so calls running side by side (`concurrency`) are never held up by it."""
 
 
 async def spend(seconds: float) -> None:
