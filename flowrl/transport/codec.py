@@ -62,12 +62,22 @@ class Prepared:
 
 def prepare(batch: Batch, inline_max: int = INLINE_MAX_BYTES) -> Prepared:
     descs, buffers, payload = [], [], 0
+    subs: dict = {}  # id of a ragged tensor's offsets -> their inline descriptor (a batch's ragged tensors share them)
     for name, t in batch.tensors.items():
-        offsets = None
+        sub = None
         if type(t) is Ragged:  # values as a tensor; offsets in a nested descriptor, inline or a frame
             offsets = t.offsets
-            offsets = offsets if type(offsets) is np.ndarray and offsets.flags.c_contiguous \
-                and offsets.dtype is _LE_INT64 else _host_array(offsets)[0]
+            sub = subs.get(id(offsets))
+            if sub is None:
+                key = id(offsets)
+                offsets = offsets if type(offsets) is np.ndarray and offsets.flags.c_contiguous \
+                    and offsets.dtype is _LE_INT64 else _host_array(offsets)[0]
+                if offsets.nbytes <= inline_max:
+                    sub = subs[key] = [offsets.shape, offsets.tobytes()]
+                else:  # a frame of its own, for each tensor (a frame is one tensor's)
+                    buffers.append(offsets)
+                    payload += offsets.nbytes
+                    sub = [offsets.shape, len(buffers)]
             t = t.values
         if type(t) is np.ndarray and (dtype := _FAST_NAMES.get(t.dtype)) is not None and t.flags.c_contiguous:
             arr, lib = t, "numpy"  # the common case: native little-endian, C-contiguous, allowed
@@ -82,14 +92,6 @@ def prepare(batch: Batch, inline_max: int = INLINE_MAX_BYTES) -> Prepared:
             buffers.append(arr)
             payload += nbytes
             at = len(buffers)
-        sub = None
-        if offsets is not None:
-            if offsets.nbytes <= inline_max:
-                sub = [offsets.shape, offsets.tobytes()]
-            else:
-                buffers.append(offsets)
-                payload += offsets.nbytes
-                sub = [offsets.shape, len(buffers)]
         descs.append([name, dtype, t.shape, lib, at, sub])
     if batch.meta:
         try:
@@ -186,8 +188,9 @@ def decode_data(header: list, views: list, limits: wire.DecodeLimits, delivery: 
     tensors: dict[str, Any] = {}
     n = None
     shared: dict = {}  # inline offsets bytes -> offsets already decoded and checked (aligned tensors)
+    from_numpy = None  # torch.from_numpy, once a torch tensor comes
     for desc in descs:
-        # the common case first: a 1-d numpy tensor inline, plain or ragged with inline offsets;
+        # the common case first: a numpy or torch tensor inline, plain or ragged with inline offsets;
         # anything else, or anything off in it, takes the exhaustive path, which decides
         t = None
         if type(desc) is list and len(desc) == _DESC_LEN:
@@ -195,14 +198,20 @@ def decode_data(header: list, views: list, limits: wire.DecodeLimits, delivery: 
             if type(data) is bytes and type(dtype) is str and type(lib) is str \
                     and (spec := _FAST_SPECS.get((dtype, lib))) is not None \
                     and type(name) is str and 0 < len(name) <= wire.MAX_STR and type(shape) is list \
-                    and len(shape) == 1 and type(samples := shape[0]) is int and samples >= 0 \
-                    and samples * spec[0] == len(data):
+                    and 0 < len(shape) <= limits.max_ndim and type(samples := shape[0]) is int and samples >= 0 \
+                    and _fast_size(shape, spec[0]) == len(data) and (spec[2] is None or not data.translate(None, spec[2])):
+                if spec[3] and from_numpy is None:  # a torch tensor: made over the numpy array's bytes
+                    from_numpy = torch_module().from_numpy
                 if sub is None:
                     t = _frombuffer(bytearray(data), spec[1])  # writable, like a received frame
-                else:
-                    t = _fast_ragged(name, sub, data, spec[1], samples, shared)
+                    if len(shape) > 1:
+                        t = t.reshape(shape)
+                    if spec[3]:
+                        t = from_numpy(t)
+                elif len(shape) == 1:
+                    t = _fast_ragged(name, sub, data, spec[1], from_numpy if spec[3] else None, samples, shared)
                     if t is not None:
-                        samples = len(t.offsets) - 1
+                        samples = sub[0][0] - 1
         if t is None:
             name, t = _decode_tensor(desc, views, used, limits, region, shared)
             samples = t.num_samples if type(t) is Ragged else (t.shape[0] if t.shape else None)
@@ -225,30 +234,54 @@ _SPECS: dict[tuple, tuple] = {(d, lib): (ITEMSIZE[d], NUMPY_DTYPES.get(d)) for d
 """(wire dtype, lib) -> (itemsize, numpy dtype or None): the combinations a descriptor may name."""
 
 
-_FAST_SPECS: dict[tuple, tuple] = {(d, "numpy"): spec for (d, lib), spec in _SPECS.items()
-                                    if lib == "numpy" and d != "bool"}
-"""The (wire dtype, lib) pairs of decode_data's fast path: numpy, and no byte values to check."""
+_BOOL_BYTES = bytes([0, 1])  # what a bool tensor's bytes may be (`data.translate(None, _BOOL_BYTES)` leaves the rest)
+
+
+def _fast_specs() -> dict[tuple, tuple]:
+    """(wire dtype, lib) -> (itemsize, numpy dtype, the bytes a value may be or None, whether it is
+    a torch tensor) for decode_data's fast path: every dtype numpy has (a torch tensor is made over
+    the numpy array's bytes: torch.from_numpy costs a fraction of torch.frombuffer and a reshape)."""
+    return {(d, lib): (size, np_dtype, _BOOL_BYTES if d == "bool" else None, lib == "torch")
+            for (d, lib), (size, np_dtype) in _SPECS.items() if np_dtype is not None}
+
+
+def _fast_size(shape: list, itemsize: int) -> int:
+    """Bytes of a tensor of `shape` (whose first entry is checked), or -1 if an entry is not an int >= 0."""
+    n = itemsize * shape[0]
+    for d in shape[1:] if len(shape) > 1 else ():
+        if type(d) is not int or d < 0:
+            return -1
+        n *= d
+    return n
+
+
+_FAST_SPECS = _fast_specs()
 _frombuffer = np.frombuffer
 
 
-def _fast_ragged(name: str, sub: Any, data: bytes, np_dtype: np.dtype, total: int, shared: dict) -> Ragged | None:
-    """A ragged tensor whose values (`data`: `total` checked values of `np_dtype`) and offsets are
-    inline, or None when its offsets are not the plain `[[k], bin]` (the exhaustive path then decides)."""
+def _fast_ragged(name: str, sub: Any, data: bytes, np_dtype: np.dtype, from_numpy: Any, total: int,
+                 shared: dict) -> Ragged | None:
+    """A ragged tensor whose values (`data`: `total` checked values of `np_dtype`; torch tensors
+    when `from_numpy` is torch's) and offsets are inline, or None when its offsets are not the plain
+    `[[k], bin]` (the exhaustive path then decides)."""
     if type(sub) is not list or len(sub) != 2 or type(odata := sub[1]) is not bytes:
         return None
     shape = sub[0]
     if type(shape) is not list or len(shape) != 1 or type(k := shape[0]) is not int or k * 8 != len(odata) or k < 1:
         return None
     values = _frombuffer(bytearray(data), np_dtype)
-    key = ("numpy", odata, total)  # aligned tensors share one offsets array, checked once
+    key = ("numpy" if from_numpy is None else "torch", odata, total)  # aligned tensors share one offsets
+    # array, checked once (the exhaustive path's key)
     offsets = shared.get(key)
     if offsets is None:
         offsets = _frombuffer(bytearray(odata), _LE_INT64)
         # 1-d int64 of k >= 1 entries over 1-d values: what is left to check is start, end and order
         if offsets.item(0) != 0 or offsets.item(-1) != total or (k > 2 and _count_nonzero(offsets[1:] < offsets[:-1])):
             raise DecodeError("bad_offsets", f"ragged tensor {name!r}: {offsets_problem(values, offsets)}")
+        if from_numpy is not None:
+            offsets = from_numpy(offsets)
         shared[key] = offsets
-    return Ragged(values, offsets, check=False)
+    return Ragged(values if from_numpy is None else from_numpy(values), offsets, check=False)
 
 
 _count_nonzero = np.count_nonzero
@@ -327,7 +360,8 @@ def _decode_array(name: str, at: Any, spec: tuple, dtype: str, lib: str, shape: 
     torch = torch_module()
     if not nbytes:
         return torch.empty(shape, dtype=torch_dtype(dtype))
-    return torch.frombuffer(buf, dtype=torch_dtype(dtype)).reshape(shape)
+    t = torch.frombuffer(buf, dtype=torch_dtype(dtype))
+    return t if len(shape) == 1 else t.reshape(shape)  # (torch's reshape costs more than the rest)
 
 
 def _shm_bytes(name: str, offset: Any, nbytes: int, region: np.ndarray) -> np.ndarray:
@@ -347,6 +381,12 @@ def _host_array(t: Any) -> tuple[np.ndarray, str]:
         if not t.flags.c_contiguous:
             t = t.copy(order="C")
         return t, "numpy"
+    try:  # the common case: a CPU tensor without grad (nor conj/neg bit) of a dtype numpy has
+        arr = t.numpy()
+    except (RuntimeError, TypeError):
+        arr = None
+    if arr is not None and arr.flags.c_contiguous:
+        return arr, "torch"
     torch = torch_module()
     t = t.detach()
     if t.device.type != "cpu":

@@ -1,15 +1,17 @@
 """The per-message fast paths must decide exactly what the exhaustive paths decide.
 
-`codec.decode_data` takes a 1-d inline numpy tensor (plain, or ragged with inline offsets) without the
-exhaustive per-field checks, and `codec.prepare` takes native, C-contiguous numpy arrays without
-converting them. Here every mutation of a descriptor is decoded twice, with the fast path and with it
-switched off, and both must agree: the same `DecodeError` reason, or the same tensors. On a live
-link, a schema that changes from one message to the next is checked anew each time.
+`codec.decode_data` takes an inline numpy or torch tensor of a dtype numpy has (plain, of any number
+of dimensions, or ragged with inline offsets) without the exhaustive per-field checks, and
+`codec.prepare` takes native, C-contiguous numpy arrays and CPU torch tensors without converting
+them. Here every mutation of a descriptor is decoded twice, with the fast path and with it switched
+off, and both must agree: the same `DecodeError` reason, or the same tensors of the same kind. On a
+live link, a schema that changes from one message to the next is checked anew each time.
 """
 
 import msgpack
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,10 +44,17 @@ def outcome(h: list, fast: bool, monkeypatch) -> tuple:
     out = []
     for name, t in b.tensors.items():
         if type(t) is Ragged:
-            out.append((name, "ragged", t.values.dtype.str, t.values.tolist(), t.offsets.tolist()))
+            out.append((name, "ragged", *described(t.values), type(t.offsets).__name__, t.offsets.tolist()))
         else:
-            out.append((name, type(t).__name__, t.dtype.str, t.tolist(), None))
+            out.append((name, *described(t), None, None))
     return "ok", (out, b.num_samples)
+
+
+def described(t) -> tuple:
+    """(kind, dtype, values) of a numpy array or torch tensor."""
+    if isinstance(t, torch.Tensor):
+        return "Tensor", str(t.dtype), list(t.shape), t.tolist()
+    return type(t).__name__, t.dtype.str, list(t.shape), t.tolist()
 
 
 odd_values = st.sampled_from([None, True, 1.5, -1, 0, 3, 2 ** 63, "", "x" * 300, "int64", "numpy", [], [1], {}, b"\x00"])
@@ -73,15 +82,20 @@ def mutate(desc: list, field: str, value) -> None:
         desc.append(value)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ragged=st.booleans(), which=st.integers(0, 1), changes=mutations,
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ragged=st.booleans(), lib=st.sampled_from(["numpy", "torch"]), third=st.sampled_from(["2-d", "bool"]),
+       which=st.integers(0, 2), changes=mutations,
        offsets_bytes=st.sampled_from([None, [0, 2, 2, 5], [1, 2, 2, 5], [0, 2, 2, 4], [0, 3, 2, 5], [0, 5], [0], []]))
-def test_a_mutated_descriptor_is_decided_alike_with_and_without_the_fast_path(ragged, which, changes, offsets_bytes,
-                                                                           monkeypatch):
+def test_a_mutated_descriptor_is_decided_alike_with_and_without_the_fast_path(ragged, lib, third, which, changes,
+                                                                           offsets_bytes, monkeypatch):
+    as_lib = torch.from_numpy if lib == "torch" else (lambda a: a)
     values = np.arange(5, dtype=np.int64)
-    t = Ragged(values, OFFSETS) if ragged else values
-    other = Ragged(np.linspace(0, 1, 5).astype(np.float32), OFFSETS) if ragged else np.ones(5, np.float32)
-    h = header_of(Batch(tensors={"a": t, "b": other}, batch_id="b1"))
+    t = Ragged(as_lib(values), as_lib(OFFSETS.copy())) if ragged else as_lib(values)
+    other = (Ragged(as_lib(np.linspace(0, 1, 5).astype(np.float32)), t.offsets) if ragged
+             else as_lib(np.ones(5, np.float32)))
+    n = 3 if ragged else 5
+    extra = np.arange(2 * n, dtype=np.int16).reshape(n, 2) if third == "2-d" else np.array([True, False, True, True, False][:n])
+    h = header_of(Batch(tensors={"a": t, "b": other, "c": as_lib(extra)}, batch_id="b1"))
     desc = h[TENSORS][which]
     if offsets_bytes is not None and desc[SUB] is not None:
         desc[SUB] = [[len(offsets_bytes)], np.array(offsets_bytes, dtype=np.int64).tobytes()]
@@ -94,7 +108,7 @@ def test_a_mutated_descriptor_is_decided_alike_with_and_without_the_fast_path(ra
 def test_offsets_that_do_not_describe_the_values_are_refused_on_the_fast_path(offsets, monkeypatch):
     h = header_of(Batch(tensors={"r": Ragged(np.arange(5), OFFSETS)}, batch_id="b1"))
     h[TENSORS][0][SUB] = [[len(offsets)], np.array(offsets, np.int64).tobytes()]
-    expected = ("error", "bad_offsets") if len(offsets) == 4 else ("ok", ([("r", "ragged", "<i8", [0, 1, 2, 3, 4], offsets)], 4))
+    expected = ("error", "bad_offsets") if len(offsets) == 4 else ("ok", ([("r", "ragged", "ndarray", "<i8", [5], [0, 1, 2, 3, 4], "ndarray", offsets)], 4))
     assert outcome(h, True, monkeypatch) == outcome(h, False, monkeypatch) == expected
 
 
@@ -116,6 +130,41 @@ def test_the_fast_path_takes_the_common_tensors_and_they_come_out_right():
     assert b.tensors["logprobs"].offsets is b.tensors["tokens"].offsets  # aligned: one array, checked once
     b.tensors["reward"][0] = 7.0  # writable, like a received frame
     assert b.tensors["reward"].flags.writeable and b.tensors["tokens"].values.flags.writeable
+
+
+def test_torch_tensors_take_the_fast_paths_both_ways_and_come_out_as_writable_torch_tensors(monkeypatch):
+    tokens = Ragged(torch.arange(5), torch.from_numpy(OFFSETS.copy()))
+    sent = {"tokens": tokens, "mask": tokens.like(torch.tensor([True, False, True, True, False])),
+            "targets": torch.arange(6, dtype=torch.int32).reshape(3, 2), "reward": torch.tensor([1.0, 0.5, 0.0])}
+
+    def slow(*args, **kwargs):
+        raise AssertionError("the exhaustive path was taken")
+
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "detach", slow)  # prepare's conversion of a tensor it cannot take as it is
+        m.setattr(codec, "_decode_tensor", slow)
+        b = decode(encode(Batch(tensors=sent, batch_id="x")))
+    for name, t in sent.items():
+        got = b.tensors[name]
+        if type(t) is Ragged:
+            assert torch.equal(got.values, t.values) and torch.equal(got.offsets, t.offsets)
+        else:
+            assert isinstance(got, torch.Tensor) and got.dtype == t.dtype and torch.equal(got, t)
+    assert b.tensors["mask"].offsets is b.tensors["tokens"].offsets  # aligned: one tensor, checked once
+    b.tensors["targets"][0, 0] = 9  # writable, like a received frame
+    assert b.num_samples == 3 and b.tensors["targets"].shape == (3, 2)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(4.0, requires_grad=True),           # needs grad: sent as its values
+    lambda: torch.arange(4.0)._neg_view(),                     # a negative view: resolved
+    lambda: torch.arange(8.0)[::2],                            # not contiguous
+    lambda: torch.arange(4.0).to(torch.bfloat16),             # a dtype numpy has not
+], ids=["grad", "neg-view", "strided", "bfloat16"])
+def test_torch_tensors_prepare_cannot_take_as_they_are_arrive_as_their_values(make):
+    t = make()
+    got = decode(encode(Batch(tensors={"t": t}, batch_id="x"))).tensors["t"]
+    assert got.dtype == t.dtype and torch.equal(got, t.detach().resolve_neg())
 
 
 def test_two_decodes_of_the_same_bytes_share_no_memory():
