@@ -28,6 +28,11 @@ LANE_BASE = 1 << 40
 MAX_LANES = 4
 CATEGORIES = {"wait_input": "wait", "wait_credit": "wait", "compute": "compute",
               "weight_sync": "sync", "weight_snapshot": "sync"}
+MAX_HEADS = 1000  # span names whose event head is kept (a node naming spans without end gets no more)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
 
 
 class TraceWriter:
@@ -43,6 +48,8 @@ class TraceWriter:
         self._threads: dict[tuple[int, int], str] = {}
         self._lanes: dict[tuple[int, int], list[deque]] = {}
         self._ends: dict[tuple[int, int], int] = {}  # per thread: the latest end of its spans so far
+        self._lane_ends: dict[tuple[int, int], list[int]] = {}  # ... and of each of its lanes' spans
+        self._heads: dict[str, str] = {}  # a complete event's JSON up to its pid, by span name
         self._f: TextIO | None = open(self.path, "w", encoding="utf-8")
         self._f.write("[")
         self._first = True
@@ -50,12 +57,16 @@ class TraceWriter:
         self._meta(CONTROLLER_PID, None, "process_sort_index", {"sort_index": 0})
 
     def _write(self, ev: dict[str, Any], meta: bool = False) -> None:
+        self._emit(_dumps(ev), meta)
+
+    def _emit(self, line: str, meta: bool = False) -> None:
+        """Append one event, written as JSON (`line`)."""
         if self._f is None:
             return
         if not meta and self.events >= self.max_events:
             self.dropped += 1
             return
-        self._f.write(("\n" if self._first else ",\n") + json.dumps(ev, separators=(",", ":")))
+        self._f.write(("\n" if self._first else ",\n") + line)
         self._first = False
         self.events += not meta
 
@@ -91,18 +102,24 @@ class TraceWriter:
         if lanes is None:
             lanes = self._lanes[(pid, tid)] = [deque(maxlen=64)]
             self._ends[(pid, tid)] = 0
+            self._lane_ends[(pid, tid)] = [0]
         if start >= self._ends[(pid, tid)]:  # after every span of this thread so far (the common case):
             lanes[0].append((start, end))     # it crosses none
             self._ends[(pid, tid)] = end
+            self._lane_ends[(pid, tid)][0] = end
             return tid
+        lane_ends = self._lane_ends[(pid, tid)]
         for k, recent in enumerate(lanes):
-            if not any(s < start < e < end or start < s < end < e for s, e in recent):
+            # after every span of lane k (it crosses none there), or crossing none of its recent ones
+            if start >= lane_ends[k] or not any(s < start < e < end or start < s < end < e for s, e in recent):
                 break
         else:
             if len(lanes) < MAX_LANES:
                 lanes.append(deque(maxlen=64))
+                lane_ends.append(0)
             k = len(lanes) - 1
         lanes[k].append((start, end))
+        lane_ends[k] = max(lane_ends[k], end)
         self._ends[(pid, tid)] = max(self._ends[(pid, tid)], end)
         if k == 0:
             return tid
@@ -115,11 +132,16 @@ class TraceWriter:
                  args: dict | None = None) -> None:
         ts, dur = self._ts(start_us), max(0, int(dur_us))
         tid = self._lane(pid, tid, ts, ts + dur)
-        ev = {"ph": "X", "name": name, "cat": CATEGORIES.get(name, "user"), "pid": pid, "tid": tid,
-              "ts": ts, "dur": dur}
-        if args:
-            ev["args"] = args
-        self._write(ev)
+        # written as json.dumps writes the event {"ph": "X", "name", "cat", "pid", "tid", "ts", "dur"
+        # [, "args"]}: the part up to "pid" is made once per span name (a few per process), the
+        # rest from ints, so only the args go through json.dumps (a span each step of every process)
+        head = self._heads.get(name)
+        if head is None:
+            head = '{"ph":"X","name":%s,"cat":%s,"pid":' % (_dumps(name), _dumps(CATEGORIES.get(name, "user")))
+            if len(self._heads) < MAX_HEADS:
+                self._heads[name] = head
+        tail = f',"args":{_dumps(args)}}}' if args else "}"
+        self._emit(f'{head}{int(pid)},"tid":{int(tid)},"ts":{ts},"dur":{dur}{tail}')
 
     def counter(self, name: str, abs_us: int, values: dict[str, float], pid: int = CONTROLLER_PID) -> None:
         self._write({"ph": "C", "name": name, "pid": pid, "tid": 0, "ts": self._ts(abs_us),

@@ -76,16 +76,24 @@ def _num(obj: Any, what: str) -> float:
 
 
 def _name(obj: Any, what: str) -> str:
+    if type(obj) is str and obj in _NAMES:
+        return obj
     if not isinstance(obj, str) or not NAME_RE.match(obj):
         raise SnapshotError(f"{what} {obj!r:.80} is not a metric name (letters, digits, '_')")
+    if len(_NAMES) < MAX_NAMES:
+        _NAMES.add(obj)
     return obj
+
+
+_NAMES: set[str] = set()  # names that passed the check (the same few in every snapshot), at most MAX_NAMES
+MAX_NAMES = 10_000
+_FIELDS = {"sum": ("value",), "mean": ("total", "weight"), "max": ("value?",),
+           "min": ("value?",), "gauge": ("value?", "t"), "hist": ("total", "count", "lo?", "hi?")}
 
 
 def _check_numbers(value: Reduction) -> None:
     """Every field a kind will add or compare must be a number (None where a kind allows it)."""
-    fields = {"sum": ("value",), "mean": ("total", "weight"), "max": ("value?",),
-              "min": ("value?",), "gauge": ("value?", "t"), "hist": ("total", "count", "lo?", "hi?")}
-    for f in fields[value.kind]:
+    for f in _FIELDS[value.kind]:
         v = getattr(value, f.rstrip("?"))
         if v is None and f.endswith("?"):
             continue
@@ -96,6 +104,13 @@ def _check_numbers(value: Reduction) -> None:
             raise ValueError(f"{len(value.bounds)} histogram buckets; at most 200")
         if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in value.counts):
             raise ValueError("histogram counts must be non-negative integers")
+
+
+def _short_lists(payload: list) -> bool:
+    for p in payload:
+        if isinstance(p, list) and len(p) > 256:
+            return False
+    return True
 
 
 def parse_snapshot(obj: Any) -> Snapshot:
@@ -126,9 +141,8 @@ def parse_snapshot(obj: Any) -> Snapshot:
             raise SnapshotError(f"metrics[{i}] ({name}) has kind {kind!r}; known: {sorted(KINDS)}")
         if not isinstance(labels, dict) or len(labels) > MAX_LABELS:
             raise SnapshotError(f"metrics[{i}] ({name}) labels must be a map of <= {MAX_LABELS}")
-        lab = tuple(sorted((_name(k, "label"), _str(v, f"label {k}")) for k, v in labels.items()))
-        if (not isinstance(payload, list) or len(payload) > 8
-                or any(isinstance(p, list) and len(p) > 256 for p in payload)):
+        lab = tuple(sorted((_name(k, "label"), _str(v, f"label {k}")) for k, v in labels.items())) if labels else ()
+        if not isinstance(payload, list) or len(payload) > 8 or not _short_lists(payload):
             raise SnapshotError(f"metrics[{i}] ({name}) payload must be a short list")
         try:
             value = KINDS[kind].from_wire(payload)
@@ -143,8 +157,10 @@ def parse_snapshot(obj: Any) -> Snapshot:
                                  _int(s[2], "span start"), _int(s[3], "span duration"))
         if dur < 0:
             raise SnapshotError(f"spans[{i}] ({name}) has negative duration {dur} us")
-        args = {str(k)[:50]: v for k, v in list(s[4].items())[:16]
-                if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) <= MAX_STR)}
+        args = s[4]
+        if args:
+            args = {str(k)[:50]: v for k, v in list(args.items())[:16]
+                    if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) <= MAX_STR)}
         snap.spans.append((tid, name, start, dur, args))
     for tid, name in threads.items():
         try:

@@ -108,7 +108,10 @@ def test_a_malformed_snapshot_is_rejected_counted_and_changes_nothing(tmp_path, 
         good.count("samples", 5)
         snap = good.drain()
         bad = dict(snap, metrics=[["samples", "sum", {}, False, ["five"]]])
-        for broken in (bad, {"v": 99}, "not a map", dict(snap, spans=[[1, "compute", 0, -5, {}]])):
+        unhashable = [dict(snap, metrics=[[["samples"], "sum", {}, False, [1]]]),   # names that are no str
+                      dict(snap, metrics=[["samples", "sum", {("a",): "b"}, False, [1]]]),
+                      dict(snap, spans=[[1, {"compute": 1}, 0, 5, {}]])]
+        for broken in (bad, {"v": 99}, "not a map", dict(snap, spans=[[1, "compute", 0, -5, {}]]), *unhashable):
             with pytest.raises(SnapshotError):
                 hub.ingest(broken)
         other = Recorder("rollout", clock=clock)
@@ -118,7 +121,7 @@ def test_a_malformed_snapshot_is_rejected_counted_and_changes_nothing(tmp_path, 
         with pytest.raises(SnapshotError, match="different buckets"):
             hub.ingest(other.drain())
         hub.ingest(snap)
-        assert hub.rejected == 5
+        assert hub.rejected == 8
         assert hub.end_step(step=1)["samples"] == 5
 
 
