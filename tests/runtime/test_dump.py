@@ -11,6 +11,8 @@ import pytest
 
 from flowrl.testing.harness import flowrl_command, kill_group, read_jsonl
 
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
 pytestmark = pytest.mark.timeout(120)
 
 N = "flowrl.testing.nodes"
@@ -103,3 +105,55 @@ def test_a_dump_while_a_rank_waits_in_a_collective_names_the_collective(tmp_path
     finally:
         kill_group(proc.pid)
         proc.wait(timeout=30)
+
+
+HANGS = f"""\
+nodes:
+  numbers: {{kind: "{N}:Numbers"}}
+  stuck: {{kind: "tests.graph.kinds:HangsInSetup", on_failure: {{policy: fail}}}}
+  collect: {{kind: "{N}:Collect"}}
+edges: [numbers -> stuck, stuck -> collect]
+schedule: {{steps: 4, batch_size: 2}}
+supervision: {{startup_timeout_s: 4}}
+"""
+
+
+def test_a_process_that_never_reports_ready_leaves_where_it_hung_in_its_log(tmp_path):
+    """Its setup never returns; before the supervisor stops it, every thread's stack goes into its
+    log (faulthandler, from the signal handler: its compute thread waits in C)."""
+    from flowrl.testing import run_graph
+
+    (tmp_path / "g.yaml").write_text(HANGS)
+    result = run_graph(tmp_path / "g.yaml", tmp_path / "run", timeout_s=90, cwd=ROOT)
+    assert result.exit_code == 1 and "did not report READY within 4 s" in result.stderr, result.stderr[-2000:]
+    log = (tmp_path / "run" / "logs" / "stuck.0.0.log").read_text()
+    assert "most recent call first" in log and "in setup" in log, log[-3000:]
+
+
+GROUP_HANGS = f"""\
+nodes:
+  numbers: {{kind: "{N}:Numbers"}}
+  follow: {{kind: "{N}:Follower"}}
+  train: {{kind: "tests.graph.kinds:TrainerHangsInSetup", devices: 2, on_failure: {{max_restarts: 1, backoff_s: 0.1}}}}
+edges: [numbers -> follow, follow -> train]
+weights: [train -> follow]
+schedule: {{steps: 4, batch_size: 2}}
+supervision: {{startup_timeout_s: 6}}
+"""
+
+
+def test_a_rank_that_hangs_in_setup_while_its_group_waits_leaves_where_it_hung_in_its_log(tmp_path):
+    """Rank 1 of a two-rank trainer never finishes setup; rank 0 waits for it in the first weight
+    snapshot's gather, so neither reports READY. The leader is found first and takes its group
+    down: the ranks still starting write their stacks before they are stopped (rank 1 too, though
+    the failure is the leader's)."""
+    from flowrl.testing import run_graph
+
+    (tmp_path / "g.yaml").write_text(GROUP_HANGS)
+    result = run_graph(tmp_path / "g.yaml", tmp_path / "run", timeout_s=90, cwd=ROOT)
+    assert result.exit_code == 1 and "did not report READY" in result.stderr, result.stderr[-2000:]
+    logs = tmp_path / "run" / "logs"
+    for rank in (0, 1):
+        log = (logs / f"train.0.{rank}.log").read_text()
+        assert "most recent call first" in log, (rank, log[-3000:])
+    assert "in setup" in (logs / "train.0.1.log").read_text()

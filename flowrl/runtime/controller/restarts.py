@@ -21,7 +21,7 @@ from typing import Callable
 
 from flowrl.runtime.controller.procs import Proc, ProcTable
 from flowrl.runtime.controller.report import RunReport
-from flowrl.runtime.controller.supervisor import Supervisor
+from flowrl.runtime.controller.supervisor import Supervisor, last_words
 from flowrl.runtime.controller.wiring import Wiring
 from flowrl.runtime.controller.shards import ensure_shard
 from flowrl.runtime.protocol.checkpoints import CheckpointError
@@ -128,6 +128,9 @@ class Restarts:
         if len(group) < 2:
             return
         port = str(self.launcher.free_port(group[0].spec.env.get("MASTER_ADDR") or "127.0.0.1"))
+        # ranks still starting when the group goes down may be why it did (one hung in setup while
+        # its leader waited for it): their stacks go to their logs first
+        last_words([p for p in group if p is not proc and p.down_since is None and not p.ready])
         for p in group:
             p.spec.env["MASTER_PORT"] = port
             if p is proc:

@@ -19,6 +19,7 @@ node, and restarting it again would only burn the budget.
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from pathlib import Path
 
@@ -27,6 +28,22 @@ from flowrl.runtime.controller.procs import Proc
 
 log = logging.getLogger("flowrl.supervisor")
 
+STACKS_SIGNAL = signal.SIGUSR2
+"""Asks a node process to write every thread's Python stack into its log (faulthandler, worker.py):
+answered even while its main thread waits in C, in a collective or on a lock."""
+STACKS_WAIT_S = 0.2  # what a process gets to write them before it is stopped
+
+
+def last_words(procs) -> None:
+    """Before stopping processes that hung or never reported READY: each still running writes its
+    threads' stacks into its log (where it waits: a silent hang made readable afterwards)."""
+    asked = False
+    for proc in procs:
+        if proc.handle is not None and proc.handle.poll() is None:
+            proc.handle.signal(STACKS_SIGNAL)
+            asked = True
+    if asked:
+        time.sleep(STACKS_WAIT_S)
 
 class Supervisor:
     def __init__(self, launcher: Launcher, run_dir: Path, supervision, policies: dict):
@@ -76,8 +93,9 @@ class Supervisor:
     def on_down(self, proc: Proc, why: str) -> str:
         """Stop what is left of the process and apply its policy: returns "restart" or a failure
         message (the run must fail)."""
-        if proc.handle and proc.handle.poll() is None:
-            proc.handle.stop(0.5)  # hung: gone before a replacement binds its address
+        if proc.handle and proc.handle.poll() is None:  # hung, or never ready: its stacks say where
+            last_words([proc])
+            proc.handle.stop(0.5)  # gone before a replacement binds its address
         exit_text = describe_exit(proc.handle.poll() if proc.handle else None)
         proc.ready = proc.wired = False
         proc.down_since = time.monotonic()

@@ -375,10 +375,12 @@ def main(argv: list[str] | None = None) -> int:
                         force=True)
     # the first line of each incarnation: one that never gets as far as `ready` still shows it started
     log.info("started (incarnation %d, pid %d)", spec.incarnation, os.getpid())
+    import faulthandler
     import signal
 
     # until the event loop answers it (after setup), a dump request must not end the process
     signal.signal(signal.SIGUSR1, lambda *_: log.warning("state dump of %s: still starting (setup)", spec.proc_id))
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # stacks, even from C: supervisor.last_words
     write_pid_file(spec)
     heartbeat = Heartbeat(spec)
     worker = Worker(spec)
