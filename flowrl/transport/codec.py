@@ -67,9 +67,9 @@ def prepare(batch: Batch, inline_max: int = INLINE_MAX_BYTES) -> Prepared:
         sub = None
         if type(t) is Ragged:  # values as a tensor; offsets in a nested descriptor, inline or a frame
             offsets = t.offsets
-            sub = subs.get(id(offsets))
+            key = id(offsets)
+            sub = subs.get(key)
             if sub is None:
-                key = id(offsets)
                 offsets = offsets if type(offsets) is np.ndarray and offsets.flags.c_contiguous \
                     and offsets.dtype is _LE_INT64 else _host_array(offsets)[0]
                 if offsets.nbytes <= inline_max:

@@ -45,6 +45,7 @@ def last_words(procs) -> None:
     if asked:
         time.sleep(STACKS_WAIT_S)
 
+
 class Supervisor:
     def __init__(self, launcher: Launcher, run_dir: Path, supervision, policies: dict):
         self.launcher = launcher
