@@ -143,6 +143,13 @@ class Node:
     `"dense int64"` only a rectangular one.
     A batch without them is rejected at the node's boundary and counted (`batches_rejected`),
     never handed to `process`: a forged or garbled batch cannot crash or restart the node."""
+    preload: ClassVar[tuple[str, ...]] = ("torch", "torch._dynamo")
+    """Modules the local fork server imports once, before it forks any node process, so that
+    neither this node's first start nor a restart of it imports them again (`torch` costs ~1.5 s on
+    a small CPU, `torch._dynamo`, which the first optimizer step imports, ~2 s more). A node that
+    never touches torch says `()`; one that loads a Hugging Face model adds `"transformers"`. The
+    runtime adds `torch` itself where it uses it: a stateful node's checkpoints, a torch.distributed
+    group (weights, ranks)."""
     merge_replicas: ClassVar[str | None] = None
     """Stateful nodes only: how the states of several replicas merge. None (the default) means
     replicas are refused by `flowrl check`; use `devices: N` for data-parallel training."""

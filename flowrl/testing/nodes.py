@@ -7,6 +7,8 @@
 benchmark can build a pipeline whose bottleneck is known without the 2 cores being the limit.
 `Trainer` publishes a weight tensor whose every entry equals its version; `Follower` subscribes
 and stamps the version it held on each batch, so tests can check the staleness bound.
+None takes an optimizer step, so none preloads torch._dynamo (`flowrl.Node.preload`): the numpy
+ones preload nothing, those that hold torch tensors or run collectives torch.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ async def spend(seconds: float) -> None:
 class Numbers(flowrl.Source):
     """Ticket -> batch of `size` consecutive numbers starting at index * size."""
 
+    preload = ()
+
     class Config(flowrl.NodeConfig):
         delay_s: float = 0.0
 
@@ -56,6 +60,8 @@ class Numbers(flowrl.Source):
 
 class Scale(flowrl.Node):
     """Multiplies `x` by `factor` after sleeping `delay_s`."""
+
+    preload = ()
 
     class Config(flowrl.NodeConfig):
         factor: int = 2
@@ -70,6 +76,7 @@ class Scale(flowrl.Node):
 class Pair(flowrl.Join):
     """Joins two branches: y = a.x + b.x."""
 
+    preload = ()
     inputs = ("a", "b")
 
     async def join(self, batches):
@@ -80,6 +87,7 @@ class Pair(flowrl.Join):
 class Collect(flowrl.Sink):
     """Consumes batches; its state is every batch id and sum it saw (checkpointed)."""
 
+    preload = ()
     stateful = True
 
     class Config(flowrl.NodeConfig):
@@ -108,6 +116,7 @@ class Collect(flowrl.Sink):
 class Trainer(Collect):
     """A sink that 'trains': after each batch its weights are all equal to the new version."""
 
+    preload = ("torch",)
     publishes_weights = True
 
     class Config(Collect.Config):
@@ -139,6 +148,7 @@ class Follower(flowrl.Node):
     """Subscribes to `Trainer`'s weights; stamps each batch with the version it holds and checks
     that the weights it holds are exactly that version's."""
 
+    preload = ("torch",)
     subscribes_weights = True
 
     class Config(flowrl.NodeConfig):
@@ -219,6 +229,7 @@ class Normalizer(flowrl.Node):
     and forwards the batch with the count it saw. Its final state proves each ticket was folded in
     once, in order."""
 
+    preload = ()
     stateful = True
 
     class Config(flowrl.NodeConfig):
@@ -263,6 +274,8 @@ class Chain(Collect):
 class Logger(flowrl.Sink):
     """A sink without state (a logger, an evaluator): it only writes a line per batch."""
 
+    preload = ()
+
     async def process(self, batch, port):
         self.ctx.log.info("consumed %s", batch.batch_id)
 
@@ -270,6 +283,8 @@ class Logger(flowrl.Sink):
 class DropEvery(flowrl.Node):
     """A filter: drops the tickets whose index % every == remainder, and shrinks the others to
     their first `keep` samples (0: keep all). `empty: true` drops by returning an empty batch."""
+
+    preload = ()
 
     class Config(flowrl.NodeConfig):
         every: int = 3
@@ -289,6 +304,8 @@ class DropEvery(flowrl.Node):
 class Faulty(flowrl.Node):
     """Raises `KeyError('scores')` at ticket `fail_at`, every time it sees it (a deterministic bug),
     or returns a `bad_return` value instead of a batch."""
+
+    preload = ()
 
     class Config(flowrl.NodeConfig):
         fail_at: int = -1
@@ -313,6 +330,8 @@ class Groups(flowrl.Source):
     `rows` is each sample's prompt number (index * size + g), `scores` alternate 0/1 within a group,
     except for prompts whose number % `flat_every` == 0, whose samples all score 1 (nothing to
     learn: a DAPO filter drops them)."""
+
+    preload = ()
 
     class Config(flowrl.NodeConfig):
         samples: int = 2
@@ -348,6 +367,8 @@ class GroupSum(flowrl.Node):
     all-reduces the sum of its shard's `x`, and every row gets the group's total (`total`), so the
     output depends on every rank having taken part. On one rank the total is the batch's own sum."""
 
+    preload = ("torch",)
+
     class Config(flowrl.NodeConfig):
         delay_s: float = 0.0
 
@@ -369,6 +390,7 @@ class GroupTrainer(Collect):
     (`flowrl.rl.publish.FullState`: the publisher on rank 0, `drain` on the others), so publishing is
     a collective too. After each batch every entry of `w` equals the new version (as `Trainer`)."""
 
+    preload = ("torch",)
     publishes_weights = True
 
     class Config(Collect.Config):
@@ -437,6 +459,7 @@ class Overlap(flowrl.Node):
     rollout). Every sample gets `seen = [version at start, version at end, most calls in flight]`;
     the batch's `policy_version` is the version it started with (its oldest token's)."""
 
+    preload = ("torch",)
     subscribes_weights = True
 
     class Config(flowrl.NodeConfig):
@@ -501,6 +524,8 @@ class Asker(flowrl.Source):
     `size` concurrent requests, each continuing its own session's tokens so far. Emits `x`: the
     tokens each session generated, and `replicas`: which rollout replica served its last turn.
     Checks on the way that every answer is whole (tokens, log-probs, versions aligned)."""
+
+    preload = ()
 
     class Config(flowrl.NodeConfig):
         turns: int = 2

@@ -60,8 +60,9 @@ def test_an_environment_that_raises_or_hangs_ends_its_episode_not_the_run(tmp_pa
     result = run_graph(GRAPH, tmp_path / "run", timeout_s=300, overrides=[
         "schedule.steps=2", "nodes.agent.config.env=flowrl.testing.agent_envs:Flaky",
         # the deadline well above a plain episode's time on a busy machine (about 1 s under the
-        # suite's two workers), the hang far above the deadline: only the hanging episodes hit it
-        "nodes.agent.config.env_config={every: 4, hang_s: 60.0}", "nodes.agent.config.episode_timeout_s=4.0",
+        # suite's two workers, 5 s on a machine whose fresh memory pages are slow), the hang far
+        # above the deadline: only the hanging episodes hit it
+        "nodes.agent.config.env_config={every: 4, hang_s: 90.0}", "nodes.agent.config.episode_timeout_s=20.0",
         "nodes.agent.config.error_reward=-1.0", *RECORD])
     assert result.exit_code == 0, result.stderr[-3000:]
     assert not [r for r in result.ledger if r["event"] == "node_down"]

@@ -86,6 +86,21 @@ def run_main(args) -> int:
                    inventory=getattr(args, "inventory", None))
 
 
+def preload_modules(spec, plan) -> list[str]:
+    """What the local fork server imports before it forks: each node class's `preload`, in the
+    graph's order without repeats, and torch first when the runtime itself will use it in a node
+    process: a checkpoint (`torch.save` of a stateful node's state), a torch.distributed group (a
+    node that publishes or subscribes weights, or one of several ranks)."""
+    from flowrl.graph import node_classes
+
+    classes = list(node_classes(spec).values())
+    modules = [name for cls in classes for name in cls.preload]
+    if (any(c.stateful or c.publishes_weights or c.subscribes_weights for c in classes)
+            or any(e.world_size > 1 for e in plan.entries)):
+        modules.insert(0, "torch")
+    return list(dict.fromkeys(modules))
+
+
 def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=None, quiet=False, inventory=None,
             launcher: str = "local") -> int:
     import anyio
@@ -109,7 +124,7 @@ def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=N
         print(f"prometheus metrics on http://127.0.0.1:{server.port}/metrics", flush=True)
     try:
         launcher_obj = make_launcher(spec.launcher.type if launcher == "local" else launcher,
-                                     address=spec.launcher.address)
+                                     address=spec.launcher.address, preload=preload_modules(spec, plan))
     except FlowrlError as e:  # e.g. no Ray, or no Ray cluster at launcher.address
         _print_err(f"flowrl: {e}")
         hub.close()

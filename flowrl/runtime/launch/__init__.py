@@ -3,18 +3,20 @@ node process runs: the entry module comes from the process spec protocol (`WORKE
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from flowrl.runtime.launch.launcher import Launcher
 
 
-def make_launcher(kind: str, *, address: str | None = None) -> Launcher:
-    """`address`: the Ray cluster (`ray` only; None starts a private one on loopback)."""
+def make_launcher(kind: str, *, address: str | None = None, preload: Sequence[str] | None = None) -> Launcher:
+    """`address`: the Ray cluster (`ray` only; None starts a private one on loopback). `preload`:
+    the modules the local fork server imports before it forks (`local` only; None: torch's)."""
     from flowrl.runtime.launch.launcher import LocalLauncher, SubprocessLauncher
 
     if kind == "local":
-        return LocalLauncher()
+        return LocalLauncher(preload=preload)
     if kind == "subprocess":
         return SubprocessLauncher()
     if kind == "ray":

@@ -1,9 +1,12 @@
 """A fork server for node processes: imports torch once, then forks a node process per request.
 
-    python -m flowrl.runtime.launch.forkserver ENTRY   (started by LocalLauncher; speaks JSON lines)
+    python -m flowrl.runtime.launch.forkserver ENTRY [MODULE ...]
+    (started by LocalLauncher; speaks JSON lines)
 
 A fresh `import torch` costs about 1.5 s on a small CPU; a fork of a process that has already
-imported it costs milliseconds, which is what makes replacing a dead node fast.
+imported it costs milliseconds, which is what makes replacing a dead node fast. The MODULEs are
+what the run's node classes preload (`Node.preload`: torch and torch._dynamo unless a node says
+less), imported before the entry; a graph of nodes that never touch torch does not pay for it.
 
 Lifetime is tied to the controller, so nothing outlives a `kill -9` of `flowrl run`:
 the server asks the kernel for SIGKILL when its parent (the controller) dies, and exits when its
@@ -37,16 +40,27 @@ def _write(out, msg: Started | Refused | Exited) -> None:
     out.flush()
 
 
-def serve(entry: str) -> None:
-    """`entry`: the module every forked child runs (its `main([spec_path])`), imported here once."""
+def preload(modules: list[str]) -> None:
+    """Import each module once, before any fork (torch._dynamo: the first optimizer step a trainer
+    takes imports it, ~2 s on a small CPU, which a restarted actor or critic should not pay again).
+    One that fails to import is reported and skipped: the node that needs it fails in its own
+    process, with its own log saying why, and the others are not held up."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - ImportError, or the module's own code failing
+            print(f"flowrl fork server: preloading {name!r} failed ({type(e).__name__}: {e}); "
+                  "the node processes that need it import it themselves", file=sys.stderr, flush=True)
+
+
+def serve(entry: str, modules: list[str]) -> None:
+    """`entry`: the module every forked child runs (its `main([spec_path])`), imported here once
+    after `modules` (see `preload`)."""
     parent = os.getppid()
     die_with_parent()
     if os.getppid() != parent:  # the controller died before prctl took effect
         os._exit(0)
-    # heavy imports once, before any fork (torch._dynamo: the first optimizer a trainer builds
-    # imports it, ~2 s on a small CPU, which a restarted actor or critic should not pay again)
-    import torch  # noqa: F401
-    import torch._dynamo  # noqa: F401
+    preload(modules)
 
     import flowrl.metrics  # noqa: F401
     import flowrl.transport  # noqa: F401
@@ -109,4 +123,4 @@ def serve(entry: str) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], sys.argv[2:])

@@ -1,8 +1,9 @@
 """Launchers start node processes; the worker code does not care which one did.
 
 `local` (default): processes on this host, forked from a fork server (`forkserver.py`) that has
-already imported torch and the worker, so a restarted node is running in well under the ~1.5 s a
-fresh `import torch` costs. `subprocess`: plain `python -m flowrl.runtime.worker` (no preloading).
+already imported the worker and what the run's nodes preload (torch unless they say otherwise), so
+a restarted node is running in well under the ~1.5 s a fresh `import torch` costs. `subprocess`:
+plain `python -m flowrl.runtime.worker` (no preloading).
 `ray`: each node process under a Ray actor on its planned host (`ray_launcher.py`).
 
 Every handle is ended by PID: SIGTERM, a bounded wait, SIGKILL.
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 
 from flowrl.runtime.launch.child import die_with_parent
@@ -143,20 +145,26 @@ class _ForkedHandle(ProcessHandle):
 
 
 class LocalLauncher(Launcher):
-    """Node processes forked from `flowrl.runtime.launch.forkserver`, which has torch imported already.
+    """Node processes forked from `flowrl.runtime.launch.forkserver`, which has imported `preload`
+    already (default: `flowrl.Node.preload`'s, torch and torch._dynamo).
 
     The server dies with the controller (and its children with it), so a `kill -9` of the
     controller leaves nothing behind."""
 
-    def __init__(self, start_timeout_s: float = 120.0, entry: str = WORKER_MODULE):
+    def __init__(self, start_timeout_s: float = 120.0, entry: str = WORKER_MODULE,
+                 preload: Sequence[str] | None = None):
         import queue
         import threading
 
+        if preload is None:
+            from flowrl.node import Node
+
+            preload = Node.preload
         self.start_timeout_s, self.entry = start_timeout_s, entry
         self.exit_codes: dict[int, int] = {}
         self.replies: queue.Queue = queue.Queue()
-        self.server = subprocess.Popen([sys.executable, "-m", "flowrl.runtime.launch.forkserver", entry], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, bufsize=0)
+        self.server = subprocess.Popen([sys.executable, "-m", "flowrl.runtime.launch.forkserver", entry, *preload],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self.reader = threading.Thread(target=self._read, daemon=True, name="flowrl-forkserver-reader")
         self.reader.start()
 

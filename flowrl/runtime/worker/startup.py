@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,14 +58,20 @@ class Parts:
     turns: TurnClient  # this process's turn on devices shared with nodes that take turns (turns.py)
 
 
+def cpu_threads(n: int) -> None:
+    """torch's intra-op threads: the process's cores. Set here if the fork server preloaded torch;
+    otherwise torch reads them from the plan's OMP_NUM_THREADS (`bind_devices`) if this process
+    ever imports it (a node whose `preload` is `()` need not)."""
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(n)
+
+
 async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjector, *,
                       report: Callable[[Any], Awaitable[None]], started: float,
                       open_rank_channel: Callable[[], Awaitable[Any]], services: dict | None = None) -> Parts:
     """The node built and set up, and every component around it. `open_rank_channel`: binds this
     rank's channel from its data-parallel peers and returns it (the worker owns channels);
     `services`: what the node sees as `ctx.services` (the worker owns their sockets)."""
-    import torch
-
     from flowrl.graph import load_graph
     from flowrl.graph.kinds import resolve_kind
     from flowrl.metrics import Recorder
@@ -73,13 +80,15 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
     from flowrl.runtime.worker.weightsync import WeightsClient
 
     if spec.device_type == "cpu":
-        torch.set_num_threads(max(1, len(spec.cpu_cores) or 1))
+        cpu_threads(max(1, len(spec.cpu_cores) or 1))
     graph = load_graph(own_graph_file(spec), check=False)
     node_spec = graph.nodes[spec.node]
     cls = resolve_kind(node_spec.kind)
     config = cls.Config.model_validate(node_spec.config)
     device = "cpu" if spec.device_type == "cpu" else "cuda:0"
     if spec.device_type == "cuda":
+        import torch
+
         torch.cuda.set_device(0)
         await compute.call(torch.cuda.set_device, 0)  # the current device is per thread
     recorder = Recorder(node=spec.node, replica=spec.replica)

@@ -207,6 +207,8 @@ class Overlapping:
     the output does not depend on it: it only lets several calls be in flight at once, so that a
     fault or a recovery finds calls mid-way. With `linger_s` 0 (the default) it does nothing."""
 
+    preload = ()  # numpy only: the fork server need not import torch (the runtime adds it for weights)
+
     async def overlap(self) -> None:
         linger = getattr(self.config, "linger_s", 0.0)
         if not linger:
@@ -318,6 +320,8 @@ class Hold(flowrl.Node):
     carries every held value in front of its own (and, `ragged`, their `r` lengths: its state keeps
     them as plain lists, `lengths`, one per held batch)."""
 
+    preload = ()
+
     stateful = True
 
     class Config(flowrl.NodeConfig):
@@ -388,6 +392,8 @@ class Merge(Overlapping, flowrl.Join):
 
 class _Folding:
     """The hash-chain state shared by `Fold` and `FoldSink` (and, one chain per rank, `RFold`, `RFoldSink`)."""
+
+    preload = ()
 
     class Config(flowrl.NodeConfig):
         history: int = 100_000
