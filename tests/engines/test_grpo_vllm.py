@@ -20,13 +20,14 @@ ROOT = Path(__file__).resolve().parents[2]
 GRAPH = ROOT / "graphs" / "grpo-vllm.yaml"
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_grpo_with_the_vllm_engine_learns_reversal_and_reports_the_engine_mismatch(tmp_path, tiny_llama):
     steps = 80
     model = '{type: hf, path: "%s"}' % Path(tiny_llama).as_posix()
     overrides = [f"nodes.{n}.config.model={model}" for n in ("rollout", "reference", "actor")]
     overrides += ["seed=0", f"schedule.steps={steps}", "schedule.checkpoint_every=0"]
-    result = run_graph(GRAPH, tmp_path / "run", overrides=overrides, timeout_s=220, cwd=ROOT)
+    # the vLLM engine's start alone took 60 s to 150 s on the 2-core machine, depending on the day
+    result = run_graph(GRAPH, tmp_path / "run", overrides=overrides, timeout_s=450, cwd=ROOT)
     assert result.exit_code == 0, result.stderr[-3000:] + result.log("rollout")[-3000:]
     rows = sorted(result.metrics, key=lambda r: r["step"])
     assert [r["step"] for r in rows] == list(range(1, steps + 1))

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GRAPH = ROOT / "graphs" / "grpo-vllm.yaml"
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_a_lora_actor_syncs_adapter_versions_into_a_vllm_engine_that_serves_them(tmp_path, tiny_llama):
     steps = 4
     model = '{type: hf, path: "%s"}' % Path(tiny_llama).as_posix()
@@ -34,7 +34,8 @@ def test_a_lora_actor_syncs_adapter_versions_into_a_vllm_engine_that_serves_them
         "supervision.deadline_s=30",  # a shared CPU may starve a node's heartbeat for 5 s; hangs are not the point
         "seed=0", f"schedule.steps={steps}", "schedule.batch_size=4", "schedule.checkpoint_every=0",
     ]
-    result = run_graph(GRAPH, tmp_path / "run", overrides=overrides, timeout_s=220, cwd=ROOT)
+    # the vLLM engine's start alone took 60 s to 150 s on the 2-core machine, depending on the day
+    result = run_graph(GRAPH, tmp_path / "run", overrides=overrides, timeout_s=450, cwd=ROOT)
     assert result.exit_code == 0, result.stderr[-3000:] + result.log("rollout")[-3000:]
     restarts = [r for r in result.ledger if r["event"] in ("node_down", "reissued", "recovery")]
     assert restarts == [], (restarts[:3], {n: result.log(n)[-1500:] for n in {r.get("node", "").split("/")[0] for r in restarts} if n})  # fault-free
