@@ -207,7 +207,7 @@ class Overlapping:
     the output does not depend on it: it only lets several calls be in flight at once, so that a
     fault or a recovery finds calls mid-way. With `linger_s` 0 (the default) it does nothing."""
 
-    preload = ()  # numpy only: the fork server need not import torch (the runtime adds it for weights)
+    preload = ()  # numpy only (the runtime adds torch where it uses it: checkpoints, weights, ranks)
 
     async def overlap(self) -> None:
         linger = getattr(self.config, "linger_s", 0.0)
