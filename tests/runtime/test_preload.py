@@ -20,13 +20,13 @@ M = "tests.runtime.preload_nodes"
 N = "flowrl.testing.nodes"
 
 
-def graph(tmp_path, source: str, sink: str, extra: str = "") -> str:
+def graph(tmp_path, source: str, sink: str) -> str:
     path = tmp_path / "g.yaml"
     path.write_text(f"""\
 nodes:
   source: {{kind: "{source}"}}
   sink: {{kind: "{sink}", devices: 1, config: {{out: "{tmp_path / 'held.json'}"}}}}
-{extra}edges: [source -> sink]
+edges: [source -> sink]
 schedule: {{steps: 3, batch_size: 2}}
 """)
     return path
