@@ -196,3 +196,69 @@ async def test_processes_seen_down_together_make_one_recovery_epoch_and_one_reco
         ("actor/0/1", "exited"), ("actor/0/0", "its rank group lost actor/0/1"), ("critic/0/0", "exited"),
         ("reward/0/0", "exited")]
     assert [p.restart.count for p in (survivor, killed, critic, reward)] == [0, 1, 1, 1]
+
+
+@pytest.mark.anyio
+async def test_the_first_process_of_a_lost_host_seen_down_takes_the_hosts_other_processes_down_in_the_same_tick(tmp_path):
+    """Host b left the cluster: its actor's exit is seen, its critic still looks alive (its heartbeat
+    deadline, or Ray's report of its actor, would come a check later). Both go down now, in one
+    recovery epoch; a process of another host, and one of b already restarting, are left alone."""
+    from flowrl.runtime.controller.controller import Controller
+
+    r, procs, launcher, fails, _, led = restarts(tmp_path, "actor/0/0", "critic/0/0", "rollout/0/0", "reward/0/0",
+                                                 lost={"b"})
+    actor, critic, rollout, reward = (procs.get(x) for x in ("actor/0/0", "critic/0/0", "rollout/0/0", "reward/0/0"))
+    for p in (actor, critic, reward):
+        p.spec.host = "b"
+    rollout.spec.host = "a"
+    reward.restart.at = time.monotonic() + 60  # already on its way back (its restart moves it)
+    actor.handle.code = -9
+    down = r.down()
+    assert down == [(actor, "exited"), (critic, "its host b left the cluster")]
+    seen = Recording()
+    ctl = SimpleNamespace(restarts=r, wiring=SimpleNamespace(turns=seen), begin_recovery=seen.begin_recovery,
+                          roles=SimpleNamespace(stateful={"actor", "critic"}), recovery=SimpleNamespace(active=False),
+                          sync=seen, scheduler=SimpleNamespace(version=3))
+    await Controller.on_down(ctl, down)
+    assert fails.why == [] and seen.recoveries == ["actor/0/0 exited; critic/0/0 its host b left the cluster"]
+    assert critic.handle.stopped == 0.5 and critic.restart.count == 1, "what is left of it is stopped, then restarted"
+    assert rollout.handle.stopped is None and rollout.down_since is None
+    assert r.down() == [], "nothing of host b is seen down a second time"
+    # a host that is still there: a process that exits takes nobody with it
+    r, procs, *_ = restarts(tmp_path, "actor/0/0", "critic/0/0")
+    procs.get("actor/0/0").handle.code = 1
+    assert [p.id for p, _ in r.down()] == ["actor/0/0"]
+
+
+def test_a_rank_whose_collective_gave_up_on_a_silent_peer_names_that_peer_hung_before_its_deadline(tmp_path):
+    """actor/0/1 is SIGSTOPped: no heartbeat, no exit. actor/0/0's collective times out and it exits
+    with gloo's error long before actor/0/1's heartbeat deadline. After the survivor's grace (the
+    peer's exit is not seen: it did not exit), the hung one is named (first, and its restart is the
+    one counted); the survivor goes down with its group."""
+    r, procs, _, fails, _, led = restarts(tmp_path, "actor/0/0", "actor/0/1", "actor/1/0")
+    survivor, hung, other = procs.get("actor/0/0"), procs.get("actor/0/1"), procs.get("actor/1/0")
+    t = time.monotonic()
+    hung.last_seen = t - 2.0  # deadline_s is 5 s: check() alone would not see it for 2 s more
+    other.last_seen = t - 2.0  # silent too, but of another replica: not this group's business
+    survivor.handle.code, survivor.error = 1, GLOO_RESET
+    assert r.down(now=t) == [], "within its grace the survivor waits, as for a peer killed a moment ago"
+    down = r.down(now=t + PEER_LOSS_GRACE_S)
+    assert [p.id for p, _ in down] == ["actor/0/1", "actor/0/0"]
+    assert down[0][1] == ("sent no heartbeat for 3.0 s while its rank group's collective waited for it "
+                          "(actor/0/0 gave up on it): hung")
+    for proc, why in down:
+        if proc.down_since is None:
+            assert r.on_down(proc, why)
+    assert hung.handle.stopped == 0.5 and other.handle.stopped is None and fails.why == []
+    assert (hung.restart.count, survivor.restart.count) == (1, 0), "the hung one's budget pays for it"
+    led.flush()
+    assert [(row["node"], row["why"]) for row in read_jsonl(led.path) if row["event"] == "node_down"] == [
+        ("actor/0/1", down[0][1]), ("actor/0/0", "its rank group lost actor/0/1")]
+    # a mate that beats (its last heartbeat a beat ago) is not called hung: the survivor waits for it
+    r, procs, *_ = restarts(tmp_path, "actor/0/0", "actor/0/1")
+    survivor = procs.get("actor/0/0")
+    survivor.handle.code, survivor.error = 1, GLOO_RESET
+    t = time.monotonic()
+    assert r.down(now=t) == []
+    procs.get("actor/0/1").last_seen = t + PEER_LOSS_GRACE_S - 0.5
+    assert r.down(now=t + PEER_LOSS_GRACE_S) == [(survivor, "exited")]

@@ -34,6 +34,10 @@ PEER_LOSS_GRACE_S = 1.0
 """How long a rank that failed because a peer of its collective went away waits for that peer's exit to
 be seen (`Restarts.down`). The peer exits first, yet its exit can be seen a check later (a rank on
 another host), and the first one seen down is the one its group's restart names."""
+SILENT_BEATS = 3
+"""A rank that lost a peer, once its grace is over, names a mate hung when the mate has sent no
+heartbeat for this many heartbeat intervals (`Restarts.down`): a SIGSTOPped or wedged rank is
+otherwise seen only at its deadline, after the survivor, which would be named for what it did."""
 DIED, EXITED, LOST_A_PEER = 0, 1, 2
 
 
@@ -81,14 +85,17 @@ class Restarts:
         self.report.node_up(proc, False)
 
     def down(self, now: float | None = None) -> list[tuple[Proc, str]]:
-        """Processes that went down since the last tick (removed replicas are not watched), the likely
-        cause of a rank group's failure first (`blame`): the rank that died, not the ranks whose
-        collective broke because it did. A rank of the second kind whose group looks whole waits up
-        to PEER_LOSS_GRACE_S for the dead one to be seen."""
+        """Processes that went down since the last tick (removed replicas are not watched; a lost
+        host's all at once, `host_mates`), the likely cause of a rank group's failure first (`blame`):
+        the rank that died, not the ranks whose collective broke because it did. A rank of the second
+        kind whose group looks whole waits up to PEER_LOSS_GRACE_S for the dead one to be seen; then
+        a mate silent for SILENT_BEATS heartbeats is named hung, first, and goes down with it."""
         now = time.monotonic() if now is None else now
         found = self.supervisor.check([p for p in self.procs if not p.retired], now)
+        found += self.host_mates(found)
         seen = {p.id for p, _ in found}
         out, waiting = [], {}
+        silent_s = SILENT_BEATS * self.supervisor.sup.heartbeat_s
         for proc, why in found:
             rank = blame(proc, why)
             mates = [p for p in self.rank_group(proc) if p is not proc] if rank == LOST_A_PEER else []
@@ -96,10 +103,30 @@ class Restarts:
                 waiting[proc.id] = since = self._waiting.get(proc.id, now)
                 if now - since < PEER_LOSS_GRACE_S:
                     continue
+                hung = [p for p in mates if p.ready and p.handle is not None and now - p.last_seen > silent_s]
+                if hung:  # the peer it lost is there but silent: that one is named, before its deadline
+                    mate = min(hung, key=lambda p: p.last_seen)
+                    seen.add(mate.id)
+                    out.append((DIED, mate, f"sent no heartbeat for {now - mate.last_seen:.1f} s while its rank "
+                                            f"group's collective waited for it ({proc.id} gave up on it): hung"))
             out.append((rank, proc, why))
         self._waiting = waiting
         out.sort(key=lambda d: d[0])  # stable: table order among equals
         return [(proc, why) for _, proc, why in out]
+
+    def host_mates(self, found: list[tuple[Proc, str]]) -> list[tuple[Proc, str]]:
+        """The other processes of a host that left the cluster, once one of its processes is found down:
+        down with it, in the same tick. Seen one by one instead (each at its own heartbeat deadline, or
+        when Ray reports its actor dead), each stateful one would open a recovery epoch of its own and
+        roll every stateful node back again."""
+        hosts = {p.spec.host for p, _ in found}
+        lost = {h for h in hosts if self.launcher.is_lost(h)}
+        if not lost:
+            return []
+        seen = {p.id for p, _ in found}
+        return [(p, f"its host {p.spec.host} left the cluster") for p in self.procs
+                if p.spec.host in lost and p.id not in seen and not p.retired and p.handle is not None
+                and p.down_since is None and p.restart.at is None]
 
     def due(self) -> list[Proc]:
         """Processes whose restart backoff has passed."""
