@@ -51,7 +51,7 @@ def full_model_bytes(folder: Path) -> int:
 def test_the_smollm2_example_runs_two_steps_with_lora_and_vllm(tmp_path, smollm2):
     steps = 2
     result = run_graph(GRAPH, tmp_path / "run", overrides=[f"vars.model.path={smollm2.as_posix()}",
-                                                           f"schedule.steps={steps}", "schedule.batch_size=4"],
+                                                           f"schedule.steps={steps}", "schedule.batch_size=2"],
                        timeout_s=840, cwd=ROOT)
     assert result.exit_code == 0, result.stderr[-3000:] + result.log("rollout")[-3000:] + result.log("actor")[-3000:]
     rows = sorted(result.metrics, key=lambda r: r["step"])
