@@ -45,6 +45,9 @@ class Launcher:
     def is_lost(self, host):
         return host in self.lost
 
+    def is_remote(self, host):
+        return host != "local"
+
     def free_port(self, address):
         from flowrl.runtime.protocol.addresses import free_port
 
@@ -106,6 +109,7 @@ def test_a_rank_that_lost_a_peer_waits_a_moment_for_the_peer_to_be_seen_down(tmp
         survivor.handle.code, survivor.error = 1, GLOO_RESET
         other.handle.code, other.error = 1, GLOO_RESET  # a replica alone in its group: nobody to wait for
         t = time.monotonic()
+        peer.last_seen = t  # it beat just now (not silent for a whole grace: not named)
         assert r.down(now=t) == [(other, "exited")], "the peer's exit is not seen yet: the survivor waits"
         assert r.down(now=t + PEER_LOSS_GRACE_S / 2) == [(other, "exited")]
         if peer_seen:  # a check later (a rank on another host)
@@ -221,7 +225,8 @@ async def test_the_first_process_of_a_lost_host_seen_down_takes_the_hosts_other_
                           sync=seen, scheduler=SimpleNamespace(version=3))
     await Controller.on_down(ctl, down)
     assert fails.why == [] and seen.recoveries == ["actor/0/0 exited; critic/0/0 its host b left the cluster"]
-    assert critic.handle.stopped == 0.5 and critic.restart.count == 1, "what is left of it is stopped, then restarted"
+    assert critic.handle.released and critic.handle.stopped is None, "its actor is dropped: nothing to stop or wait for"
+    assert critic.restart.count == 1
     assert rollout.handle.stopped is None and rollout.down_since is None
     assert r.down() == [], "nothing of host b is seen down a second time"
     # a host that is still there: a process that exits takes nobody with it
@@ -245,7 +250,7 @@ def test_a_rank_whose_collective_gave_up_on_a_silent_peer_names_that_peer_hung_b
     down = r.down(now=t + PEER_LOSS_GRACE_S)
     assert [p.id for p, _ in down] == ["actor/0/1", "actor/0/0"]
     assert down[0][1] == ("sent no heartbeat for 3.0 s while its rank group's collective waited for it "
-                          "(actor/0/0 gave up on it): hung")
+                          "(actor/0/0 gave up on it)")
     for proc, why in down:
         if proc.down_since is None:
             assert r.on_down(proc, why)
@@ -262,3 +267,50 @@ def test_a_rank_whose_collective_gave_up_on_a_silent_peer_names_that_peer_hung_b
     assert r.down(now=t) == []
     procs.get("actor/0/1").last_seen = t + PEER_LOSS_GRACE_S - 0.5
     assert r.down(now=t + PEER_LOSS_GRACE_S) == [(survivor, "exited")]
+
+
+def test_in_a_group_of_three_the_silent_rank_is_named_not_one_of_the_two_whose_collectives_gave_up(tmp_path):
+    """Both survivors of a 3-rank group exit with gloo's error in one check. Neither is the cause,
+    so neither lets the other off the grace; after it, the silent rank is named."""
+    r, procs, *_ = restarts(tmp_path, "actor/0/0", "actor/0/1", "actor/0/2")
+    a, silent, c = procs.get("actor/0/0"), procs.get("actor/0/1"), procs.get("actor/0/2")
+    t = time.monotonic()
+    silent.last_seen = t - 2.0
+    for p in (a, c):
+        p.handle.code, p.error = 1, GLOO_RESET
+    assert r.down(now=t) == []
+    down = r.down(now=t + PEER_LOSS_GRACE_S)
+    assert [p.id for p, _ in down] == ["actor/0/1", "actor/0/0", "actor/0/2"]
+    # a rank of the three that exited on its own (not a collective's error) is the cause: no wait
+    r, procs, *_ = restarts(tmp_path, "actor/0/0", "actor/0/1", "actor/0/2")
+    procs.get("actor/0/0").handle.code, procs.get("actor/0/0").error = 1, GLOO_RESET
+    procs.get("actor/0/2").handle.code, procs.get("actor/0/2").error = 1, GLOO_RESET
+    procs.get("actor/0/1").handle.code = -9
+    assert [p.id for p, _ in r.down()] == ["actor/0/1", "actor/0/0", "actor/0/2"]
+
+
+def test_a_process_found_silent_takes_the_processes_of_its_host_due_within_a_heartbeat_down_with_it(tmp_path):
+    """A host that vanished without a word (before Ray notices): its processes stop beating together
+    and would be found at their deadlines a tick or two apart, each a recovery epoch. The first found
+    brings down those of its host within one heartbeat of their deadline; not a process of its host
+    that beats, nor a silent one of another host."""
+    r, procs, *_ = restarts(tmp_path, "actor/0/0", "critic/0/0", "reward/0/0", "rollout/0/0")
+    actor, critic, reward, rollout = (procs.get(x) for x in ("actor/0/0", "critic/0/0", "reward/0/0", "rollout/0/0"))
+    for p in (actor, critic, reward):
+        p.spec.host = "b"
+    rollout.spec.host = "a"
+    t = time.monotonic()
+    deadline, beat = r.supervisor.sup.deadline_s, r.supervisor.sup.heartbeat_s
+    actor.last_seen = t - deadline - 0.1
+    critic.last_seen = t - deadline + beat / 2  # due in half a heartbeat
+    reward.last_seen = t - beat  # beating
+    rollout.last_seen = t - deadline + beat / 2  # as silent, but another host
+    down = r.down(now=t)
+    assert [p.id for p, _ in down] == ["actor/0/0", "critic/0/0"]
+    assert down[1][1] == f"missed heartbeats for {deadline - beat / 2:.1f} s, like actor/0/0 on its host: hung"
+    # on the controller's own machine, processes silent together more likely mean the controller
+    # (or the machine) stalled: each is judged by its own deadline
+    r, procs, *_ = restarts(tmp_path, "actor/0/0", "critic/0/0")
+    procs.get("actor/0/0").last_seen = t - deadline - 0.1
+    procs.get("critic/0/0").last_seen = t - deadline + beat / 2
+    assert [p.id for p, _ in r.down(now=t)] == ["actor/0/0"]

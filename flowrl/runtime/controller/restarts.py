@@ -72,6 +72,7 @@ class Restarts:
         self.replan = replan  # a lost host's processes move: None, or why the run must fail
         self.stop_grace_s = stop_grace_s  # a surviving rank of a broken group: SIGTERM, then SIGKILL after this
         self._waiting: dict[str, float] = {}  # proc id -> since when a rank that lost a peer waits (`down`)
+        self._lost: dict = {}  # host -> whether it left the cluster, this tick (`host_lost`)
 
     def launch(self, proc: Proc) -> None:
         try:  # a stateful process starting where its checkpoint shard is not gets it first (shards.py)
@@ -85,48 +86,78 @@ class Restarts:
         self.report.node_up(proc, False)
 
     def down(self, now: float | None = None) -> list[tuple[Proc, str]]:
-        """Processes that went down since the last tick (removed replicas are not watched; a lost
-        host's all at once, `host_mates`), the likely cause of a rank group's failure first (`blame`):
-        the rank that died, not the ranks whose collective broke because it did. A rank of the second
-        kind whose group looks whole waits up to PEER_LOSS_GRACE_S for the dead one to be seen; then
-        a mate silent for SILENT_BEATS heartbeats is named hung, first, and goes down with it."""
+        """Processes that went down since the last tick (removed replicas are not watched; with them
+        the rest of a lost host, `host_mates`), the likely cause of a rank group's failure first
+        (`blame`): the rank that died, not the ranks whose collective broke because it did. A rank of
+        the second kind whose group has no other cause in sight waits up to PEER_LOSS_GRACE_S for it
+        to be seen; then a mate silent for SILENT_BEATS heartbeats is named, first, and goes down."""
         now = time.monotonic() if now is None else now
+        self._lost = {}
         found = self.supervisor.check([p for p in self.procs if not p.retired], now)
-        found += self.host_mates(found)
+        found += self.host_mates(found, now)
         seen = {p.id for p, _ in found}
+        ranks = {p.id: blame(p, why) for p, why in found}
+        causes = {pid for pid, rank in ranks.items() if rank != LOST_A_PEER}
         out, waiting = [], {}
-        silent_s = SILENT_BEATS * self.supervisor.sup.heartbeat_s
+        silent_s = max(SILENT_BEATS * self.supervisor.sup.heartbeat_s, PEER_LOSS_GRACE_S)
         for proc, why in found:
-            rank = blame(proc, why)
+            rank = ranks[proc.id]
             mates = [p for p in self.rank_group(proc) if p is not proc] if rank == LOST_A_PEER else []
-            if mates and not any(p.id in seen or p.down_since is not None for p in mates):
+            if mates and not any(p.id in causes or p.down_since is not None for p in mates):
                 waiting[proc.id] = since = self._waiting.get(proc.id, now)
                 if now - since < PEER_LOSS_GRACE_S:
                     continue
-                hung = [p for p in mates if p.ready and p.handle is not None and now - p.last_seen > silent_s]
-                if hung:  # the peer it lost is there but silent: that one is named, before its deadline
-                    mate = min(hung, key=lambda p: p.last_seen)
+                silent = [p for p in mates if p.id not in seen and p.ready and p.handle is not None
+                          and now - p.last_seen > silent_s]
+                if silent:  # the peer it lost is there but says nothing (hung, or dead and not seen yet)
+                    mate = min(silent, key=lambda p: p.last_seen)
                     seen.add(mate.id)
+                    causes.add(mate.id)
                     out.append((DIED, mate, f"sent no heartbeat for {now - mate.last_seen:.1f} s while its rank "
-                                            f"group's collective waited for it ({proc.id} gave up on it): hung"))
+                                            f"group's collective waited for it ({proc.id} gave up on it)"))
             out.append((rank, proc, why))
         self._waiting = waiting
-        out.sort(key=lambda d: d[0])  # stable: table order among equals
+        out.sort(key=lambda d: d[0])  # stable among equals: the order they were found in
         return [(proc, why) for _, proc, why in out]
 
-    def host_mates(self, found: list[tuple[Proc, str]]) -> list[tuple[Proc, str]]:
-        """The other processes of a host that left the cluster, once one of its processes is found down:
-        down with it, in the same tick. Seen one by one instead (each at its own heartbeat deadline, or
-        when Ray reports its actor dead), each stateful one would open a recovery epoch of its own and
-        roll every stateful node back again."""
+    def host_mates(self, found: list[tuple[Proc, str]], now: float) -> list[tuple[Proc, str]]:
+        """The other processes of a host one of whose processes was found down, when they are down
+        too: all of them when the host left the cluster (the launcher says so: Ray no longer lists
+        it), and those about to miss their heartbeat deadline (within one heartbeat of it) when the
+        process was found silent on another machine than the controller's (a host that vanished
+        without a word, before Ray notices). Seen one by one instead, each stateful one would open a
+        recovery epoch of its own and roll every stateful node back again."""
         hosts = {p.spec.host for p, _ in found}
-        lost = {h for h in hosts if self.launcher.is_lost(h)}
-        if not lost:
+        if not hosts:
             return []
+        lost = {h for h in hosts if self.host_lost(h)}
+        sup = self.supervisor.sup
+        silent = {p.spec.host: p.id for p, why in found
+                  if why.startswith("missed heartbeats") and self.launcher.is_remote(p.spec.host)}
+        near = sup.deadline_s - sup.heartbeat_s
+        out = []
         seen = {p.id for p, _ in found}
-        return [(p, f"its host {p.spec.host} left the cluster") for p in self.procs
-                if p.spec.host in lost and p.id not in seen and not p.retired and p.handle is not None
-                and p.down_since is None and p.restart.at is None]
+        for p in self.procs:
+            if p.spec.host not in hosts or p.id in seen or p.retired or p.handle is None \
+                    or p.down_since is not None or p.restart.at is not None:
+                continue
+            if p.spec.host in lost:
+                out.append((p, f"its host {p.spec.host} left the cluster"))
+            elif p.spec.host in silent and p.ready and now - p.last_seen > near:
+                out.append((p, f"missed heartbeats for {now - p.last_seen:.1f} s, like {silent[p.spec.host]} on "
+                               f"its host: hung"))
+        return out
+
+    def host_lost(self, host: str | None) -> bool:
+        """Whether `host` left the cluster: the launcher's word, asked once a tick (Ray: a call to its
+        control service), False if it cannot say now."""
+        if host not in self._lost:
+            try:
+                self._lost[host] = self.launcher.is_lost(host)
+            except Exception as e:  # noqa: BLE001 - a cluster that does not answer now is asked again next tick
+                log.warning("cannot tell whether host %s is still in the cluster: %s", host, e)
+                return False
+        return self._lost[host]
 
     def due(self) -> list[Proc]:
         """Processes whose restart backoff has passed."""
@@ -136,7 +167,7 @@ class Restarts:
         """Apply `proc`'s failure policy: True when it restarts (with its rank group); False when
         the run failed."""
         self.report.node_up(proc, False)
-        verdict = self.supervisor.on_down(proc, why)
+        verdict = self.supervisor.on_down(proc, why, gone=self.host_lost(proc.spec.host))
         self.ledger.record(NodeDown(attempt=proc.spec.incarnation, node=proc.id, why=why))
         if verdict != "restart":
             self.fail(proc, verdict)
@@ -163,7 +194,10 @@ class Restarts:
             if p is proc:
                 continue
             if p.down_since is None and p.handle is not None:
-                p.handle.stop(self.stop_grace_s)
+                if self.host_lost(p.spec.host):
+                    p.handle.release()  # nothing there to stop or wait for
+                else:
+                    p.handle.stop(self.stop_grace_s)
                 p.ready = p.wired = False
                 p.down_since = time.monotonic()
                 self.ledger.record(NodeDown(attempt=p.spec.incarnation, node=p.id, why=f"its rank group lost {proc.id}"))

@@ -91,13 +91,18 @@ class Supervisor:
                                    f"{self.sup.process_timeout_s}): hung"))
         return down
 
-    def on_down(self, proc: Proc, why: str) -> str:
+    def on_down(self, proc: Proc, why: str, gone: bool = False) -> str:
         """Stop what is left of the process and apply its policy: returns "restart" or a failure
-        message (the run must fail)."""
-        if proc.handle and proc.handle.poll() is None:  # hung, or never ready: its stacks say where
+        message (the run must fail). `gone`: its host left the cluster, so there is nothing to ask
+        for its stacks or to wait for (its actor is dropped)."""
+        code = proc.handle.poll() if proc.handle else None
+        if code is None and proc.handle and gone:
+            proc.handle.release()
+        elif code is None and proc.handle:  # hung, or never ready: its stacks say where
             last_words([proc])
             proc.handle.stop(0.5)  # gone before a replacement binds its address
-        exit_text = describe_exit(proc.handle.poll() if proc.handle else None)
+            code = proc.handle.poll()
+        exit_text = "its host is gone" if gone and code is None else describe_exit(code)
         proc.ready = proc.wired = False
         proc.down_since = time.monotonic()
         proc.busy = None

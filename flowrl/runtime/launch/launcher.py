@@ -130,6 +130,11 @@ class Launcher(ABC):
         """True when `host` has left the cluster (its processes must move: flowrl/runtime/controller/replan.py)."""
         return False
 
+    def is_remote(self, host: str | None) -> bool:
+        """True when `host` is another machine than the controller's (processes that stop beating
+        together there may have lost their machine; here, more likely the controller stalled)."""
+        return False
+
     def inventory(self):
         """The hosts that are there now, as a placement Inventory (for a re-plan)."""
         raise NotImplementedError(f"{type(self).__name__} cannot re-plan")

@@ -245,6 +245,10 @@ class RayLauncher(Launcher):
         self.refresh()
         return host not in self.nodes
 
+    def is_remote(self, host: str | None) -> bool:
+        node = self.seen.get(host)
+        return host not in LOCAL_HOSTS and node is not None and (self.local is None or node.node_id != self.local.node_id)
+
     def lost_node(self, host: str) -> RayNode:
         return self.seen[host]
 
