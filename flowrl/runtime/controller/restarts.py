@@ -35,9 +35,10 @@ PEER_LOSS_GRACE_S = 1.0
 be seen (`Restarts.down`). The peer exits first, yet its exit can be seen a check later (a rank on
 another host), and the first one seen down is the one its group's restart names."""
 SILENT_BEATS = 3
-"""A rank that lost a peer, once its grace is over, names a mate hung when the mate has sent no
-heartbeat for this many heartbeat intervals (`Restarts.down`): a SIGSTOPped or wedged rank is
-otherwise seen only at its deadline, after the survivor, which would be named for what it did."""
+"""A rank that lost a peer, once its grace is over, names as the cause a mate that has sent no
+heartbeat for this many heartbeat intervals (at least the grace; `Restarts.down`): a rank dead and
+not seen yet, or hung while its partners' collectives gave up before its deadline, would otherwise
+be seen after the survivor, which would be named for what it did."""
 DIED, EXITED, LOST_A_PEER = 0, 1, 2
 
 
