@@ -21,7 +21,7 @@ from typing import Callable
 
 from flowrl.runtime.controller.procs import Proc, ProcTable
 from flowrl.runtime.controller.report import RunReport
-from flowrl.runtime.controller.supervisor import Supervisor, last_words
+from flowrl.runtime.controller.supervisor import MISSED_HEARTBEATS, Supervisor, last_words
 from flowrl.runtime.controller.wiring import Wiring
 from flowrl.runtime.controller.shards import ensure_shard
 from flowrl.runtime.protocol.checkpoints import CheckpointError
@@ -134,7 +134,7 @@ class Restarts:
         lost = {h for h in hosts if self.host_lost(h)}
         sup = self.supervisor.sup
         silent = {p.spec.host: p.id for p, why in found
-                  if why.startswith("missed heartbeats") and self.launcher.is_remote(p.spec.host)}
+                  if why.startswith(MISSED_HEARTBEATS) and self.launcher.is_remote(p.spec.host)}
         near = sup.deadline_s - sup.heartbeat_s
         out = []
         seen = {p.id for p, _ in found}
@@ -145,7 +145,7 @@ class Restarts:
             if p.spec.host in lost:
                 out.append((p, f"its host {p.spec.host} left the cluster"))
             elif p.spec.host in silent and p.ready and now - p.last_seen > near:
-                out.append((p, f"missed heartbeats for {now - p.last_seen:.1f} s, like {silent[p.spec.host]} on "
+                out.append((p, f"{MISSED_HEARTBEATS} for {now - p.last_seen:.1f} s, like {silent[p.spec.host]} on "
                                f"its host: hung"))
         return out
 

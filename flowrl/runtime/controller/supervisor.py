@@ -32,6 +32,8 @@ STACKS_SIGNAL = signal.SIGUSR2
 """Asks a node process to write every thread's Python stack into its log (faulthandler, worker.py):
 answered even while its main thread waits in C, in a collective or on a lock."""
 STACKS_WAIT_S = 0.2  # what a process gets to write them before it is stopped
+MISSED_HEARTBEATS = "missed heartbeats"
+"""How the reason of a process found by its heartbeat deadline begins (`Restarts.host_mates` reads it)."""
 
 
 def last_words(procs) -> None:
@@ -84,7 +86,7 @@ class Supervisor:
             elif not proc.ready and now - proc.started_at > self.sup.startup_timeout_s:
                 down.append((proc, f"did not report READY within {self.sup.startup_timeout_s:.0f} s"))
             elif proc.ready and now - proc.last_seen > self.sup.deadline_s:
-                down.append((proc, f"missed heartbeats for {now - proc.last_seen:.1f} s (deadline "
+                down.append((proc, f"{MISSED_HEARTBEATS} for {now - proc.last_seen:.1f} s (deadline "
                                    f"{self.sup.deadline_s} s): hung"))
             elif proc.busy is not None and proc.busy[1] > self.sup.process_timeout_s:
                 down.append((proc, f"spent {proc.busy[1]:.1f} s inside one call on {proc.busy[0]} (process_timeout_s "
