@@ -50,6 +50,7 @@ class TraceWriter:
         self._ends: dict[tuple[int, int], int] = {}  # per thread: the latest end of its spans so far
         self._lane_ends: dict[tuple[int, int], list[int]] = {}  # ... and of each of its lanes' spans
         self._heads: dict[str, str] = {}  # a complete event's JSON up to its pid, by span name
+        self._counters: dict[tuple[int, str], dict] = {}  # per counter track: the values last written
         self._f: TextIO | None = open(self.path, "w", encoding="utf-8")
         self._f.write("[")
         self._first = True
@@ -144,6 +145,12 @@ class TraceWriter:
         self._emit(f'{head}{int(pid)},"tid":{int(tid)},"ts":{ts},"dur":{dur}{tail}')
 
     def counter(self, name: str, abs_us: int, values: dict[str, float], pid: int = CONTROLLER_PID) -> None:
+        """A counter track's values from `abs_us` on. Values equal to the track's last ones are not
+        written again: a counter holds its value until the next event (a row's gauges are mostly
+        unchanged from the step before, and each was a line of the file and a JSON encoding)."""
+        if self._counters.get((pid, name)) == values:
+            return
+        self._counters[(pid, name)] = dict(values)
         self._write({"ph": "C", "name": name, "pid": pid, "tid": 0, "ts": self._ts(abs_us),
                      "args": values})
 

@@ -60,6 +60,21 @@ def test_trace_json_is_valid_with_one_named_track_per_node_process(tmp_path):
                for e in events)
 
 
+def test_a_gauge_goes_into_the_trace_when_its_value_changes_not_at_every_step(tmp_path):
+    hub = MetricsHub(tmp_path)
+    depths = [2, 2, 2, 5, 5, 2]
+    for step, depth in enumerate(depths, 1):
+        hub.set("queue_depth", depth, edge="rollout->actor")
+        hub.set("node_up", 1, node="actor")
+        hub.end_step(step=step)
+    hub.close()
+    counters = [e for e in load_trace(tmp_path / "trace.json") if e["ph"] == "C"]
+    depth = [e["args"]["rollout->actor"] for e in counters if e["name"] == "queue_depth"]
+    assert depth == [2, 5, 2]  # a counter holds its value until the next event: nothing is lost
+    assert [e["args"] for e in counters if e["name"] == "node_up"] == [{"actor": 1}]
+    assert sorted(e["ts"] for e in counters) == [e["ts"] for e in counters]
+
+
 def test_a_trace_cut_short_by_a_crash_still_loads(tmp_path):
     w = TraceWriter(tmp_path / "trace.json", t0_us=0)
     pid = w.track("rollout", 0, 4242, "h")
