@@ -3,13 +3,15 @@
     make_report("runs/ppo-001")   # -> RUN_DIR/report/{reward,throughput,timeline,staleness,
                                   #    losses}.png, summary.txt and cpu.json (the CPU per step)
 
-Inputs are only metrics.jsonl and trace.json (either may be missing or cut short by a crash).
+Inputs are only metrics.jsonl (with its rotated segments) and trace.json (either may be missing or
+cut short by a crash).
 matplotlib is the `report` extra and loads here, on first use, with its Agg canvas (no display,
 no global backend switch). Plot and summary wording live in report_plots.py / analysis.py.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import statistics
@@ -19,6 +21,7 @@ from typing import Any
 from flowrl.metrics.analysis import diagnose, node_utilisation, ordered, utilisation_table
 from flowrl.metrics.breakdown import breakdown_table, cpu_breakdown
 from flowrl.metrics.trace import load_trace
+from flowrl.segments import segments
 
 
 class ReportError(ValueError):
@@ -26,9 +29,23 @@ class ReportError(ValueError):
 
 
 def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """metrics.jsonl rows; a torn last line (crash mid-write) is skipped."""
+    """metrics.jsonl rows, after those of its compressed segments (`metrics.N.jsonl.gz`: a long run
+    rotates its older rows out every 64 MB, ~8,000 steps of graphs/grpo.yaml); a torn last line
+    (crash mid-write) is skipped."""
+    path = Path(path)
+    rows: list[dict[str, Any]] = []
+    for seg in segments(path):
+        with gzip.open(seg, "rt", encoding="utf-8", errors="replace") as f:
+            rows.extend(_rows(f))
+    if path.exists():
+        with open(path, encoding="utf-8", errors="replace") as f:
+            rows.extend(_rows(f))
+    return rows
+
+
+def _rows(lines) -> list[dict[str, Any]]:
     rows = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in lines:
         try:
             row = json.loads(line)
         except json.JSONDecodeError:

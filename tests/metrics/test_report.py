@@ -50,6 +50,24 @@ def test_report_reads_a_run_cut_short_by_a_crash(synthetic_runs, tmp_path):
     assert "bottleneck: rollout" in paths[-1].read_text()
 
 
+def test_report_covers_a_long_run_whose_older_rows_were_rotated_into_segments(synthetic_runs, tmp_path):
+    from flowrl.segments import rotate, segments
+
+    run = tmp_path / "long"
+    shutil.copytree(synthetic_runs["rollout_bound"], run)
+    path = run / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    for part in (lines[:12], lines[12:22]):  # as the hub does past rotate_bytes: gzip, start anew
+        path.write_text("".join(part))
+        rotate(path)
+    path.write_text("".join(lines[22:]))
+    assert len(segments(path)) == 2
+    rows = load_rows(path)
+    assert [r["step"] for r in rows] == list(range(1, 31))
+    summary = make_report(run)[-1].read_text()
+    assert "steps 1..30 (30 rows)" in summary, summary
+
+
 def test_report_of_a_directory_without_a_run_says_what_is_missing(tmp_path, capsys):
     with pytest.raises(ReportError, match="neither metrics.jsonl nor trace.json"):
         make_report(tmp_path)
