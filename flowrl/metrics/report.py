@@ -11,7 +11,6 @@ no global backend switch). Plot and summary wording live in report_plots.py / an
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import statistics
@@ -21,7 +20,7 @@ from typing import Any
 from flowrl.metrics.analysis import diagnose, node_utilisation, ordered, utilisation_table
 from flowrl.metrics.breakdown import breakdown_table, cpu_breakdown
 from flowrl.metrics.trace import load_trace
-from flowrl.segments import segments
+from flowrl.segments import read_all
 
 
 class ReportError(ValueError):
@@ -32,27 +31,7 @@ def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     """metrics.jsonl rows, after those of its compressed segments (`metrics.N.jsonl.gz`: a long run
     rotates its older rows out every 64 MB, ~8,000 steps of graphs/grpo.yaml); a torn last line
     (crash mid-write) is skipped."""
-    path = Path(path)
-    rows: list[dict[str, Any]] = []
-    for seg in segments(path):
-        with gzip.open(seg, "rt", encoding="utf-8", errors="replace") as f:
-            rows.extend(_rows(f))
-    if path.exists():
-        with open(path, encoding="utf-8", errors="replace") as f:
-            rows.extend(_rows(f))
-    return rows
-
-
-def _rows(lines) -> list[dict[str, Any]]:
-    rows = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    return [row for row in read_all(Path(path)) if isinstance(row, dict)]
 
 
 def _fmt(x: float | None, unit: str = "") -> str:
