@@ -19,6 +19,7 @@ from typing import Any
 
 from flowrl.metrics.analysis import diagnose, node_utilisation, ordered, utilisation_table
 from flowrl.metrics.breakdown import breakdown_table, cpu_breakdown
+from flowrl.metrics.steppath import step_path, step_path_table
 from flowrl.metrics.trace import load_trace
 from flowrl.segments import read_all
 
@@ -103,6 +104,10 @@ def summary_text(run_dir: Path, rows: list[dict[str, Any]], events: list[dict[st
         out.append("")
         for u in ordered(uses, order):
             out.append(f"idle ratio {u.node}: {100 * u.idle:.0f}%")
+        out.append("")
+    path = step_path(events)
+    if path is not None:  # max_staleness 0: the step is one chain of calls and what joins them
+        out += step_path_table(path)
         out.append("")
     cpu = cpu_breakdown(rows, uses)
     if cpu is not None:

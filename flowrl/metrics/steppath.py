@@ -1,0 +1,148 @@
+"""Where a synchronous step's wall time goes: its critical path, call by call, from trace.json.
+
+With `max_staleness: 0` the rollout waits for the weights of the update its last batch fed, so a
+step is one chain: the subscriber's call (the rollout), the calls of ticket t down to the
+publisher's (the trainer), the trainer's snapshot, the weight-sync round, and the subscriber's
+next call. Every gap between two of them is the framework's: a batch handed to the next node
+(channel, event loop, compute thread), the version announced (`published` -> controller -> `sync`
+orders), the round itself (handshake in the store, the broadcast: from the publisher's start to
+the end of the subscriber's receive) and the landing of the weights.
+
+    path = step_path(load_trace(run_dir / "trace.json"))   # None: no synchronous step in the trace
+    print("\\n".join(step_path_table(path)))
+
+The chain of ticket t is built backwards from the trainer's call: each call's predecessor is the
+call of ticket t that ended last before it started (with parallel branches, the one that gated
+it). Means over the steps whose chain has the most common shape (a step is the time from one
+subscriber call's start to the next's): each step's parts add up to it, so their means add up to
+the mean step, and a slow step shows in the part that was slow (a median would hide it, and the
+medians of skewed parts would not add up).
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from flowrl.metrics.trace import track_names
+
+SYNCHRONOUS_SHARE = 0.8  # at least this share of steps must wait for the round (k=0), else None
+
+
+@dataclass
+class StepPath:
+    steps: int                             # steps measured
+    step_ms: float                         # mean step
+    parts: list[tuple[str, str, float]]    # (label, "call" | "between", mean ms), in path order
+
+    def ms(self, kind: str) -> float:
+        return sum(ms for _, k, ms in self.parts if k == kind)
+
+
+def _spans(events: list[dict[str, Any]]) -> tuple[dict, dict]:
+    """(node -> span name -> [(start_ms, end_ms)] in time order, node -> batch id -> its first
+    `compute` span); a node's replicas together."""
+    names = track_names(events)
+    spans: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    calls: dict[str, dict[str, tuple[float, float]]] = defaultdict(dict)
+    for e in events:
+        if e.get("ph") != "X" or e.get("pid") not in names:
+            continue
+        node, t0 = names[e["pid"]].split("/")[0], e["ts"] / 1e3
+        span = (t0, t0 + e.get("dur", 0) / 1e3)
+        spans[node][e["name"]].append(span)
+        bid = (e.get("args") or {}).get("batch_id")
+        if e["name"] == "compute" and bid is not None and (bid not in calls[node] or span < calls[node][bid]):
+            calls[node][bid] = span
+    for named in spans.values():
+        for v in named.values():
+            v.sort()
+    return spans, calls
+
+
+def _first_after(spans: list[tuple[float, float]], t: float, before: float) -> tuple[float, float] | None:
+    """The first span (in time order) that starts in [t, before)."""
+    i = bisect.bisect_left(spans, (t, float("-inf")))
+    return spans[i] if i < len(spans) and spans[i][0] < before else None
+
+
+def step_path(events: list[dict[str, Any]]) -> StepPath | None:
+    """The mean critical path of a synchronous step, or None: no single publisher and subscriber
+    of weights in the trace, or steps that do not wait for the round (max_staleness >= 1)."""
+    spans, calls = _spans(events)
+    pubs = [n for n, s in spans.items() if s.get("weight_snapshot")]
+    subs = [n for n, s in spans.items() if s.get("weight_sync") and n not in pubs and calls.get(n)]
+    if len(pubs) != 1 or not subs:
+        return None
+    pub = spans[pubs[0]]
+    sub = min(subs, key=lambda n: statistics.median(c[0] for c in calls[n].values()))  # the first on the path
+    tickets = sorted((s, b) for b, s in calls[sub].items() if b in calls[pubs[0]])
+    shapes: Counter = Counter()
+    measured: dict[tuple, list[list[float]]] = defaultdict(list)
+    steps = synchronous = 0
+    for (s_t, bid), (s_next, _) in zip(tickets, tickets[1:]):
+        steps += 1
+        p_t = calls[pubs[0]][bid]
+        if s_next[0] < p_t[1]:  # the next call did not wait for this update: not synchronous
+            continue
+        synchronous += 1
+        chain = [(pubs[0], p_t)]
+        while chain[-1][0] != sub:  # backwards: the call of ticket t that ended last before this one
+            start = chain[-1][1][0]
+            before = [(c[bid][1], n, c[bid]) for n, c in calls.items()
+                      if bid in c and n not in {m for m, _ in chain} and s_t[0] <= c[bid][0] and c[bid][1] <= start]
+            if not before:
+                break
+            _, n, span = max(before)
+            chain.append((n, span))
+        snap = _first_after(pub["weight_snapshot"], p_t[1], s_next[0])
+        rnd = _first_after(pub.get("weight_sync", []), snap[1], s_next[0]) if snap else None
+        if chain[-1][0] != sub or rnd is None:
+            continue
+        # the round ends where the subscriber's receive does, its last before the next call (the
+        # publisher's span closes a little later, often after the subscriber landed and called again)
+        received = spans[sub]["weight_sync"]
+        i = bisect.bisect_left(received, (s_next[0],))
+        if i and received[i - 1][1] >= rnd[0]:
+            rnd = (rnd[0], min(received[i - 1][1], s_next[0]))
+        chain.reverse()
+        labels, values = [], []
+        for i, (n, span) in enumerate(chain):
+            if i:
+                labels.append((f"{chain[i - 1][0]} -> {n}", "between"))
+                values.append(span[0] - chain[i - 1][1][1])
+            labels.append((f"{n} call", "call"))
+            values.append(span[1] - span[0])
+        for label, kind, value in ((f"{pubs[0]} call -> snapshot", "between", snap[0] - p_t[1]),
+                                   ("weight snapshot", "between", snap[1] - snap[0]),
+                                   ("snapshot -> round (published, sync orders)", "between", rnd[0] - snap[1]),
+                                   ("weight-sync round", "between", rnd[1] - rnd[0]),
+                                   (f"round -> next {sub} call (landing)", "between", s_next[0] - rnd[1])):
+            labels.append((label, kind))
+            values.append(value)
+        shape = tuple(labels)
+        shapes[shape] += 1
+        measured[shape].append([*values, s_next[0] - s_t[0]])
+    if not shapes or synchronous < SYNCHRONOUS_SHARE * steps:
+        return None
+    shape, n = shapes.most_common(1)[0]
+    columns = list(zip(*measured[shape]))
+    parts = [(label, kind, statistics.fmean(col)) for (label, kind), col in zip(shape, columns)]
+    return StepPath(steps=n, step_ms=statistics.fmean(columns[-1]), parts=parts)
+
+
+def step_path_table(path: StepPath) -> list[str]:
+    """The path as lines: each call and each gap with its mean ms and share of the mean step."""
+    width = max(len(label) for label, _, _ in path.parts)
+    out = [f"a synchronous step's critical path (max_staleness 0), means over {path.steps} steps: "
+           f"{path.step_ms:.1f} ms a step"]
+    for label, kind, ms in path.parts:
+        indent = "  " if kind == "call" else "    "
+        out.append(f"{indent}{label:<{width + 2 - len(indent) + 2}} {ms:8.2f} ms {100 * ms / path.step_ms:5.1f}%")
+    calls, between = path.ms("call"), path.ms("between")
+    out.append(f"  calls {calls:.1f} ms ({100 * calls / path.step_ms:.1f}%), between calls (the framework's) "
+               f"{between:.1f} ms ({100 * between / path.step_ms:.1f}%)")
+    return out
