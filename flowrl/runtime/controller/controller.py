@@ -43,7 +43,7 @@ from flowrl.runtime.controller.outcome import Outcome
 from flowrl.runtime.controller.procs import NodeFailure, Proc, ProcTable
 from flowrl.runtime.controller.recovery import Recovery, RecoveryBook
 from flowrl.runtime.controller.replan import move_off
-from flowrl.runtime.controller.report import IDLE_S, RunReport
+from flowrl.runtime.controller.report import IDLE_S, QUIET_S, RunReport
 from flowrl.runtime.controller.restarts import Restarts
 from flowrl.runtime.controller.roles import Roles, node_shapes
 from flowrl.runtime.controller.scaling import Retirement, ScaleError, scale
@@ -384,9 +384,9 @@ class Controller:
             if proc.ready and proc.alive:
                 await self.control.send(proc, m.Stop())
         deadline = time.monotonic() + self.spec.supervision.stop_timeout_s
-        while any(p.alive for p in self.procs) and time.monotonic() < deadline:
+        while time.monotonic() < deadline and (any(p.alive for p in self.procs) or await self.control.readable(QUIET_S)):
             with anyio.move_on_after(self.spec.controller.tick_s):  # the last metrics each node sends on its way out
-                await self.receive_one(only=m.Heartbeat)
+                await self.receive_one(only=m.Heartbeat)  # (also after the last exit: they may wait here unread)
         self.report.write_last_row()  # the last step's row, with those last metrics in it
         for proc in self.procs:
             if proc.handle:

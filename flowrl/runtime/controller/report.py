@@ -26,6 +26,10 @@ IDLE_S = 0.002
 """Metrics work waits until the control socket has been quiet this long. Done at once, a trainer's
 step (parsing its snapshot, then the step's row: ~2 ms) sat between its `consumed` and its
 `published`, so the next version's sync orders and tickets waited for it, every step at k=0."""
+QUIET_S = 0.05
+"""At shutdown, once every node has exited, the control socket is read until quiet this long: the
+last metrics a node sends on its way out may wait there unread (all of them, when every node exited
+before the controller first looked)."""
 
 
 class RunReport:
