@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +69,48 @@ def _first_after(spans: list[tuple[float, float]], t: float, before: float) -> t
     return spans[i] if i < len(spans) and spans[i][0] < before else None
 
 
+def _chain(calls: dict, bid: str, pub: str, sub: str, first: float) -> list[tuple[str, tuple]] | None:
+    """Ticket `bid`'s calls from the subscriber's (which started at `first`) to the publisher's, in
+    order, found backwards: each call's predecessor is the call of the ticket that ended last before
+    it started. None when the chain does not reach the subscriber."""
+    chain = [(pub, calls[pub][bid])]
+    while chain[-1][0] != sub:
+        start, seen = chain[-1][1][0], {n for n, _ in chain}
+        before = [(c[bid][1], n, c[bid]) for n, c in calls.items()
+                  if bid in c and n not in seen and first <= c[bid][0] and c[bid][1] <= start]
+        if not before:
+            return None
+        _, n, span = max(before)
+        chain.append((n, span))
+    return chain[::-1]
+
+
+def _step_parts(spans: dict, chain: list, pub: str, sub: str, next_call: float) -> list[tuple[str, str, float]] | None:
+    """The step's parts in path order: each call and the gap before it, then what joins the
+    publisher's call to the subscriber's next (at `next_call`); None without a snapshot and a round
+    between them."""
+    parts = []
+    for (before, prev), (n, span) in zip([(None, None), *chain], chain):
+        if before is not None:
+            parts.append((f"{before} -> {n}", "between", span[0] - prev[1]))
+        parts.append((f"{n} call", "call", span[1] - span[0]))
+    end = chain[-1][1][1]
+    snap = _first_after(spans[pub]["weight_snapshot"], end, next_call)
+    rnd = _first_after(spans[pub].get("weight_sync", []), snap[1], next_call) if snap else None
+    if rnd is None:
+        return None
+    # the round ends where the subscriber's receive does, its last before the next call (the
+    # publisher's span closes a little later, often after the subscriber landed and called again)
+    received = spans[sub]["weight_sync"]
+    i = bisect.bisect_left(received, (next_call,))
+    done = min(received[i - 1][1], next_call) if i and received[i - 1][1] >= rnd[0] else rnd[1]
+    return [*parts, (f"{pub} call -> snapshot", "between", snap[0] - end),
+            ("weight snapshot", "between", snap[1] - snap[0]),
+            ("snapshot -> round (published, sync orders)", "between", rnd[0] - snap[1]),
+            ("weight-sync round", "between", done - rnd[0]),
+            (f"round -> next {sub} call (landing)", "between", next_call - done)]
+
+
 def step_path(events: list[dict[str, Any]]) -> StepPath | None:
     """The mean critical path of a synchronous step, or None: no single publisher and subscriber
     of weights in the trace, or steps that do not wait for the round (max_staleness >= 1)."""
@@ -77,61 +119,26 @@ def step_path(events: list[dict[str, Any]]) -> StepPath | None:
     subs = [n for n, s in spans.items() if s.get("weight_sync") and n not in pubs and calls.get(n)]
     if len(pubs) != 1 or not subs:
         return None
-    pub = spans[pubs[0]]
+    pub = pubs[0]
     sub = min(subs, key=lambda n: statistics.median(c[0] for c in calls[n].values()))  # the first on the path
-    tickets = sorted((s, b) for b, s in calls[sub].items() if b in calls[pubs[0]])
-    shapes: Counter = Counter()
-    measured: dict[tuple, list[list[float]]] = defaultdict(list)
-    steps = synchronous = 0
+    tickets = sorted((s, b) for b, s in calls[sub].items() if b in calls[pub])
+    measured: dict[tuple, list[list[float]]] = defaultdict(list)  # path shape -> each step's parts and length
+    synchronous = 0
     for (s_t, bid), (s_next, _) in zip(tickets, tickets[1:]):
-        steps += 1
-        p_t = calls[pubs[0]][bid]
-        if s_next[0] < p_t[1]:  # the next call did not wait for this update: not synchronous
+        if s_next[0] < calls[pub][bid][1]:  # the next call did not wait for this update: not synchronous
             continue
         synchronous += 1
-        chain = [(pubs[0], p_t)]
-        while chain[-1][0] != sub:  # backwards: the call of ticket t that ended last before this one
-            start = chain[-1][1][0]
-            before = [(c[bid][1], n, c[bid]) for n, c in calls.items()
-                      if bid in c and n not in {m for m, _ in chain} and s_t[0] <= c[bid][0] and c[bid][1] <= start]
-            if not before:
-                break
-            _, n, span = max(before)
-            chain.append((n, span))
-        snap = _first_after(pub["weight_snapshot"], p_t[1], s_next[0])
-        rnd = _first_after(pub.get("weight_sync", []), snap[1], s_next[0]) if snap else None
-        if chain[-1][0] != sub or rnd is None:
-            continue
-        # the round ends where the subscriber's receive does, its last before the next call (the
-        # publisher's span closes a little later, often after the subscriber landed and called again)
-        received = spans[sub]["weight_sync"]
-        i = bisect.bisect_left(received, (s_next[0],))
-        if i and received[i - 1][1] >= rnd[0]:
-            rnd = (rnd[0], min(received[i - 1][1], s_next[0]))
-        chain.reverse()
-        labels, values = [], []
-        for i, (n, span) in enumerate(chain):
-            if i:
-                labels.append((f"{chain[i - 1][0]} -> {n}", "between"))
-                values.append(span[0] - chain[i - 1][1][1])
-            labels.append((f"{n} call", "call"))
-            values.append(span[1] - span[0])
-        for label, kind, value in ((f"{pubs[0]} call -> snapshot", "between", snap[0] - p_t[1]),
-                                   ("weight snapshot", "between", snap[1] - snap[0]),
-                                   ("snapshot -> round (published, sync orders)", "between", rnd[0] - snap[1]),
-                                   ("weight-sync round", "between", rnd[1] - rnd[0]),
-                                   (f"round -> next {sub} call (landing)", "between", s_next[0] - rnd[1])):
-            labels.append((label, kind))
-            values.append(value)
-        shape = tuple(labels)
-        shapes[shape] += 1
-        measured[shape].append([*values, s_next[0] - s_t[0]])
-    if not shapes or synchronous < SYNCHRONOUS_SHARE * steps:
+        chain = _chain(calls, bid, pub, sub, s_t[0])
+        parts = _step_parts(spans, chain, pub, sub, s_next[0]) if chain else None
+        if parts is not None:
+            measured[tuple((label, kind) for label, kind, _ in parts)].append(
+                [*(ms for _, _, ms in parts), s_next[0] - s_t[0]])
+    if not measured or synchronous < SYNCHRONOUS_SHARE * (len(tickets) - 1):
         return None
-    shape, n = shapes.most_common(1)[0]
-    columns = list(zip(*measured[shape]))
-    parts = [(label, kind, statistics.fmean(col)) for (label, kind), col in zip(shape, columns)]
-    return StepPath(steps=n, step_ms=statistics.fmean(columns[-1]), parts=parts)
+    shape, steps = max(measured.items(), key=lambda kv: len(kv[1]))
+    columns = list(zip(*steps))
+    return StepPath(steps=len(steps), step_ms=statistics.fmean(columns[-1]),
+                    parts=[(label, kind, statistics.fmean(col)) for (label, kind), col in zip(shape, columns)])
 
 
 def step_path_table(path: StepPath) -> list[str]:
@@ -140,8 +147,8 @@ def step_path_table(path: StepPath) -> list[str]:
     out = [f"a synchronous step's critical path (max_staleness 0), means over {path.steps} steps: "
            f"{path.step_ms:.1f} ms a step"]
     for label, kind, ms in path.parts:
-        indent = "  " if kind == "call" else "    "
-        out.append(f"{indent}{label:<{width + 2 - len(indent) + 2}} {ms:8.2f} ms {100 * ms / path.step_ms:5.1f}%")
+        name = ("  " if kind == "call" else "    ") + label
+        out.append(f"{name:<{width + 6}} {ms:8.2f} ms {100 * ms / path.step_ms:5.1f}%")
     calls, between = path.ms("call"), path.ms("between")
     out.append(f"  calls {calls:.1f} ms ({100 * calls / path.step_ms:.1f}%), between calls (the framework's) "
                f"{between:.1f} ms ({100 * between / path.step_ms:.1f}%)")
