@@ -42,16 +42,19 @@ class StepPath:
         return sum(ms for _, k, ms in self.parts if k == kind)
 
 
+PATH_SPANS = ("compute", "weight_snapshot", "weight_sync")  # the spans a step's path is made of
+
+
 def _spans(events: list[dict[str, Any]]) -> tuple[dict, dict]:
     """(node -> span name -> [(start_ms, end_ms)] in time order, node -> batch id -> its first
-    `compute` span); a node's replicas together."""
+    `compute` span), for PATH_SPANS only; a node's replicas together (a track is "node/replica")."""
     names = track_names(events)
     spans: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     calls: dict[str, dict[str, tuple[float, float]]] = defaultdict(dict)
     for e in events:
-        if e.get("ph") != "X" or e.get("pid") not in names:
+        if e.get("ph") != "X" or e.get("name") not in PATH_SPANS or e.get("pid") not in names:
             continue
-        node, t0 = names[e["pid"]].split("/")[0], e["ts"] / 1e3
+        node, t0 = names[e["pid"]].rpartition("/")[0] or names[e["pid"]], e["ts"] / 1e3
         span = (t0, t0 + e.get("dur", 0) / 1e3)
         spans[node][e["name"]].append(span)
         bid = (e.get("args") or {}).get("batch_id")
