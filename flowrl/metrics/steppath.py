@@ -40,6 +40,7 @@ class StepPath:
     steps: int                             # steps measured
     step_ms: float                         # mean step
     parts: list[tuple[str, str, float]]    # (label, "call" | "between", mean ms), in path order
+    spread: list[tuple[float, float]] | None = None  # each part's (median, p90) ms: how the steps vary
 
     def ms(self, kind: str) -> float:
         return sum(ms for _, k, ms in self.parts if k == kind)
@@ -145,17 +146,26 @@ def step_path(events: list[dict[str, Any]]) -> StepPath | None:
     shape, steps = max(measured.items(), key=lambda kv: len(kv[1]))
     columns = list(zip(*steps))
     return StepPath(steps=len(steps), step_ms=statistics.fmean(columns[-1]),
-                    parts=[(label, kind, statistics.fmean(col)) for (label, kind), col in zip(shape, columns)])
+                    parts=[(label, kind, statistics.fmean(col)) for (label, kind), col in zip(shape, columns)],
+                    spread=[(statistics.median(col), _p90(col)) for col in columns[:-1]])
+
+
+def _p90(values) -> float:
+    return statistics.quantiles(values, n=10, method="inclusive")[-1] if len(values) > 1 else values[0]
 
 
 def step_path_table(path: StepPath) -> list[str]:
-    """The path as lines: each call and each gap with its mean ms and share of the mean step."""
+    """The path as lines: each call and each gap with its mean ms, its share of the mean step and,
+    from the same steps, its median and p90 (a part that is slow now and then, such as a round that
+    waits on a busy core, shows as a p90 well above its median)."""
     width = max(len(label) for label, _, _ in path.parts)
     out = [f"a synchronous step's critical path (max_staleness 0), means over {path.steps} steps: "
            f"{path.step_ms:.1f} ms a step"]
-    for label, kind, ms in path.parts:
+    spread = path.spread or [None] * len(path.parts)
+    for (label, kind, ms), sp in zip(path.parts, spread):
         name = ("  " if kind == "call" else "    ") + label
-        out.append(f"{name:<{width + 6}} {ms:8.2f} ms {100 * ms / path.step_ms:5.1f}%")
+        tail = f"   median {sp[0]:7.2f}  p90 {sp[1]:7.2f}" if sp else ""
+        out.append(f"{name:<{width + 6}} {ms:8.2f} ms {100 * ms / path.step_ms:5.1f}%{tail}")
     calls, between = path.ms("call"), path.ms("between")
     out.append(f"  calls {calls:.1f} ms ({100 * calls / path.step_ms:.1f}%), between calls (the framework's) "
                f"{between:.1f} ms ({100 * between / path.step_ms:.1f}%)")

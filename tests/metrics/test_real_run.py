@@ -180,8 +180,10 @@ def test_a_real_ppo_run_is_observable_live_and_afterwards(tmp_path):
                   r"([\d.]+) ms a step$", summary, re.M)
     assert m and int(m.group(1)) >= STEPS // 2, summary
     path = summary[m.start():].split("\n\n")[0].splitlines()[1:]
-    parts = [re.fullmatch(r" +(.+?) +(-?[\d.]+) ms +-?[\d.]+%", line) for line in path[:-1]]
+    parts = [re.fullmatch(r" +(.+?) +(-?[\d.]+) ms +-?[\d.]+% +median +(-?[\d.]+) +p90 +(-?[\d.]+)", line)
+             for line in path[:-1]]
     assert all(parts) and parts[0].group(1) == "rollout call" and parts[-2].group(1) == "weight-sync round", path
+    assert all(float(p.group(4)) >= float(p.group(3)) for p in parts), path  # p90 >= median
     assert [p.group(1) for p in parts].index("actor call") > 0
     assert abs(sum(float(p.group(2)) for p in parts) - float(m.group(2))) < 0.1 * len(parts), path
 

@@ -9,9 +9,10 @@ from flowrl.metrics.steppath import step_path, step_path_table
 NODES = ("prompts", "rollout", "reward", "reference", "actor")
 
 
-def _trace(steps: int = 10, overlap: bool = False, publisher: bool = True) -> list[dict]:
+def _trace(steps: int = 10, overlap: bool = False, publisher: bool = True, slow: frozenset = frozenset()) -> list[dict]:
     """prompts -> rollout -> {reward, reference} -> actor, weights actor -> rollout. Times in ms: a
-    45 ms step, or (overlap) a rollout that starts the next batch while the actor trains."""
+    45 ms step, or (overlap) a rollout that starts the next batch while the actor trains; the round
+    of each step in `slow` takes 10 ms longer (and so does that step)."""
     ev = [{"ph": "M", "name": "process_name", "pid": i + 1, "tid": 0, "ts": 0, "args": {"name": f"{n}/0"}}
           for i, n in enumerate(NODES)]
     pid = {n: i + 1 for i, n in enumerate(NODES)}
@@ -21,8 +22,11 @@ def _trace(steps: int = 10, overlap: bool = False, publisher: bool = True) -> li
                    "dur": (end - start) * 1e3, "args": args})
 
     step = 25 if overlap else 45
+    late = 0.0
     for t in range(steps):
-        at, bid = 1000 + step * t, f"t-{t:06d}"
+        at, bid = 1000 + step * t + late, f"t-{t:06d}"
+        extra = 10.0 if t in slow else 0.0
+        late += extra
         span("prompts", "compute", at - 5, at - 4.5, batch_id=bid)  # a source: off the path
         span("rollout", "compute", at, at + 20, batch_id=bid)
         span("reference", "compute", at + 20.5, at + 22, batch_id=bid)  # a parallel branch, done first
@@ -30,8 +34,8 @@ def _trace(steps: int = 10, overlap: bool = False, publisher: bool = True) -> li
         span("actor", "compute", at + 24, at + 40, batch_id=bid)
         if publisher:  # the first snapshot is slow (it allocates; its round forms the group)
             span("actor", "weight_snapshot", at + 40.5, at + (40.9 if t == 0 else 40.6))
-            span("actor", "weight_sync", at + 41, at + 44, version=t + 1)
-        span("rollout", "weight_sync", at + 41.1, at + 44.1, version=t + 1, beside=True)
+            span("actor", "weight_sync", at + 41, at + 44 + extra, version=t + 1)
+        span("rollout", "weight_sync", at + 41.1, at + 44.1 + extra, version=t + 1, beside=True)
     return ev
 
 
@@ -55,6 +59,17 @@ def test_the_path_chains_the_calls_that_gated_each_other_and_the_sync_after_them
     assert lines[0].startswith("a synchronous step's critical path") and "45.0 ms a step" in lines[0]
     assert any("weight-sync round" in line and "3.10 ms" in line and "6.9%" in line for line in lines)
     assert lines[-1] == "  calls 38.0 ms (84.4%), between calls (the framework's) 7.0 ms (15.6%)"
+
+
+def test_a_round_slow_now_and_then_shows_in_its_p90_not_its_median():
+    path = step_path(_trace(steps=21, slow=frozenset({5, 10, 15})))  # 3 of the 19 steps measured
+    assert path.steps == 19 and path.step_ms == pytest.approx(45 + 30 / 19)
+    rounds = dict(zip([label for label, _, _ in path.parts], path.spread))["weight-sync round"]
+    assert rounds[0] == pytest.approx(3.1) and rounds[1] == pytest.approx(13.1)  # median, p90
+    calls = dict(zip([label for label, _, _ in path.parts], path.spread))["actor call"]
+    assert calls == (pytest.approx(16), pytest.approx(16))
+    line = next(line for line in step_path_table(path) if "weight-sync round" in line)
+    assert line.endswith("median    3.10  p90   13.10"), line
 
 
 def test_no_path_when_the_rollout_does_not_wait_for_the_round_or_nothing_publishes():
