@@ -153,7 +153,7 @@ def main() -> int:
     print(f"{'case':<34} {'measured /s':>12} {'bound /s':>10} {'ratio':>7}" + ("  every round" if spread else ""))
     for r in rows:
         tail = "  " + " ".join(f"{x:.3f}" for x in r["ratios"]) if spread else ""
-        print(f"{r['case']:<34} {r['measured_per_s']:>12.2f} {r['bound_per_s']:>10.2f} {r['ratio']:>7.2f}{tail}")
+        print(f"{r['case']:<34} {r['measured_per_s']:>12.2f} {r['bound_per_s']:>10.2f} {r['ratio']:>7.3f}{tail}")
     for r in rows:
         if r.get("critical_path"):
             print(f"\n{r['case']}: the bound is 140 ms a step (80 + 60 ms of calls)" +
