@@ -132,3 +132,29 @@ def test_a_removed_member_is_dropped_and_never_a_candidate(tmp_path):
     assert gone not in g.candidates()
     g.drop(gone)
     assert gone not in g.members
+
+
+def test_a_round_is_under_way_until_every_member_replied_or_it_is_old(tmp_path, monkeypatch):
+    """While it is, the controller holds its metrics work (it ran beside the round on two cores)."""
+    import flowrl.runtime.controller.weightorders as wo
+
+    g, procs, out, _ = group(tmp_path)
+    assert not g.in_round()
+    anyio.run(lambda: g.form(4))
+    assert g.in_round()
+    g.synced(procs.get("actor/0/0"), m.Synced(version=4, sync_epoch=g.epoch))
+    g.synced(procs.get("rollout/0/0"), m.Synced(version=4, sync_epoch=g.epoch))
+    assert g.in_round(), "rollout/1/0 has not replied"
+    anyio.run(lambda: g.sync_failed(procs.get("rollout/1/0"), m.SyncFailed(sync_epoch=g.epoch - 1, error="older"),
+                                    4, recovering=False))
+    assert not g.in_round(), "a failure is a reply too"
+    anyio.run(lambda: g.order(5, recovering=False))
+    assert g.in_round()
+    g.drop(procs.get("rollout/1/0"))
+    g.disband()
+    assert not g.in_round(), "a recovery began: nobody replies to that round"
+    anyio.run(lambda: g.order(6, recovering=False))  # no members: nothing ordered, nothing awaited
+    assert not g.in_round()
+    anyio.run(lambda: g.form(6))
+    monkeypatch.setattr(wo.time, "monotonic", lambda real=wo.time.monotonic: real() + wo.ROUND_QUIET_S)
+    assert not g.in_round(), "a member that never replies holds the metrics back ROUND_QUIET_S at most"

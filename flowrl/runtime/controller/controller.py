@@ -297,7 +297,7 @@ class Controller:
     # the control socket -----------------------------------------------------------------------
     async def receive_loop(self) -> None:
         while True:
-            if self.report.backlog and not await self.control.readable(IDLE_S):
+            if self.report.backlog and not self.sync.in_round() and not await self.control.readable(IDLE_S):
                 self.report.catch_up()  # metrics work once the socket is quiet, not between two orders
                 continue
             await self.receive_one()

@@ -133,6 +133,7 @@ class RunReport:
             self.hub.replans.append(text)
 
     def tick(self, controller) -> None:
-        self.catch_up()  # at the latest
+        if not controller.sync.in_round():  # not beside a weight-sync round (SyncGroup.in_round)
+            self.catch_up()  # at the latest
         if self.on_tick:
             self.on_tick(controller)

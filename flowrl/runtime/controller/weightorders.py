@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Awaitable, Callable
 
 from flowrl.graph.spec import WeightSyncSpec
@@ -53,6 +54,8 @@ def colocated(a: Proc, b: Proc) -> bool:
     if x.colocation is None or x.colocation != y.colocation or x.host_address != y.host_address:
         return False
     return x.device_type == y.device_type and (x.turn_group is not None or x.devices == y.devices)
+
+ROUND_QUIET_S = 0.5  # the longest the controller's metrics work waits for a round's replies
 
 Send = Callable[[Proc, object], Awaitable[bool]]
 Fail = Callable[[Proc | None, str], None]
@@ -73,6 +76,8 @@ class SyncGroup:
         self.members: list[Proc] = []
         self.identities: frozenset[bytes] = frozenset()  # who the current sync epoch was formed of
         self.handoff = False  # the current epoch's members all share the publisher's device
+        self.awaited: set[bytes] = set()  # members of the last ordered round not yet synced or failed
+        self.ordered_at = 0.0  # when that round was ordered (monotonic)
 
     # membership -------------------------------------------------------------------------------
     def weight_procs(self) -> list[Proc]:
@@ -126,19 +131,27 @@ class SyncGroup:
 
     def disband(self) -> None:
         """A recovery began: no group until its end forms one."""
-        self.members, self.identities = [], frozenset()
+        self.members, self.identities, self.awaited = [], frozenset(), set()
 
     def drop(self, proc: Proc) -> None:
         """`proc` is gone for good (a removed replica): it is no member any more."""
         self.members = [p for p in self.members if p is not proc]
+        self.awaited.discard(proc.identity)
 
     # orders and results -----------------------------------------------------------------------
     async def order(self, version: int, *, recovering: bool) -> None:
         """Every member syncs `version` (nothing during a recovery, nor with fewer than two)."""
         if len(self.members) < 2 or recovering:
             return
+        self.awaited, self.ordered_at = {p.identity for p in self.members}, time.monotonic()
         for rank, p in enumerate(self.members):
             await self._send_sync(p, version, rank)
+
+    def in_round(self) -> bool:
+        """A round this group ordered is under way: its members' replies have not all come, and it
+        was ordered less than ROUND_QUIET_S ago. The controller holds its metrics work meanwhile: a
+        round is on every subscriber's path, and on two cores that work took a core from it."""
+        return bool(self.awaited) and time.monotonic() - self.ordered_at < ROUND_QUIET_S
 
     async def _send_sync(self, p: Proc, version: int, rank: int) -> None:
         pub = self.members[0]
@@ -147,6 +160,7 @@ class SyncGroup:
                                   handoff=self.handoff))
 
     def synced(self, proc: Proc, msg: m.Synced) -> None:
+        self.awaited.discard(proc.identity)
         proc.version = msg.version
         if msg.sync_epoch == self.epoch:
             self.failures = 0
@@ -154,6 +168,7 @@ class SyncGroup:
             self.ledger.record(WeightsHeld(node=proc.id, version=msg.version, digest=msg.digest))
 
     async def sync_failed(self, proc: Proc, msg: m.SyncFailed, version: int, *, recovering: bool) -> None:
+        self.awaited.discard(proc.identity)
         current = msg.sync_epoch == self.epoch
         # an older epoch's round ends this way whenever membership changed: expected, not a warning
         log.log(logging.WARNING if current or msg.permanent else logging.INFO, "weight sync failed at %s: %s",
