@@ -40,7 +40,7 @@ class StepPath:
     steps: int                             # steps measured
     step_ms: float                         # mean step
     parts: list[tuple[str, str, float]]    # (label, "call" | "between", mean ms), in path order
-    spread: list[tuple[float, float]] | None = None  # each part's (median, p90) ms: how the steps vary
+    spread: list[tuple[float, float]]      # each part's (median, p90) ms, from the same steps
 
     def ms(self, kind: str) -> float:
         return sum(ms for _, k, ms in self.parts if k == kind)
@@ -161,11 +161,10 @@ def step_path_table(path: StepPath) -> list[str]:
     width = max(len(label) for label, _, _ in path.parts)
     out = [f"a synchronous step's critical path (max_staleness 0), means over {path.steps} steps: "
            f"{path.step_ms:.1f} ms a step"]
-    spread = path.spread or [None] * len(path.parts)
-    for (label, kind, ms), sp in zip(path.parts, spread):
+    for (label, kind, ms), (median, p90) in zip(path.parts, path.spread):
         name = ("  " if kind == "call" else "    ") + label
-        tail = f"   median {sp[0]:7.2f}  p90 {sp[1]:7.2f}" if sp else ""
-        out.append(f"{name:<{width + 6}} {ms:8.2f} ms {100 * ms / path.step_ms:5.1f}%{tail}")
+        out.append(f"{name:<{width + 6}} {ms:8.2f} ms {100 * ms / path.step_ms:5.1f}%"
+                   f"   median {median:7.2f}  p90 {p90:7.2f}")
     calls, between = path.ms("call"), path.ms("between")
     out.append(f"  calls {calls:.1f} ms ({100 * calls / path.step_ms:.1f}%), between calls (the framework's) "
                f"{between:.1f} ms ({100 * between / path.step_ms:.1f}%)")
