@@ -20,27 +20,33 @@ import numpy as np
 
 import flowrl
 
-EXACT_S = 0.0015
-"""The tail of a cost that `spend` takes in `time.sleep`."""
+EXACT_S = 0.003
+"""The tail of a cost that `spend` takes off the loop (longer than asyncio's overrun)."""
+SPIN_S = 0.0004
+"""...and the last of that tail, waited for by reading the clock."""
 EXACT_FROM_S = 0.01
 """Costs from this many seconds on (a benchmark's stages) get an exact tail; a shorter one (a test's)
 sleeps on the loop alone, so calls running side by side (`concurrency`) are never held up by it."""
 
 
 async def spend(seconds: float) -> None:
-    """Take `seconds`: a stage's known cost. `anyio.sleep` alone runs over by about a millisecond
-    (asyncio rounds epoll's timeout up to a whole millisecond, and the kernel adds its slack to it),
-    which a benchmark against a bound made of these costs (benchmarks/pipeline.py) counted as the
-    runtime's. So a cost of EXACT_FROM_S or more sleeps on the loop (cancellable) but for its last
-    EXACT_S, which `time.sleep` takes (exact to ~0.1 ms; a cancel waits for it)."""
+    """Take `seconds`: a stage's known cost. `anyio.sleep` alone runs over by one to two
+    milliseconds (asyncio rounds epoll's timeout up to a whole millisecond, and for some lengths
+    CPython rounds it up once more: `asyncio.sleep(0.0585)` took 60.4 ms here, `0.0785` 79.4), which a
+    benchmark against a bound made of these costs (benchmarks/pipeline.py) counted as the runtime's.
+    So a cost of EXACT_FROM_S or more sleeps on the loop (cancellable) but for its last EXACT_S,
+    which `time.sleep` takes but for the last SPIN_S: a thread woken from a sleep runs ~0.2 ms late
+    on a VM, so that part is waited for by reading the clock (a cancel waits for the tail)."""
     if seconds < EXACT_FROM_S:
         await anyio.sleep(seconds)
         return
     end = time.monotonic() + seconds
     await anyio.sleep(seconds - EXACT_S)
-    left = end - time.monotonic()
+    left = end - time.monotonic() - SPIN_S
     if left > 0:
         time.sleep(left)
+    while time.monotonic() < end:
+        time.sleep(0)  # lets the process's other threads take the GIL meanwhile
 
 
 class Numbers(flowrl.Source):
