@@ -5,9 +5,17 @@ collective started when the publisher did, its timeout would run while the subsc
 busy. So every round opens with a handshake in the (sealed) epoch store, and the collective's
 timeout counts from the release, when every member is known to be waiting:
 
-    round-R/ready/RANK   "ok" | "refused: WHY"    a subscriber, once it is between batches
+    round-R/ready/RANK   "ok" | "refused: WHY"    a subscriber, once it is between batches (or,
+                                                  one that receives beside its calls, once its last
+                                                  round landed: `announce_ahead`)
     round-R/go           "go" | "abort: WHY"      the publisher, once every member said ok (or
                                                   one refused, or `ready_timeout_s` passed)
+
+Past round 0 a member only ever says ok (a refusal is said by `join`, at round 0), so the publisher
+takes a ready key's presence as the answer: one store round trip per member, not two. A member
+that said ready ahead, and is the publisher's only one, posts its receive without waiting for the go
+(nobody else can hold the go back); a round the publisher refuses then ends that receive by shutting
+the group's connections down (`WeightPublisher._close_group`), not at the collective's timeout.
 
 Bound: choose ready_timeout_s >= the longest any member (the trainer included) may stay in one
 batch: the node's process timeout. The publisher's round ends, delivered or failed with a named
@@ -16,7 +24,7 @@ the broadcast); a subscriber's within 2 x ready_timeout_s + 2 x timeout_s of its
 trainer may itself need up to ready_timeout_s to reach `serve`). A newer epoch ends the waits of
 an older one within SLICE_S (`fence`): the ready wait, the wait for the go, and the forming of the
 group (its store hears the fence, see `store`); only a broadcast already under way runs to its
-timeout_s.
+timeout_s, or ends when the publisher leaves the epoch (an early receive is one from its start).
 Every round the controller orders gets a verdict, also one the publisher refuses (a stale or
 failed epoch): `go`, or `abort: WHY`, so no subscriber of that round waits for nothing.
 """
@@ -54,6 +62,8 @@ def gather(store: Any, r: int, world_size: int, ready_timeout_s: float, stop: St
                 "dead, or busy in a batch for longer than that (make ready_timeout_s at least the node's process "
                 "timeout)")
         rank = pending.pop(0)
+        if r > 0:  # past round 0 a member only says ok (join says a refusal, at round 0), and a client
+            continue  # without the secret cannot name the key: it is there, that is the answer
         status = store.get(_ready(r, rank)).decode()  # StoreAuthError for a forged record
         if status != "ok":
             raise WeightSyncError(f"rank {rank} {status}")

@@ -135,6 +135,8 @@ class WeightPublisher:
         if refusal:
             if world_size >= 2:
                 release(store, r, f"abort: {refusal}")
+            if epoch == self._epoch:  # nothing more goes out in this epoch: a receive posted ahead fails now
+                self._close_group()
             self._forget_old_rounds()
             raise WeightSyncError(refusal)
         if epoch != self._epoch:
@@ -181,6 +183,9 @@ class WeightPublisher:
         self._server.close()
 
     def _close_group(self) -> None:
+        """The group is done with (a new epoch, a failure, the end): its connections are shut down
+        too, so a member that posted a receive ahead of a go (`WeightSubscriber.receive`) fails at once."""
         if self._group is not None:
+            self._group.break_links()
             self._group.close()
             self._group = None

@@ -94,6 +94,7 @@ class WeightSubscriber:
         self._group: WeightGroup | None = None
         self._epoch = self._rank = self._world = None
         self._round, self._failed, self._staging_holds_version = 0, False, False
+        self._announced: tuple[int, int] | None = None  # (epoch, round) said ready for ahead of its receive
         self._fence = 0  # epochs below this are stale (see fence)
         self.local_host: str | None = None  # this host's cluster address for gloo (default: the one that reaches the store)
         self.seconds = self.commit_seconds = 0.0  # the last broadcast's and the last copy-out's durations
@@ -156,8 +157,14 @@ class WeightSubscriber:
         try:
             epoch = self._epoch
             stop = lambda: self._stale(epoch)  # noqa: E731
-            announce(self._store, r, self._rank)
-            await_release(self._store, r, self.ready_timeout_s, stop=stop)
+            # said ready ahead, the group formed, and the one member the publisher waits for: its go can
+            # be late for nobody else, so the receive is posted without waiting for it. A round the
+            # publisher refuses instead shuts its connections down: the receive fails at once.
+            early = self._announced == (epoch, r) and self._group is not None and self._world == 2
+            if self._announced != (epoch, r):
+                announce(self._store, r, self._rank)
+            if not early:
+                await_release(self._store, r, self.ready_timeout_s, stop=stop)
             if self._group is None:
                 self._group = WeightGroup.join(epoch=epoch, rank=self._rank, world_size=self._world,
                                                store=self._store.child("pg", stop=stop, timeout_s=self.timeout_s),
@@ -166,7 +173,12 @@ class WeightSubscriber:
                                                stop=stop)  # a forming left behind uses this epoch's client, which a failed epoch drops
             self._staging_holds_version = False
             self._version_tensor.fill_(-1)
-            self.seconds = self._group.broadcast([self._version_tensor, *self.staging], on_bucket=self.fault_hook)
+            try:
+                self.seconds = self._group.broadcast([self._version_tensor, *self.staging], on_bucket=self.fault_hook)
+            except WeightSyncError as e:
+                if early:
+                    raise WeightSyncError(f"{e} ({self._verdict(r)})") from e
+                raise
             version = int(self._version_tensor[0])
             if version < 0:
                 raise WeightSyncError(f"the version tensor says {version}: the broadcast did not complete")
@@ -179,6 +191,30 @@ class WeightSubscriber:
         if commit:
             self.commit(version)
         return version
+
+    def _verdict(self, r: int) -> str:
+        """What the publisher said of round r, for an error (a receive posted before its go)."""
+        try:
+            key = f"round-{r}/go"
+            return f"the publisher said: {self._store.get(key).decode()}" if self._store.check([key]) else \
+                "no verdict from the publisher"
+        except Exception as e:  # noqa: BLE001 - the publisher's store is gone with it
+            return f"no verdict from the publisher: {e}"
+
+    def announce_ahead(self) -> bool:
+        """Say ready for the next round of this epoch now, before its `receive` (which then does not
+        say it again): the publisher's ready wait finds it when the round is ordered, instead of waiting
+        for this member's order to arrive, its receive to start and the store to tell. Only for a
+        subscriber whose every next round of the epoch is received as its order arrives, with the
+        staging buffers free (a worker's `FetchLane`, once its last round landed): the publisher's
+        broadcast may start at once, and its timeout counts from there. Returns whether it said so."""
+        store, epoch, r = self._store, self._epoch, self._round
+        if epoch is None or self._failed or store is None or getattr(self, "handoff", False):
+            return False
+        if self._announced != (epoch, r):
+            announce(store, r, self._rank)
+            self._announced = (epoch, r)
+        return True
 
     def commit(self, version: int) -> None:
         """Make the version `receive(commit=False)` staged the live one."""

@@ -136,6 +136,7 @@ class FetchingWeights(Weights):
         self.fetched: list[int] = []
         self.landed: list[int] = []
         self.go: dict[int, anyio.Event] = {}
+        self.ahead: list[int] = []  # the round landed last when the lane said ready for the next (`announce_ahead`)
 
     async def sync(self, order, version, runner):
         self.sub = object()
@@ -153,6 +154,9 @@ class FetchingWeights(Weights):
         self.landed.append(fetch.received)
         return fetch.received
 
+    def announce_ahead(self):
+        self.ahead.append(self.landed[-1])
+
 
 def test_a_plain_subscriber_receives_a_round_as_its_order_arrives_and_lands_it_in_the_orders_turn():
     """The round starts when the control loop gets the order (a call may be running: the event
@@ -160,7 +164,10 @@ def test_a_plain_subscriber_receives_a_round_as_its_order_arrives_and_lands_it_i
     round starts only once the last landed (they share the staging buffers). A round runs whole in
     its turn when the subscriber is not made yet or when a rollback is queued ahead of it, and no
     round is fetched while such a one waits or runs (two rounds never run at once): one ordered behind
-    it is fetched once it ran, not run whole as well (else, under load, every round could be)."""
+    it is fetched once it ran, not run whole as well (else, under load, every round could be). Once
+    a fetched round landed, and the next round of the epoch will be fetched too (no rollback queued,
+    none to run whole) and is not ordered yet, the subscriber says it is ready for that round at once
+    (`announce_ahead`)."""
     async def main():
         weights = FetchingWeights()
         kit = await build(shape(subscribes=True), weights=weights, fetch=True)
@@ -181,6 +188,8 @@ def test_a_plain_subscriber_receives_a_round_as_its_order_arrives_and_lands_it_i
                 weights.go.setdefault(0, anyio.Event()).set()
                 await kit.syncs.order(again)
                 assert weights.rounds == [1] and weights.landed == [0]
+                await anyio.wait_all_tasks_blocked()
+                assert weights.ahead == [0]  # a whole round (`zeroth`) says nothing ahead; a fetched one does
                 first, second = _sync(1), _sync(2)
                 assert not kit.syncs.arrived(first) and not kit.syncs.arrived(second)  # both go on the event queue
                 await anyio.wait_all_tasks_blocked()
@@ -203,6 +212,9 @@ def test_a_plain_subscriber_receives_a_round_as_its_order_arrives_and_lands_it_i
                 async def enter_epoch(msg):
                     handled.append(msg.epoch)
 
+                await anyio.wait_all_tasks_blocked()
+                assert weights.ahead == [0]  # `first` landed with `second` ordered (its receive says it), `second`
+                # with a rollback queued (the next round may run whole): nothing said ahead
                 await kit.syncs.apart_from(enter_epoch)(rollback)
                 fourth = _sync(4, sync_epoch=2)
                 kit.syncs.arrived(fourth)  # the rollback is handled, but `third` has yet to run whole
@@ -215,12 +227,16 @@ def test_a_plain_subscriber_receives_a_round_as_its_order_arrives_and_lands_it_i
                 weights.go.setdefault(4, anyio.Event()).set()
                 await kit.syncs.order(fourth)
                 assert handled == [1] and weights.rounds == [1, 2] and kit.version.value == 4
+                await anyio.wait_all_tasks_blocked()
+                assert weights.ahead == [0, 4]
                 kit.syncs.arrived(fifth := _sync(5, sync_epoch=2))
                 await anyio.wait_all_tasks_blocked()
                 assert weights.fetched == [0, 1, 2, 4, 5]  # nothing left to run whole: fetched ahead again
                 weights.go.setdefault(5, anyio.Event()).set()
                 await kit.syncs.order(fifth)
                 assert kit.version.value == 5
+                await anyio.wait_all_tasks_blocked()
+                assert weights.ahead == [0, 4, 5]
             assert [type(r).__name__ for r in kit.reports] == ["Synced"] * 7
             tg.cancel_scope.cancel()
         kit.close()

@@ -65,6 +65,13 @@ def subscriber(cfg: dict) -> None:
         if cfg.get("module"):
             target = module_of(target)
     sub = WeightSubscriber(target, bucket_bytes=cfg.get("bucket_bytes", 32 << 10), version=0)
+    go_waits: list[int] = []  # rounds whose receive waited for the publisher's go
+    import flowrl.weights.subscriber as subscriber_module
+
+    def await_release(store, r, *args, _wait=subscriber_module.await_release, **kw):
+        go_waits.append(r)
+        return _wait(store, r, *args, **kw)
+    subscriber_module.await_release = await_release
     if cfg.get("die_in_broadcast"):  # kill -9 of this member once its group is formed, before a byte moves
         from flowrl.weights.group import WeightGroup
 
@@ -75,6 +82,8 @@ def subscriber(cfg: dict) -> None:
             if op["op"] == "join":
                 sub.join(op["epoch"], op["rank"], op["world"], tuple(cfg["addr"]), secret,
                          timeout_s=op.get("timeout_s", 20), ready_timeout_s=op.get("ready_timeout_s", 20))
+            elif op["op"] == "ahead":  # ready for the next round now, before its receive
+                out["ahead"] = sub.announce_ahead()
             elif op["op"] == "busy":
                 import time
 
@@ -91,6 +100,7 @@ def subscriber(cfg: dict) -> None:
         except WeightSyncError as e:
             out["error"] = f"{type(e).__name__}: {e}"
         out["version"] = sub.version
+        out["go_waits"] = list(go_waits)
         out["digest"] = sub.digest() if sub.version > 0 or sub.live is not None else None
         if cfg.get("module"):  # what the module itself now holds, read afresh
             from flowrl.weights import weights_digest

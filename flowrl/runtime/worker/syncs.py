@@ -163,6 +163,7 @@ class WeightSyncs:
             with self._runner.occupied(f"weight sync v{order.version}"):
                 if fetch is not None:
                     received = await self._weights.land_fetched(fetch, self._runner)
+                    fetch.ok = True
                 else:
                     received = await self._weights.sync(order, self._version.value, self._runner)
         except Exception as e:  # noqa: BLE001 - reported; the controller forms a new epoch
@@ -189,7 +190,11 @@ class WeightSyncs:
 class FetchLane:
     """A plain subscriber's rounds, received one at a time as their orders arrive (`run` is the
     task the worker keeps while the process lives); the next starts once the last landed or failed
-    (`WeightSyncs.run`, in the order's place on the event queue): the staging buffers are free again."""
+    (`WeightSyncs.run`, in the order's place on the event queue): the staging buffers are free again.
+    Once a round landed, the subscriber says at once that it is ready for the next round of its epoch
+    (`WeightSubscriber.announce_ahead`), unless that round may run whole (a rollback queued, one
+    waiting to run whole) or its order already came: the publisher's ready wait then finds it ready
+    when the round is ordered, and, as the publisher's only member, the receive goes without a go."""
 
     def __init__(self, weights, runner: NodeRunner):
         self._weights = weights
@@ -249,6 +254,9 @@ class FetchLane:
             finally:
                 fetch.done.set()
             await fetch.landed.wait()
+            ordered = self._rx.statistics().current_buffer_used  # the next order came: its receive says it
+            if fetch.ok and not (self._rollbacks or self._stopping or self._whole or ordered):
+                await anyio.to_thread.run_sync(self._weights.announce_ahead)  # the next round is fetched too
 
 
 class Fetch:
@@ -261,3 +269,4 @@ class Fetch:
         self.error: BaseException | None = None
         self.done = anyio.Event()  # received (or failed)
         self.landed = anyio.Event()  # its order ran: the staging buffers are free for the next round
+        self.ok = False  # ...and the round landed

@@ -169,6 +169,16 @@ class WeightsClient:
         self._measure(order, sub.seconds)
         return received
 
+    def announce_ahead(self) -> None:
+        """A plain subscriber whose round landed: ready for the next one (`WeightSubscriber.announce_ahead`;
+        on a thread: one store round trip). Best effort: a store that fails here fails the next receive."""
+        sub = self.sub
+        if sub is not None:
+            try:
+                sub.announce_ahead()
+            except Exception as e:  # noqa: BLE001
+                log.debug("could not say ready ahead of the next round: %s", e)
+
     def _measure(self, order, seconds: float) -> None:
         if order.world_size > 1:  # a publisher alone in its epoch sent nothing (the order only fenced older ones)
             nbytes = self.pub.plan.nbytes(self.pub.buckets) if self.pub is not None else self.sub.nbytes
