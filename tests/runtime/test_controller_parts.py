@@ -63,3 +63,27 @@ def test_a_commit_writes_the_rows_of_the_steps_it_counts_first(tmp_path, monkeyp
     Controller.commit_if_ready(fake)
     assert seen == {2: [1, 2]}
     hub.close()
+
+
+def test_a_published_version_lets_its_tickets_out_before_the_sync_orders_go():
+    """At max_staleness 0 the next batch's way (the ticket to the source, its batch to the rollout)
+    takes longer than the weight-sync round, and a control send that follows another waits for the
+    socket's I/O thread: the tickets go first. A version of an older recovery epoch moves nothing."""
+    import anyio
+
+    sent = []
+
+    async def flush():
+        sent.append("tickets")
+
+    async def order(version, *, recovering):
+        sent.append(("orders", version, recovering))
+
+    me = SimpleNamespace(book=SimpleNamespace(epoch=2), recovery=SimpleNamespace(active=False),
+                         scheduler=SimpleNamespace(set_version=lambda v: sent.append(("version", v))),
+                         flush=flush, sync=SimpleNamespace(order=order))
+    anyio.run(Controller.on_published, me, None, m.Published(version=5, epoch=2))
+    assert sent == [("version", 5), "tickets", ("orders", 5, False)]
+    sent.clear()
+    anyio.run(Controller.on_published, me, None, m.Published(version=6, epoch=1))
+    assert sent == []

@@ -262,8 +262,8 @@ class Controller:
             self.ledger.record(WeightsHeld(node=proc.id, version=msg.version, digest=msg.digest))
         if msg.epoch == self.book.epoch:
             self.scheduler.set_version(msg.version)
+            await self.flush()  # its tickets go now, before the orders: at k=0 the batch's way is the longer
             await self.sync.order(msg.version, recovering=self.recovery.active)
-            await self.flush()  # the tickets this version lets out go now, not at the next tick
 
     async def on_synced(self, proc: Proc, msg: m.Synced) -> None:
         self.sync.synced(proc, msg)
