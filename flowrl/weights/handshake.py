@@ -44,6 +44,10 @@ def _ready(r: int, rank: int) -> str:
     return f"round-{r}/ready/{rank}"
 
 
+def _go(r: int) -> str:
+    return f"round-{r}/go"
+
+
 def announce(store: Any, r: int, rank: int, status: str = "ok") -> None:
     store.set(_ready(r, rank), status)
 
@@ -70,7 +74,7 @@ def gather(store: Any, r: int, world_size: int, ready_timeout_s: float, stop: St
 
 
 def release(store: Any, r: int, verdict: str = "go") -> None:
-    store.set(f"round-{r}/go", verdict)
+    store.set(_go(r), verdict)
 
 
 def forget(store: Any, r: int, world_size: int) -> None:
@@ -81,19 +85,29 @@ def forget(store: Any, r: int, world_size: int) -> None:
     blocks that get until its timeout."""
     for rank in range(1, world_size):
         store.delete_key(_ready(r, rank))
-    store.delete_key(f"round-{r}/go")
+    store.delete_key(_go(r))
 
 
 def await_release(store: Any, r: int, ready_timeout_s: float, stop: Stop = None) -> None:
     """Subscriber: wait for the publisher's go: it reaches `serve` within ready_timeout_s and gives
     its verdict within ready_timeout_s more. A dead publisher takes its store along: an error at once."""
-    key, deadline = f"round-{r}/go", time.monotonic() + 2 * ready_timeout_s
-    if not _wait_key(store, key, deadline, stop):
+    deadline = time.monotonic() + 2 * ready_timeout_s
+    if not _wait_key(store, _go(r), deadline, stop):
         raise WeightSyncError(f"no go from the publisher for round {r} within 2 x ready_timeout_s = "
                               f"{2 * ready_timeout_s:.1f} s")
-    verdict = store.get(key).decode()
-    if verdict != "go":
-        raise WeightSyncError(f"the publisher aborted round {r}: {verdict}")
+    said = store.get(_go(r)).decode()
+    if said != "go":
+        raise WeightSyncError(f"the publisher aborted round {r}: {said}")
+
+
+def verdict(store: Any, r: int) -> str:
+    """What the publisher said of round r, for an error: of a receive posted without waiting for the
+    go, which failed (`WeightSubscriber.receive`)."""
+    try:
+        return f"the publisher said: {store.get(_go(r)).decode()}" if store.check([_go(r)]) else \
+            "no verdict from the publisher"
+    except Exception as e:  # noqa: BLE001 - the publisher's store is gone with it
+        return f"no verdict from the publisher: {e}"
 
 
 def _wait_key(store: Any, key: str, deadline: float, stop: Stop) -> bool:

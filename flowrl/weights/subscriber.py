@@ -48,7 +48,7 @@ from flowrl.weights.adapters import AdaptedWeights, adapter_mismatch, is_adapter
 from flowrl.weights.buckets import BucketPlan
 from flowrl.weights.errors import LayoutMismatchError, WeightSyncError
 from flowrl.weights.group import WeightGroup, local_address
-from flowrl.weights.handshake import announce, await_release
+from flowrl.weights.handshake import announce, await_release, verdict
 from flowrl.weights.layout import Layout, layout_mismatch, layout_of, weights_digest
 from flowrl.weights.store import SealedStore, connect
 
@@ -177,7 +177,7 @@ class WeightSubscriber:
                 self.seconds = self._group.broadcast([self._version_tensor, *self.staging], on_bucket=self.fault_hook)
             except WeightSyncError as e:
                 if early:
-                    raise WeightSyncError(f"{e} ({self._verdict(r)})") from e
+                    raise WeightSyncError(f"{e} ({verdict(self._store, r)})") from e
                 raise
             version = int(self._version_tensor[0])
             if version < 0:
@@ -191,15 +191,6 @@ class WeightSubscriber:
         if commit:
             self.commit(version)
         return version
-
-    def _verdict(self, r: int) -> str:
-        """What the publisher said of round r, for an error (a receive posted before its go)."""
-        try:
-            key = f"round-{r}/go"
-            return f"the publisher said: {self._store.get(key).decode()}" if self._store.check([key]) else \
-                "no verdict from the publisher"
-        except Exception as e:  # noqa: BLE001 - the publisher's store is gone with it
-            return f"no verdict from the publisher: {e}"
 
     def announce_ahead(self) -> bool:
         """Say ready for the next round of this epoch now, before its `receive` (which then does not
