@@ -48,6 +48,7 @@ ALL_INTERFACES = {"", "0.0.0.0", "::", "*"}
 Stop = Callable[[], "str | None"] | None  # a reason to stop waiting (the epoch was fenced), or None
 POLL_MIN_S, POLL_MAX_S = 0.002, 0.05  # a polling wait checks its key (and `stop`) this often: 2 ms growing to 50 ms
 FIRST_WAIT_S = 0.25  # ...after blocking on the store this long first
+CONNECT_SLICE_S = 0.05  # how soon a connecting client hears its `stop` (see `client`)
 DEFAULT_TIMEOUT_S = 60.0  # a store's waits without a timeout of their own (TCPStore's, and a polling one's)
 
 
@@ -127,25 +128,36 @@ class WeightStore:
         self.server = None  # the server thread stops when the last reference goes
 
 
-def connect(address: tuple[str, int], secret: bytes | str, timeout_s: float = 30.0) -> "SealedStore":
+def connect(address: tuple[str, int], secret: bytes | str, timeout_s: float = 30.0, *,
+            stop: Stop = None) -> "SealedStore":
     """A subscriber's client of the publisher's store (a rank's of its rank 0's)."""
-    return SealedStore(client(address, timeout_s), secret)
+    return SealedStore(client(address, timeout_s, stop=stop), secret)
 
 
-def client(address: tuple[str, int], timeout_s: float = 30.0) -> Any:
-    """A TCPStore client of the store at `address`, or an error within about `timeout_s`.
+def client(address: tuple[str, int], timeout_s: float = 30.0, *, stop: Stop = None) -> Any:
+    """A TCPStore client of the store at `address`, or an error within about `timeout_s`; with
+    `stop`, a WeightSyncError within CONNECT_SLICE_S of `stop()` giving a reason.
 
     torch's client retries a refused connection until its timeout, but once a listener accepts, it
     waits for the answer to its first message without one: something else listening on that port,
     or a middlebox that passes connections and drops their data, would hold it for good. So it is
-    made aside; past the deadline the connection it opened is shut down (it then fails) and this raises."""
+    made aside; past the deadline the connection it opened is shut down (it then fails) and this raises.
+    A refused connection is also what a store whose process died gives: an order of an epoch formed
+    just before the controller heard of that death names it, and the epoch the recovery forms
+    next fences this wait (`stop`) instead of leaving the subscriber there for the whole timeout."""
     from flowrl.weights.aside import Aside, shut_down, tcp_links
 
     host, port = address[0], int(address[1])
     before = tcp_links()[0]  # a client already connected there is not this one
     call = Aside(lambda: dist.TCPStore(host, port, None, is_master=False,
                                        timeout=datetime.timedelta(seconds=timeout_s)), "flowrl-store-connect")
-    if not call.wait(timeout_s + 1.0):
+    deadline = time.monotonic() + timeout_s + 1.0
+    while not call.wait(max(0.0, min(CONNECT_SLICE_S, deadline - time.monotonic()))):
+        why = stop() if stop is not None else None
+        if why:  # the attempt is left to its thread: it ends at its own timeout, its client unused
+            raise WeightSyncError(f"left while connecting to the weight store at {host}:{port}: {why}")
+        if time.monotonic() < deadline:
+            continue
         want = host.removeprefix("::ffff:")
         shut_down(x for x in tcp_links()[0] - before if x[2][1] == port and x[2][0].removeprefix("::ffff:") == want)
         call.wait(5.0)

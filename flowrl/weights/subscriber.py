@@ -115,7 +115,8 @@ class WeightSubscriber:
         self._epoch, self._rank, self._world, self._round, self._failed = epoch, rank, world_size, 0, False
         self.timeout_s, self.ready_timeout_s, self._store_host = timeout_s, ready_timeout_s, store_addr[0]
         try:
-            store = connect(tuple(store_addr), secret, timeout_s=timeout_s)  # it exists before any order names it
+            # it exists before any order names it, unless its process died since: a newer epoch's order fences the wait
+            store = connect(tuple(store_addr), secret, timeout_s=timeout_s, stop=lambda: self._stale(epoch))
             self._store = store.child(f"epoch-{epoch}")
             theirs = [(n, list(s), d) for n, s, d in json.loads(store.get("layout"))]
         except Exception as e:  # noqa: BLE001

@@ -78,6 +78,36 @@ def test_a_follower_joins_a_sync_when_its_leaders_step_names_it_in_either_order(
     anyio.run(main)
 
 
+class FencedWeights(Weights):
+    sub = None  # no subscriber made yet: a plain subscriber's rounds then run whole in their turn
+
+    def __init__(self):
+        super().__init__()
+        self.fences = []
+
+    def fence(self, sync_epoch):
+        self.fences.append(sync_epoch)
+
+
+def test_a_rollback_fences_every_sync_epoch_ordered_before_it():
+    """A recovery disbands the weight group and its end forms a newer epoch: a round of an older
+    one (a subscriber connecting to the store of a publisher that died, which torch retries until
+    its timeout) stops waiting when the rollback arrives, not when the newer epoch's order does,
+    which comes only after every process has rolled back."""
+    async def main():
+        for sh in (shape(subscribes=True), shape(publishes=True, stateful=True)):
+            weights = FencedWeights()
+            kit = await build(sh, weights=weights, fetch=True)
+            kit.syncs.arrived(_sync(3, sync_epoch=4))
+            kit.syncs.arrived(m.Epoch(epoch=1, watermark=0))
+            assert weights.fences == [4, 5]  # the rollback: every epoch up to the newest ordered
+            kit.syncs.arrived(m.Epoch(epoch=2, watermark=0))
+            assert weights.fences == [4, 5, 5]
+            kit.close()
+
+    anyio.run(main)
+
+
 class HeldWeights(Weights):
     """A publisher's `sync` that waits until the test lets it go (a serve waiting for its members)."""
 

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from flowrl.weights import (SealedStore, StoreAuthError, WeightPublisher, WeightStore, WeightSubscriber,
                             WeightSyncError)
+from flowrl.weights.store import client
 from tests.weights.peers import master
 
 pytestmark = pytest.mark.timeout(60)
@@ -117,3 +118,42 @@ def test_a_subscriber_whose_store_accepts_and_never_answers_fails_within_its_tim
             WeightSubscriber(master(0), version=0).join(1, 1, 2, silent.getsockname(), secrets.token_bytes(32),
                                                         timeout_s=1, ready_timeout_s=0.5)
         assert time.monotonic() - t0 < 10
+
+
+def test_a_subscriber_joining_the_store_of_a_process_that_died_leaves_when_a_newer_epoch_is_ordered():
+    # torch's client retries a refused connection until its timeout: an order of an epoch formed just
+    # before the controller heard that the publisher died names its store, and the recovery's newer
+    # epoch must end that wait (a rank-0 kill once left the subscriber there 36 s, the recovery with it)
+    import socket
+    import time
+
+    with socket.socket() as gone:
+        gone.bind(("127.0.0.1", 0))
+        address = gone.getsockname()  # closed below: nothing listens there, each connect is refused
+    asked = []
+
+    def stop():
+        asked.append(1)
+        return "weight-sync epoch 1 is stale: this subscriber is at epoch 2" if len(asked) > 1 else None
+
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncError, match=f"left while connecting to the weight store at 127.0.0.1:{address[1]}: "
+                                              "weight-sync epoch 1 is stale"):
+        client(address, timeout_s=30, stop=stop)
+    assert len(asked) == 2 and time.monotonic() - t0 < 10  # the second slice, not the 30 s timeout
+    # the subscriber's join passes its fence: fenced while it connects (or before), it leaves at once
+    import threading
+
+    sub, out = WeightSubscriber(master(0), version=0), {}
+
+    def join():
+        try:
+            sub.join(1, 1, 2, address, secrets.token_bytes(32), timeout_s=30)
+        except WeightSyncError as e:
+            out["error"] = str(e)
+
+    joining = threading.Thread(target=join, daemon=True)
+    joining.start()
+    sub.fence(2)
+    joining.join(10)
+    assert not joining.is_alive() and "epoch 1 is stale" in out.get("error", ""), out
