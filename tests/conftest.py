@@ -26,7 +26,7 @@ FIRST = ("ray", "fault/test_shapes.py", "fault/test_chaos.py", "runtime/test_sha
 def precompile() -> None:
     """Byte-compile the project's sources into their `__pycache__` folders (git ignores them).
 
-    Where PYTHONDONTWRITEBYTECODE is set (as on the CI machines), no Python process writes them,
+    Where PYTHONDONTWRITEBYTECODE is set (CI machines often set it), no Python process writes them,
     so every process the suite starts (each run's controller and fork server, each `python -m`
     helper, some hundreds in all) compiled the flowrl modules it imports again: ~0.13 s of CPU
     each on 2 cores. Reading compiled files needs no permission from that setting; `compileall`
