@@ -30,6 +30,9 @@ class Weights:
     def fence(self, sync_epoch):
         pass
 
+    def rolled_back(self):
+        pass
+
 
 def _sync(version: int, sync_epoch: int = 1) -> m.Sync:
     return m.Sync(sync_epoch=sync_epoch, version=version, rank=1, world_size=2, store=["h", 1], timeout_s=1.0)
@@ -88,6 +91,9 @@ class FencedWeights(Weights):
     def fence(self, sync_epoch):
         self.fences.append(sync_epoch)
 
+    def rolled_back(self):
+        self.fences.append("rolled back")
+
 
 def test_a_rollback_fences_every_sync_epoch_ordered_before_it():
     """A recovery disbands the weight group and its end forms a newer epoch: a round of an older
@@ -100,12 +106,24 @@ def test_a_rollback_fences_every_sync_epoch_ordered_before_it():
             kit = await build(sh, weights=weights, fetch=True)
             kit.syncs.arrived(_sync(3, sync_epoch=4))
             kit.syncs.arrived(m.Epoch(epoch=1, watermark=0))
-            assert weights.fences == [4, 5]  # the rollback: every epoch up to the newest ordered
-            kit.syncs.arrived(m.Epoch(epoch=2, watermark=0))
-            assert weights.fences == [4, 5, 5]
+            assert weights.fences == [4, "rolled back"]
             kit.close()
 
     anyio.run(main)
+
+
+def test_a_rolled_back_client_fences_every_epoch_ordered_so_far_and_no_newer_one():
+    """`WeightsClient.rolled_back`, once or as often as a recovery resends its order: the epoch the
+    recovery's end forms (newer than every one ordered) is never stale."""
+    from flowrl.runtime.worker.weightsync import WeightsClient
+
+    client = WeightsClient(None, publisher=False, device="cpu", recorder=None, faults=None, secret="s" * 32)
+    client.fence(4)
+    client.rolled_back()
+    client.rolled_back()
+    assert (client.ordered, client.fenced) == (4, 5)
+    client.fence(5)  # the recovery's end: epoch 5 goes on
+    assert (client.ordered, client.fenced) == (5, 5)
 
 
 class HeldWeights(Weights):

@@ -62,7 +62,6 @@ class WeightSyncs:
         self._released = released  # a subscriber's new version: the batches that waited for it go on
         self._orders: dict = {}  # a data-parallel subscriber's follower: Sync orders by sync epoch
         self._awaiting = None  # ... the sync epoch its leader's step named before the order came
-        self._newest = 0  # the newest sync epoch ordered (the control loop's thread writes it)
         # a publisher's orders, served in order beside the node's calls (`serve_lane`)
         self.beside = weights is not None and shape.publishes and not shape.subscribes
         # unbounded: the control loop hands orders over and never waits (an order is a few numbers)
@@ -103,7 +102,7 @@ class WeightSyncs:
         if isinstance(msg, m.Epoch) and self._weights is not None:
             # a recovery disbands the weight group and its end forms a newer epoch: no round of an
             # epoch ordered so far can complete (a member is down), so none is waited for meanwhile
-            self.fence(self._newest + 1)
+            self._weights.rolled_back()
         if not isinstance(msg, m.Sync):
             return False
         if self._take(msg):
@@ -113,7 +112,6 @@ class WeightSyncs:
         return False
 
     def _take(self, order: m.Sync) -> bool:
-        self._newest = max(self._newest, order.sync_epoch)
         self.fence(order.sync_epoch)  # a member died: stop waiting for the old epoch
         if self.beside:  # served beside the node's calls, not after the one running
             self._lane_tx.send_nowait(order)

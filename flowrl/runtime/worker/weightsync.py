@@ -41,7 +41,8 @@ class WeightsClient:
         self.ready_timeout_s = ready_timeout_s
         self.pub = None
         self.sub = None
-        self.fenced = 0  # the newest sync epoch ordered (a subscriber made later starts fenced there)
+        self.fenced = 0  # epochs below this are stale (a subscriber made later starts fenced there)
+        self.ordered = 0  # the newest sync epoch ordered
         if publisher:
             from flowrl.weights.handoff import SharedPublisher  # a broadcast, or a handoff on its own device
 
@@ -96,6 +97,16 @@ class WeightsClient:
 
     def fence(self, sync_epoch: int) -> None:
         """A newer epoch was ordered (any thread): stop waiting for the members of an older one."""
+        self.ordered = max(self.ordered, sync_epoch)
+        self._fence(sync_epoch)
+
+    def rolled_back(self) -> None:
+        """A recovery began (any thread): it disbands the weight group and its end forms a newer
+        epoch, so no round of an epoch ordered so far can complete (a member is down), and none is
+        waited for meanwhile."""
+        self._fence(self.ordered + 1)
+
+    def _fence(self, sync_epoch: int) -> None:
         self.fenced = max(self.fenced, sync_epoch)
         for side in (self.pub, self.sub):
             if side is not None:
