@@ -210,6 +210,20 @@ def abort_burst(ctx: zmq.Context, address: str, count: int = 3000) -> int:
     return count
 
 
+def flood(address: str, rng: random.Random, n: int = 200) -> None:
+    """`n` hellos, each from a fresh socket (a fresh routing id), in a context of their own: its term()
+    returns once the last of them has lingered out. Closed sockets count against a context's socket
+    limit (and their files against the process's) until libzmq's reaper frees them; in one shared
+    context, floods on a loaded machine outran the reaper and the next socket() failed with EMFILE."""
+    with zmq.Context() as ctx:
+        for _ in range(n):
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 50)
+            s.connect(address)
+            s.send(_pack(_hello(rng)))
+            s.close()
+
+
 def run(address: str, count: int, secret: bytes | None = None, seed: int = 0, link_bytes: int = 1 << 20,
         bursts: int = 2) -> dict:
     """Send at least `count` hostile messages to the consumer at `address` (plus `bursts` abort bursts
@@ -230,12 +244,7 @@ def run(address: str, count: int, secret: bytes | None = None, seed: int = 0, li
                 sock.connect(address)
             i += 1
             if i % 1000 == 0:  # a flood of hellos, each from a fresh routing id
-                for _ in range(200):
-                    s = ctx.socket(zmq.DEALER)
-                    s.setsockopt(zmq.LINGER, 0)
-                    s.connect(address)
-                    s.send(_pack(_hello(rng)))
-                    s.close(linger=50)
+                flood(address, rng)
                 sent["flood_hello"] = sent.get("flood_hello", 0) + 200
                 total += 200
             if i % 2500 == 0 and insider is not None:
@@ -244,7 +253,8 @@ def run(address: str, count: int, secret: bytes | None = None, seed: int = 0, li
                     total += n
             if bursts and i % max(1, count // (bursts + 1)) == 0:
                 bursts -= 1
-                sent["abort_burst"] = sent.get("abort_burst", 0) + abort_burst(ctx, address)  # on top of count
+                with zmq.Context() as burst_ctx:  # its own context: term() waits out the linger
+                    sent["abort_burst"] = sent.get("abort_burst", 0) + abort_burst(burst_ctx, address)  # on top of count
             if i % 5000 == 0:  # a frame past the socket's limit from a link that never said hello
                 sock.send(b"\x00" * (8 << 20))
                 sent["big_frame"] = sent.get("big_frame", 0) + 1

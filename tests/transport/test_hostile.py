@@ -361,3 +361,23 @@ async def test_deeply_nested_values_are_refused_by_name_not_as_internal_errors(t
         assert rx.statistics().rejected_by_reason == {"bad_field": 1, "bad_version": 1}
         raw.close()
         stranger.close()
+
+
+@pytest.mark.anyio(False)
+def test_a_hello_flood_has_freed_its_sockets_and_files_when_it_returns(tmp_path):
+    """The stranger's floods (200 fresh sockets each) once shared the tool's context: closed sockets
+    hold a context slot and their files until libzmq's reaper frees them, and on a loaded machine the
+    floods outran it (socket() failed with EMFILE mid-run). A flood now returns with all of them gone."""
+    import os
+    import random
+
+    from flowrl.transport import hostile
+
+    with zmq.Context() as ctx:
+        sink = ctx.socket(zmq.ROUTER)
+        sink.bind(f"ipc://{tmp_path}/sink")
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(3):
+            hostile.flood(f"ipc://{tmp_path}/sink", random.Random(0))
+            assert len(os.listdir("/proc/self/fd")) == before
+        sink.close(linger=0)
