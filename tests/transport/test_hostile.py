@@ -367,17 +367,25 @@ async def test_deeply_nested_values_are_refused_by_name_not_as_internal_errors(t
 def test_a_hello_flood_has_freed_its_sockets_and_files_when_it_returns(tmp_path):
     """The stranger's floods (200 fresh sockets each) once shared the tool's context: closed sockets
     hold a context slot and their files until libzmq's reaper frees them, and on a loaded machine the
-    floods outran it (socket() failed with EMFILE mid-run). A flood now returns with all of them gone."""
-    import os
-    import random
+    floods outran it (socket() failed with EMFILE mid-run). A flood now returns with all of them gone.
+    The floods run in a process of their own (nothing else there opens files); the sink is here."""
+    import subprocess
+    import sys
 
-    from flowrl.transport import hostile
-
+    script = (
+        "import os, random, sys\n"
+        "from flowrl.transport import hostile\n"
+        "before = len(os.listdir('/proc/self/fd'))\n"
+        "for _ in range(3):\n"
+        "    hostile.flood(sys.argv[1], random.Random(0))\n"
+        "    print(before, len(os.listdir('/proc/self/fd')), flush=True)\n"
+    )
     with zmq.Context() as ctx:
         sink = ctx.socket(zmq.ROUTER)
         sink.bind(f"ipc://{tmp_path}/sink")
-        before = len(os.listdir("/proc/self/fd"))
-        for _ in range(3):
-            hostile.flood(f"ipc://{tmp_path}/sink", random.Random(0))
-            assert len(os.listdir("/proc/self/fd")) == before
+        out = subprocess.run([sys.executable, "-c", script, f"ipc://{tmp_path}/sink"], capture_output=True,
+                             text=True, timeout=25)
         sink.close(linger=0)
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = [tuple(map(int, line.split())) for line in out.stdout.splitlines()]
+    assert len(counts) == 3 and all(after == before for before, after in counts), counts
