@@ -27,6 +27,7 @@ a node is ready).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -95,7 +96,11 @@ def process_breakdown(sums: dict[str, float]) -> dict[str, Any]:
     """Seconds of one node (all its replicas) over the rows summed: compute, framework, by
     category and by thread role, sampled or not."""
     threads = {k.split("/", 1)[1]: v for k, v in sums.items() if k.startswith("thread/")}
-    in_span = sums.get("span/compute", 0.0)
+    # the compute thread's CPU inside calls is at most all of its CPU: spans ride on tickets and the
+    # threads are read on a timer, so the rows summed can hold a call's span whose thread CPU a row
+    # left out holds (the first call's, read in the start-up row: the advantages node once showed
+    # 6.3 ms a step against its process's own 4.2)
+    in_span = min(sums.get("span/compute", 0.0), threads.get("compute", math.inf))
     sampled: dict[str, dict[str, float]] = defaultdict(dict)
     for k, v in sums.items():
         if k.startswith("sampled/"):
