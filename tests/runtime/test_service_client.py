@@ -58,9 +58,15 @@ async def ask(client, session, timeout_s=20.0, **meta):
 
 def test_sessions_stick_to_their_replica_and_new_ones_go_to_the_least_loaded(tmp_path):
     async def main():
-        a, b = Replica(tmp_path, 0), Replica(tmp_path, 1)
+        # the replicas hold every request until all six are in: none is answered (and unloads its
+        # replica) before the last is sent, however the machine schedules the tasks
+        a, b = Replica(tmp_path, 0, hold=True), Replica(tmp_path, 1, hold=True)
         client = await client_for(a, b)
-        first = await asyncio.gather(*(ask(client, f"s{i}") for i in range(6)))
+        asked = asyncio.gather(*(ask(client, f"s{i}") for i in range(6)))
+        while len(a.seen) + len(b.seen) < 6:  # polling the servers' progress, not ordering events
+            await asyncio.sleep(0.01)
+        a.release.set(), b.release.set()
+        first = await asked
         assert sorted(c.replica for c in first) == [0, 0, 0, 1, 1, 1]  # spread while in flight together
         again = [await ask(client, f"s{i}") for i in range(6)]
         assert [c.replica for c in again] == [c.replica for c in first]  # each session stays where it was
