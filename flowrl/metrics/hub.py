@@ -39,7 +39,7 @@ from flowrl.metrics.kinds import Gauge, Histogram, Reduction, Sum, default_bucke
 from flowrl.metrics.live_state import build_live_state
 from flowrl.metrics.recorder import SPAN_METRIC, Recorder, _labels, check_name
 from flowrl.metrics.sinks import sinks_for_run
-from flowrl.metrics.trace import CONTROLLER_PID, TraceWriter
+from flowrl.metrics.trace import CONTROLLER_PID, SEGMENT_EVENTS, TraceWriter, next_segment
 from flowrl.metrics.wire import Snapshot, SnapshotError, parse_snapshot
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class MetricsHub:
     """Reduces node snapshots; writes RUN_DIR/metrics.jsonl and RUN_DIR/trace.json."""
 
     def __init__(self, run_dir: str | os.PathLike, *, devices: int = 1,
-                 clock: Callable[[], float] = time.time, max_trace_events: int = 1_000_000,
+                 clock: Callable[[], float] = time.time, trace_segment_events: int = SEGMENT_EVENTS,
                  ratio_window_s: float = 5.0, sinks: list | None = None, cpu: bool = False):
         if devices < 1:
             raise ValueError(f"devices={devices}: throughput is tokens / (step time x devices), "
@@ -113,7 +113,7 @@ class MetricsHub:
         if self._rows.tell() > 0 and not self._torn_free():
             self._rows.write("\n")  # a crash tore the last row: start ours on a fresh line
         self._move_old_trace()
-        self.trace = TraceWriter(self.run_dir / "trace.json", int(self.t0 * 1e6), max_trace_events)
+        self.trace = TraceWriter(self.run_dir / "trace.json", int(self.t0 * 1e6), trace_segment_events)
         self.recorder = Recorder("controller", 0, clock=clock)  # the controller's own spans
         self.cpu = cpu  # account the controller's CPU per thread at each step (`flowrl run` does)
         # TensorBoard / W&B (metrics.sinks); by default those the run's graph.yaml asks for
@@ -137,12 +137,10 @@ class MetricsHub:
             return f.read(1) == b"\n"
 
     def _move_old_trace(self) -> None:
+        """An earlier controller's trace.json (a resumed run) becomes the next numbered segment."""
         old = self.run_dir / "trace.json"
         if old.exists():
-            n = 1
-            while (self.run_dir / f"trace.{n}.json").exists():
-                n += 1
-            old.rename(self.run_dir / f"trace.{n}.json")
+            old.rename(self.run_dir / f"trace.{next_segment(old)}.json")
 
     # --- input --------------------------------------------------------------------------------
     def _series_for(self, node: str | None, replica: int | None, name: str, kind: str,

@@ -137,7 +137,7 @@ class HubCollector:
             ratios = hub.node_ratios()
             window = hub.ratio_window_s
             seen = {k: r.seen_t for k, r in hub.reporters.items()}
-            rejected, dropped, now = hub.rejected, hub.dropped_spans + hub.trace.dropped, hub._clock()
+            rejected, dropped, now = hub.rejected, hub.dropped_spans, hub._clock()
         names = {"step": "step", "wall_s": "wall_seconds", "step_time_s": "step_time_seconds",
                  "policy_version": "run_policy_version", "tokens_per_s": "tokens_per_second",
                  "tokens_per_s_per_device": "tokens_per_second_per_device",

@@ -3,8 +3,8 @@
     make_report("runs/ppo-001")   # -> RUN_DIR/report/{reward,throughput,timeline,staleness,
                                   #    losses}.png, summary.txt and cpu.json (the CPU per step)
 
-Inputs are only metrics.jsonl (with its rotated segments) and trace.json (either may be missing or
-cut short by a crash).
+Inputs are only metrics.jsonl (with its rotated segments) and trace.json (with the segment before
+it, when a long run rotated it; either may be missing or cut short by a crash).
 matplotlib is the `report` extra and loads here, on first use, with its Agg canvas (no display,
 no global backend switch). Plot and summary wording live in report_plots.py / analysis.py.
 """
@@ -20,7 +20,7 @@ from typing import Any
 from flowrl.metrics.analysis import diagnose, node_utilisation, ordered, utilisation_table
 from flowrl.metrics.breakdown import breakdown_table, cpu_breakdown
 from flowrl.metrics.steppath import step_path, step_path_table
-from flowrl.metrics.trace import load_trace
+from flowrl.metrics.trace import load_recent_trace
 from flowrl.segments import read_all
 
 
@@ -136,7 +136,7 @@ def make_report(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = 
         raise ReportError(f"{run_dir} has neither metrics.jsonl nor trace.json; pass the run "
                           f"directory of a `flowrl run` (its --run-dir)")
     rows = load_rows(metrics_path) if metrics_path.exists() else []
-    events = load_trace(trace_path) if trace_path.exists() else []
+    events = load_recent_trace(run_dir)  # a long run's: its newest one or two trace segments
     out = Path(out_dir) if out_dir is not None else run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     order = node_order(run_dir)

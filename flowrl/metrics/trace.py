@@ -9,15 +9,32 @@ node process on every host lands on one time axis (wall clock; hosts should run 
 Track ids are small integers given out in order of first appearance, not OS pids: OS pids collide
 across hosts and a restarted process should get a new, separately named track
 ("rollout/0 pid 4242@host").
+
+A long run's trace is kept in segments: past `segment_events` events the file is closed and
+compressed into the next numbered segment, `trace.N.json.gz` (a thread does it; Perfetto opens it
+as it is), and trace.json starts anew, every track and thread named again. Each file begins with a
+`trace_segment` metadata event: the controller's start (`t0_us`, the time axis), its number in
+this controller's trace (0, 1, ...), and the file its predecessor went to (`previous`).
+`load_recent_trace(run_dir)` reads trace.json with that predecessor, so a report right after a
+rotation still sees a full segment's events.
+
+    w = TraceWriter(run_dir / "trace.json", t0_us)      # -> trace.json, trace.1.json.gz, ...
+    events = load_recent_trace(run_dir)                  # the newest one to two segments
 """
 
 from __future__ import annotations
 
+import gzip
 import json
+import logging
 import os
+import shutil
+import threading
 from collections import deque
 from pathlib import Path
 from typing import Any, TextIO
+
+log = logging.getLogger(__name__)
 
 CONTROLLER_PID = 1
 #: Spans of one thread that overlap without nesting (two asyncio tasks of one event loop, e.g. an
@@ -29,6 +46,10 @@ MAX_LANES = 4
 CATEGORIES = {"wait_input": "wait", "wait_credit": "wait", "compute": "compute",
               "weight_sync": "sync", "weight_snapshot": "sync"}
 MAX_HEADS = 1000  # span names whose event head is kept (a node naming spans without end gets no more)
+SEGMENT_EVENTS = 500_000
+"""Events per trace file (~55 MB; ~20,000 steps of graphs/grpo.yaml); `load_recent_trace` reads two
+files at most, so a report's memory stays that of about a million events."""
+SEGMENT_META = "trace_segment"
 
 
 def _dumps(obj: Any) -> str:
@@ -36,14 +57,16 @@ def _dumps(obj: Any) -> str:
 
 
 class TraceWriter:
-    """Appends Chrome trace events to `path`; bounded by `max_events` (the rest are counted)."""
+    """Appends Chrome trace events to `path`, in segments of `segment_events` (module docstring)."""
 
-    def __init__(self, path: str | os.PathLike, t0_us: int, max_events: int = 1_000_000):
+    def __init__(self, path: str | os.PathLike, t0_us: int, segment_events: int = SEGMENT_EVENTS):
+        if segment_events < 1:
+            raise ValueError(f"segment_events={segment_events}: a trace file must hold at least one event")
         self.path = Path(path)
         self.t0_us = t0_us
-        self.max_events = max_events
-        self.events = 0
-        self.dropped = 0
+        self.segment_events = segment_events
+        self.events = 0  # in the current file
+        self.segment = 0  # the current file's number in this writer's trace
         self._tracks: dict[tuple, int] = {}
         self._threads: dict[tuple[int, int], str] = {}
         self._lanes: dict[tuple[int, int], list[deque]] = {}
@@ -51,11 +74,46 @@ class TraceWriter:
         self._lane_ends: dict[tuple[int, int], list[int]] = {}  # ... and of each of its lanes' spans
         self._heads: dict[str, str] = {}  # a complete event's JSON up to its pid, by span name
         self._counters: dict[tuple[int, str], dict] = {}  # per counter track: the values last written
-        self._f: TextIO | None = open(self.path, "w", encoding="utf-8")
+        self._compressing: list[threading.Thread] = []
+        self._f: TextIO | None = None
+        self._open(previous=None)
+
+    def _open(self, previous: str | None) -> None:
+        """Start a file: its segment event, then every name known so far (each file stands alone)."""
+        self._f = open(self.path, "w", encoding="utf-8")
         self._f.write("[")
         self._first = True
+        self.events = 0
+        self._meta(CONTROLLER_PID, None, SEGMENT_META, {"t0_us": self.t0_us, "segment": self.segment,
+                                                        "previous": previous})
         self._meta(CONTROLLER_PID, None, "process_name", {"name": "controller"})
         self._meta(CONTROLLER_PID, None, "process_sort_index", {"sort_index": 0})
+        for (node, replica, os_pid, host), pid in self._tracks.items():
+            if pid != CONTROLLER_PID:
+                self._track_meta(pid, node, replica, os_pid, host)
+        for (pid, tid), name in self._threads.items():
+            self._meta(pid, tid, "thread_name", {"name": name})
+        self._counters.clear()  # a counter's value is written again in the new file
+
+    def _rotate(self) -> None:
+        """Close the full file, move it to the next segment's name and compress it there (a thread:
+        a segment takes seconds, which the controller's loop must not spend), start trace.json anew."""
+        self._f.write("\n]\n")
+        self._f.close()
+        moved = self.path.with_name(f"{self.path.name.removesuffix('.json')}.{next_segment(self.path)}.json")
+        try:
+            os.replace(self.path, moved)
+        except OSError as e:  # the trace must never end the run: this segment's events are lost
+            log.warning("trace segment %s could not be moved to %s (%s); its events are not kept", self.path, moved, e)
+            previous = None
+        else:
+            self._compressing = [t for t in self._compressing if t.is_alive()]
+            t = threading.Thread(target=_compress, args=(moved,), name="flowrl-trace-gzip", daemon=True)
+            t.start()
+            self._compressing.append(t)
+            previous = moved.name + ".gz"
+        self.segment += 1
+        self._open(previous=previous)
 
     def _write(self, ev: dict[str, Any], meta: bool = False) -> None:
         self._emit(_dumps(ev), meta)
@@ -64,9 +122,8 @@ class TraceWriter:
         """Append one event, written as JSON (`line`)."""
         if self._f is None:
             return
-        if not meta and self.events >= self.max_events:
-            self.dropped += 1
-            return
+        if not meta and self.events >= self.segment_events:
+            self._rotate()
         self._f.write(("\n" if self._first else ",\n") + line)
         self._first = False
         self.events += not meta
@@ -87,10 +144,13 @@ class TraceWriter:
             pid = self._tracks[key] = CONTROLLER_PID  # the hub's own recorder
         if pid is None:
             pid = self._tracks[key] = CONTROLLER_PID + 1 + sum(p != CONTROLLER_PID for p in self._tracks.values())
-            self._meta(pid, None, "process_name", {"name": f"{node}/{replica}"})
-            self._meta(pid, None, "process_labels", {"labels": f"pid {os_pid}@{host}"})
-            self._meta(pid, None, "process_sort_index", {"sort_index": pid})
+            self._track_meta(pid, node, replica, os_pid, host)
         return pid
+
+    def _track_meta(self, pid: int, node: str, replica: int, os_pid: int, host: str) -> None:
+        self._meta(pid, None, "process_name", {"name": f"{node}/{replica}"})
+        self._meta(pid, None, "process_labels", {"labels": f"pid {os_pid}@{host}"})
+        self._meta(pid, None, "process_sort_index", {"sort_index": pid})
 
     def thread(self, pid: int, tid: int, name: str) -> None:
         if (pid, tid) not in self._threads:
@@ -164,20 +224,62 @@ class TraceWriter:
             self._f.flush()
 
     def close(self) -> None:
+        """Finish the file, and wait for the segments still being compressed."""
         if self._f is None:
             return
-        if self.dropped:
-            self._meta(CONTROLLER_PID, None, "trace_events_dropped", {"dropped": self.dropped,
-                                                                     "limit": self.max_events})
         self._f.write("\n]\n")
         self._f.close()
         self._f = None
+        for t in self._compressing:
+            t.join()
+        self._compressing = []
+
+
+def _compress(path: Path) -> None:
+    """`path` -> `path`.gz (whole, then renamed: a reader never sees half a segment), `path` removed."""
+    tmp = path.with_name(path.name + ".gz.tmp")
+    try:
+        with open(path, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.replace(tmp, path.with_name(path.name + ".gz"))
+        path.unlink()
+    except OSError as e:  # a full disk: the segment stays as it is, uncompressed (readers take both)
+        log.warning("trace segment %s was not compressed (%s); it stays uncompressed", path, e)
+        tmp.unlink(missing_ok=True)
+
+
+def _numbered(path: Path) -> dict[int, Path]:
+    stem = path.name.removesuffix(".json")
+    found: dict[int, Path] = {}
+    for p in path.parent.glob(f"{stem}.*.json*"):
+        middle, dot, ext = p.name[len(stem) + 1:].partition(".")
+        if middle.isdigit() and dot and ext in ("json", "json.gz"):
+            if ext == "json.gz" or int(middle) not in found:  # both: the compression ran; .gz is whole
+                found[int(middle)] = p
+    return found
+
+
+def segments(path: str | os.PathLike) -> list[Path]:
+    """The numbered files next to `path` (trace.json): trace.N.json.gz (rotated), or trace.N.json
+    (an earlier controller's whole trace, or a segment not compressed yet), oldest first."""
+    found = _numbered(Path(path))
+    return [found[n] for n in sorted(found)]
+
+
+def next_segment(path: str | os.PathLike) -> int:
+    """The number the next segment of `path` takes."""
+    return 1 + max(_numbered(Path(path)), default=0)
 
 
 def load_trace(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Events of a trace file: array format (closed or not, as a crashed run leaves it) or the
-    object format {"traceEvents": [...]}. A torn last line is skipped."""
-    text = Path(path).read_text(encoding="utf-8").strip()
+    """Events of a trace file (or a `.gz` segment): array format (closed or not, as a crashed run
+    leaves it) or the object format {"traceEvents": [...]}. A torn last line is skipped."""
+    path = Path(path)
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            text = f.read().strip()
+    else:
+        text = path.read_text(encoding="utf-8").strip()
     if not text:
         return []
     if text.startswith("{"):
@@ -195,6 +297,28 @@ def load_trace(path: str | os.PathLike) -> list[dict[str, Any]]:
             events.append(json.loads(line))
         except json.JSONDecodeError:
             continue  # the line a crash cut in half
+    return events
+
+
+def load_recent_trace(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """RUN_DIR/trace.json's events, after those of the segment before it when the controller that
+    writes it rotated it (its `trace_segment` event names that file: one segment's worth at least,
+    two at most). No trace.json: no events."""
+    path = Path(run_dir) / "trace.json"
+    if not path.exists():
+        return []
+    events = load_trace(path)
+    head = next((e for e in events[:1] if e.get("ph") == "M" and e.get("name") == SEGMENT_META), None)
+    previous = (head or {}).get("args", {}).get("previous")
+    if not previous:
+        return events
+    for name in (previous, previous.removesuffix(".gz"), previous):  # compressed, not yet, just now
+        candidate = path.with_name(name)
+        if candidate.exists():
+            try:
+                return load_trace(candidate) + events
+            except (OSError, EOFError):  # the compression was cut short: the newest file alone
+                break
     return events
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 import time
 
 from flowrl.metrics import RUNTIME_SPANS, MetricsHub, Recorder
-from flowrl.metrics.trace import TraceWriter, load_trace, track_names
+from flowrl.metrics.trace import TraceWriter, load_recent_trace, load_trace, next_segment, segments, track_names
 
 
 def test_trace_json_is_valid_with_one_named_track_per_node_process(tmp_path):
@@ -88,16 +89,60 @@ def test_a_trace_cut_short_by_a_crash_still_loads(tmp_path):
     assert track_names(events)[pid] == "rollout/0"
 
 
-def test_the_trace_stops_growing_at_its_event_limit_and_says_so(tmp_path):
-    w = TraceWriter(tmp_path / "trace.json", t0_us=0, max_events=10)
-    pid = w.track("rollout", 0, 1, "h")
+def test_a_long_trace_goes_on_in_compressed_segments_that_each_stand_alone(tmp_path):
+    """Past `segment_events` the file becomes trace.N.json.gz and trace.json starts anew: no event
+    is lost, each file names every track and thread and holds the counters' values again, and each
+    says which file came before it."""
+    w = TraceWriter(tmp_path / "trace.json", t0_us=7, segment_events=10)
+    pid = w.track("rollout", 0, 4242, "h")
+    w.thread(pid, 1, "flowrl-compute-0")
     for i in range(25):
+        w.counter("queue_depth", 1000 * i, {"rollout->reward": 3})  # unchanged: once per file
+        w.complete(pid, 1, "compute", 1000 * i, 500)
+    w.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.1.json.gz", "trace.2.json.gz", "trace.json"]
+    assert [p.name for p in segments(tmp_path / "trace.json")] == ["trace.1.json.gz", "trace.2.json.gz"]
+    files = [load_trace(tmp_path / name) for name in ("trace.1.json.gz", "trace.2.json.gz", "trace.json")]
+    assert [sum(e["ph"] != "M" for e in f) for f in files] == [10, 10, 8]  # the counter's event counts too
+    spans = [e["ts"] for f in files for e in f if e["ph"] == "X"]
+    assert spans == [max(0, 1000 * i - 7) for i in range(25)]  # microseconds since t0_us
+    for k, (events, previous) in enumerate(zip(files, [None, "trace.1.json.gz", "trace.2.json.gz"])):
+        assert events[0] == {"ph": "M", "name": "trace_segment", "pid": 1, "tid": 0, "ts": 0,
+                             "args": {"t0_us": 7, "segment": k, "previous": previous}}
+        assert track_names(events) == {1: "controller", pid: "rollout/0"}
+        assert [e["args"]["name"] for e in events if e["name"] == "thread_name"] == ["flowrl-compute-0"]
+        assert sum(e["ph"] == "C" for e in events) == 1
+    # a report reads the newest file and the one before it: a full segment's events at least
+    recent = load_recent_trace(tmp_path)
+    assert [e["ts"] for e in recent if e["ph"] == "X"] == spans[9:]  # the second segment's 9 and the last 7
+
+
+def test_the_recent_trace_is_the_newest_file_alone_when_it_has_no_predecessor_at_hand(tmp_path):
+    assert load_recent_trace(tmp_path) == []
+    w = TraceWriter(tmp_path / "trace.json", t0_us=0, segment_events=2)
+    pid = w.track("actor", 0, 1, "h")
+    for i in range(3):
         w.complete(pid, 1, "compute", i, 1)
     w.close()
-    events = json.loads((tmp_path / "trace.json").read_text())
-    assert sum(e["ph"] == "X" for e in events) == 10
-    (note,) = [e for e in events if e["name"] == "trace_events_dropped"]
-    assert note["args"]["dropped"] == 15
+    assert [e["ts"] for e in load_recent_trace(tmp_path) if e["ph"] == "X"] == [0, 1, 2]
+    (tmp_path / "trace.1.json.gz").unlink()  # the predecessor gone (moved away, or never compressed)
+    assert [e["ts"] for e in load_recent_trace(tmp_path) if e["ph"] == "X"] == [2]
+
+
+def test_a_segment_not_compressed_yet_is_read_and_numbered_and_an_earlier_trace_takes_the_next_number(tmp_path):
+    w = TraceWriter(tmp_path / "trace.json", t0_us=0, segment_events=1)
+    pid = w.track("actor", 0, 1, "h")
+    w.complete(pid, 1, "compute", 0, 1)
+    w.complete(pid, 1, "compute", 1, 1)
+    w.close()
+    with gzip.open(tmp_path / "trace.1.json.gz", "rb") as f:  # as a crash before the compression ended leaves it
+        (tmp_path / "trace.1.json").write_bytes(f.read())
+    (tmp_path / "trace.1.json.gz").unlink()
+    assert [e["ts"] for e in load_recent_trace(tmp_path) if e["ph"] == "X"] == [0, 1]
+    assert next_segment(tmp_path / "trace.json") == 2
+    MetricsHub(tmp_path).close()  # a resumed run's controller: the trace it finds moves aside
+    assert [p.name for p in segments(tmp_path / "trace.json")] == ["trace.1.json", "trace.2.json"]
+    assert [e["ts"] for e in load_trace(tmp_path / "trace.2.json") if e["ph"] == "X"] == [1]
 
 
 NODE = """
