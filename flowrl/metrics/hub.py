@@ -39,7 +39,7 @@ from flowrl.metrics.kinds import Gauge, Histogram, Reduction, Sum, default_bucke
 from flowrl.metrics.live_state import build_live_state
 from flowrl.metrics.recorder import SPAN_METRIC, Recorder, _labels, check_name
 from flowrl.metrics.sinks import sinks_for_run
-from flowrl.metrics.trace import CONTROLLER_PID, SEGMENT_EVENTS, TraceWriter, next_segment
+from flowrl.metrics.trace import CONTROLLER_PID, SEGMENT_EVENTS, TraceWriter
 from flowrl.metrics.wire import Snapshot, SnapshotError, parse_snapshot
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,9 @@ class MetricsHub:
         """An earlier controller's trace.json (a resumed run) becomes the next numbered segment."""
         old = self.run_dir / "trace.json"
         if old.exists():
-            old.rename(self.run_dir / f"trace.{next_segment(old)}.json")
+            from flowrl.segments import next_number
+
+            old.rename(self.run_dir / f"trace.{next_number(old)}.json")
 
     # --- input --------------------------------------------------------------------------------
     def _series_for(self, node: str | None, replica: int | None, name: str, kind: str,

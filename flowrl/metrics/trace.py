@@ -24,15 +24,15 @@ rotation still sees a full segment's events.
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import os
-import shutil
 import threading
 from collections import deque
 from pathlib import Path
 from typing import Any, TextIO
+
+from flowrl.segments import compress, next_number, numbered, open_text
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class TraceWriter:
         a segment takes seconds, which the controller's loop must not spend), start trace.json anew."""
         self._f.write("\n]\n")
         self._f.close()
-        moved = self.path.with_name(f"{self.path.name.removesuffix('.json')}.{next_segment(self.path)}.json")
+        moved = self.path.with_name(f"{self.path.stem}.{next_number(self.path)}{self.path.suffix}")
         try:
             os.replace(self.path, moved)
         except OSError as e:  # the trace must never end the run: this segment's events are lost
@@ -236,50 +236,18 @@ class TraceWriter:
 
 
 def _compress(path: Path) -> None:
-    """`path` -> `path`.gz (whole, then renamed: a reader never sees half a segment), `path` removed."""
-    tmp = path.with_name(path.name + ".gz.tmp")
+    """A rotated segment compressed (on its thread); a full disk leaves it uncompressed (readers take both)."""
     try:
-        with open(path, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-        os.replace(tmp, path.with_name(path.name + ".gz"))
-        path.unlink()
-    except OSError as e:  # a full disk: the segment stays as it is, uncompressed (readers take both)
+        compress(path)
+    except OSError as e:
         log.warning("trace segment %s was not compressed (%s); it stays uncompressed", path, e)
-        tmp.unlink(missing_ok=True)
-
-
-def _numbered(path: Path) -> dict[int, Path]:
-    stem = path.name.removesuffix(".json")
-    found: dict[int, Path] = {}
-    for p in path.parent.glob(f"{stem}.*.json*"):
-        middle, dot, ext = p.name[len(stem) + 1:].partition(".")
-        if middle.isdigit() and dot and ext in ("json", "json.gz"):
-            if ext == "json.gz" or int(middle) not in found:  # both: the compression ran; .gz is whole
-                found[int(middle)] = p
-    return found
-
-
-def segments(path: str | os.PathLike) -> list[Path]:
-    """The numbered files next to `path` (trace.json): trace.N.json.gz (rotated), or trace.N.json
-    (an earlier controller's whole trace, or a segment not compressed yet), oldest first."""
-    found = _numbered(Path(path))
-    return [found[n] for n in sorted(found)]
-
-
-def next_segment(path: str | os.PathLike) -> int:
-    """The number the next segment of `path` takes."""
-    return 1 + max(_numbered(Path(path)), default=0)
 
 
 def load_trace(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Events of a trace file (or a `.gz` segment): array format (closed or not, as a crashed run
     leaves it) or the object format {"traceEvents": [...]}. A torn last line is skipped."""
-    path = Path(path)
-    if path.name.endswith(".gz"):
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            text = f.read().strip()
-    else:
-        text = path.read_text(encoding="utf-8").strip()
+    with open_text(path) as f:
+        text = f.read().strip()
     if not text:
         return []
     if text.startswith("{"):
@@ -310,15 +278,15 @@ def load_recent_trace(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     events = load_trace(path)
     head = next((e for e in events[:1] if e.get("ph") == "M" and e.get("name") == SEGMENT_META), None)
     previous = (head or {}).get("args", {}).get("previous")
-    if not previous:
-        return events
-    for name in (previous, previous.removesuffix(".gz"), previous):  # compressed, not yet, just now
-        candidate = path.with_name(name)
-        if candidate.exists():
-            try:
-                return load_trace(candidate) + events
-            except (OSError, EOFError):  # the compression was cut short: the newest file alone
-                break
+    number = previous.split(".")[1] if previous and previous.count(".") >= 2 else ""  # trace.N.json.gz
+    for _ in range(2):  # its compression may end (the uncompressed file removed) as it is looked up
+        candidate = numbered(path).get(int(number)) if number.isdigit() else None
+        if candidate is None:
+            break
+        try:
+            return load_trace(candidate) + events
+        except FileNotFoundError:
+            continue
     return events
 
 

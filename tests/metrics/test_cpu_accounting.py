@@ -234,7 +234,6 @@ def test_framework_time_is_split_as_sampled_and_unseen_cpu_is_spread_over_the_re
     assert sum(cats.values()) == pytest.approx(b["framework_s"])
 
 
-
 def test_calls_never_hold_more_cpu_than_the_compute_thread_used_over_the_same_rows():
     """A call's span (with its CPU) rides on a ticket, the threads are read on a timer: the rows
     summed can hold a span whose thread CPU was read in a row left out. The compute thread's CPU in
@@ -243,6 +242,7 @@ def test_calls_never_hold_more_cpu_than_the_compute_thread_used_over_the_same_ro
     assert b["compute_s"] == pytest.approx(1.0) and b["framework_s"] == pytest.approx(0.5)
     assert b["cpu_s"] == pytest.approx(b["process_cpu_s"])
     assert b["threads_s"]["compute_outside"] == 0.0
+
 
 def _row(step: int, **cols) -> dict:
     return {"step": step, "step_time_s": 0.5, **cols}

@@ -8,7 +8,8 @@ import threading
 import time
 
 from flowrl.metrics import RUNTIME_SPANS, MetricsHub, Recorder
-from flowrl.metrics.trace import TraceWriter, load_recent_trace, load_trace, next_segment, segments, track_names
+from flowrl.metrics.trace import TraceWriter, load_recent_trace, load_trace, track_names
+from flowrl.segments import next_number, segments
 
 
 def test_trace_json_is_valid_with_one_named_track_per_node_process(tmp_path):
@@ -139,7 +140,7 @@ def test_a_segment_not_compressed_yet_is_read_and_numbered_and_an_earlier_trace_
         (tmp_path / "trace.1.json").write_bytes(f.read())
     (tmp_path / "trace.1.json.gz").unlink()
     assert [e["ts"] for e in load_recent_trace(tmp_path) if e["ph"] == "X"] == [0, 1]
-    assert next_segment(tmp_path / "trace.json") == 2
+    assert next_number(tmp_path / "trace.json") == 2
     MetricsHub(tmp_path).close()  # a resumed run's controller: the trace it finds moves aside
     assert [p.name for p in segments(tmp_path / "trace.json")] == ["trace.1.json", "trace.2.json"]
     assert [e["ts"] for e in load_trace(tmp_path / "trace.2.json") if e["ph"] == "X"] == [1]

@@ -107,3 +107,22 @@ def test_a_long_runs_metrics_rows_rotate_into_segments_and_read_back_whole(tmp_p
     hub.close()
     assert len(segments(tmp_path / "metrics.jsonl")) >= 2
     assert [r["step"] for r in read_all(tmp_path / "metrics.jsonl")] == list(range(1, 61))
+
+
+def test_a_segment_left_uncompressed_is_read_in_its_place_and_numbering_goes_on_after_it(tmp_path):
+    """A crash between writing a segment and compressing it leaves `name.N.jsonl`: rows read whole,
+    in order, and the next rotation takes the number after it (a `.gz` of a number wins over the file)."""
+    from flowrl.segments import compress, read_all, rotate, segments
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n')
+    rotate(path)  # metrics.1.jsonl.gz
+    (tmp_path / "metrics.2.jsonl").write_text('{"step": 2}\n')
+    path.write_text('{"step": 3}\n')
+    assert [r["step"] for r in read_all(path)] == [1, 2, 3]
+    assert rotate(path).name == "metrics.3.jsonl.gz"
+    (tmp_path / "metrics.1.jsonl").write_text('{"step": 99}\n')  # stale: the .gz of that number is whole
+    assert [p.name for p in segments(path)] == ["metrics.1.jsonl.gz", "metrics.2.jsonl", "metrics.3.jsonl.gz"]
+    compress(tmp_path / "metrics.2.jsonl")
+    assert [p.name for p in segments(path)] == ["metrics.1.jsonl.gz", "metrics.2.jsonl.gz", "metrics.3.jsonl.gz"]
+    assert [r["step"] for r in read_all(path)] == [1, 2, 3]

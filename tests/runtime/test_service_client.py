@@ -65,7 +65,8 @@ def test_sessions_stick_to_their_replica_and_new_ones_go_to_the_least_loaded(tmp
         asked = asyncio.gather(*(ask(client, f"s{i}") for i in range(6)))
         while len(a.seen) + len(b.seen) < 6:  # polling the servers' progress, not ordering events
             await asyncio.sleep(0.01)
-        a.release.set(), b.release.set()
+        a.release.set()
+        b.release.set()
         first = await asked
         assert sorted(c.replica for c in first) == [0, 0, 0, 1, 1, 1]  # spread while in flight together
         again = [await ask(client, f"s{i}") for i in range(6)]
