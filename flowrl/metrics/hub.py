@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.metrics import rows
+from flowrl.metrics.activity import Activity
 from flowrl.metrics.kinds import Gauge, Histogram, Reduction, Sum, default_buckets
 from flowrl.metrics.live_state import build_live_state
 from flowrl.metrics.recorder import SPAN_METRIC, Recorder, _labels, check_name
@@ -74,8 +75,7 @@ class Reporter:
     state: str = "idle"
     seq: int = 0
     received_t: float = 0.0  # hub clock at the last snapshot
-    # (since, t, {span: seconds}) of recent snapshots: what node_ratios divides
-    activity: deque = field(default_factory=lambda: deque(maxlen=10_000))
+    activity: Activity = field(default_factory=Activity)  # recent snapshots' spans: what node_ratios divides
 
 
 class MetricsHub:
@@ -218,11 +218,10 @@ class MetricsHub:
         since = min(snap.since if snap.since is not None else rep.seen_t, snap.t)
         rep.received_t = self._clock()
         if spans or snap.t > since:
-            rep.activity.append((since, snap.t, spans))
+            rep.activity.add(since, snap.t, spans)
         # keep what a row may still ask for: the ratio window, or the step so far if longer
         keep = max(self.ratio_window_s, rep.received_t - self._last_end) + 2.0
-        while rep.activity and rep.activity[0][1] < snap.t - keep:
-            rep.activity.popleft()
+        rep.activity.forget_before(snap.t - keep)
 
     def _note_rate(self, s: Series, amount: float) -> None:
         now = self._clock()
@@ -255,7 +254,7 @@ class MetricsHub:
             for key, rep in self.reporters.items():
                 if key[0] == "controller" or not rep.activity or now - rep.received_t > window + 2.0:
                     continue
-                raw = _window_shares(rep.activity, window)
+                raw = rep.activity.shares(window)
                 if raw is not None:
                     out[key] = rows.exclusive_ratios(raw)
             return out
@@ -415,20 +414,3 @@ class MetricsHub:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _window_shares(activity: deque, window_s: float) -> dict[str, float] | None:
-    """Seconds per span / seconds covered, over the last `window_s` of one process's reports."""
-    end = activity[-1][1]
-    start = end - window_s
-    covered, seconds = 0.0, defaultdict(float)
-    for since, t, spans in reversed(activity):
-        if t <= start:
-            break
-        dur = t - since
-        frac = 1.0 if dur <= 0 else min(1.0, (t - max(since, start)) / dur)
-        covered += max(0.0, min(dur, t - start))
-        for span, v in spans.items():
-            seconds[span] += v * frac
-    if covered <= 0:
-        return None
-    return {span: v / covered for span, v in seconds.items()}

@@ -49,10 +49,18 @@ RESERVED_LABELS = ("node", "replica")
 SeriesKey = tuple[str, str, bool, tuple[tuple[str, str], ...]]
 
 
+_CHECKED: set[str] = set()  # names that passed (the same few on every call), at most MAX_CHECKED
+MAX_CHECKED = 10_000
+
+
 def check_name(name: str) -> str:
+    if type(name) is str and name in _CHECKED:
+        return name
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise ValueError(f"metric name {name!r} is not allowed; use letters, digits and '_', "
                          f"starting with a letter (e.g. 'rollout_latency_s'), at most 100 chars")
+    if type(name) is str and len(_CHECKED) < MAX_CHECKED:
+        _CHECKED.add(name)
     return name
 
 
@@ -85,6 +93,7 @@ class Recorder:
         self._max_spans = max_spans
         self._lock = threading.Lock()
         self._series: dict[SeriesKey, Reduction] = {}
+        self._keys: dict[tuple, SeriesKey] = {}  # a call's (name, kind, per_node, *labels) -> its series key
         self._dirty_gauges: set[SeriesKey] = set()
         self._spans: list[list] = []
         self._dropped_spans = 0
@@ -104,7 +113,15 @@ class Recorder:
 
     def _get_keyed(self, name: str, cls: type[Reduction], per_node: bool, labels: dict,
                    **init) -> tuple[SeriesKey, Reduction]:
-        key = (check_name(name), cls.kind, bool(per_node), _labels(labels))
+        # the series key of a call seen before, when its label values are strings (a value's str()
+        # is its label: 1 and 1.0 are equal keys with different labels, so only strings are kept)
+        memo = (name, cls.kind, per_node, *labels.items()) \
+            if type(name) is str and all(type(v) is str for v in labels.values()) else None
+        key = self._keys.get(memo) if memo is not None else None
+        if key is None:
+            key = (check_name(name), cls.kind, bool(per_node), _labels(labels))
+            if memo is not None:
+                self._keys[memo] = key
         series = self._series.get(key)
         if series is None:
             series = self._series[key] = cls(**init)

@@ -140,7 +140,8 @@ def build_row(series: Iterable[Any], ratios: dict[tuple[str, int], dict[str, flo
     `row_plan(series)`, kept from an earlier row (per step, grouping and naming were most of the cost)."""
     row: dict[str, Any] = {}
     for kind, members, keys, (node, name, labels) in (row_plan(series) if plan is None else plan):
-        value = reduce_values(m.window for m in members)
+        # one series (most groups): its window as it is, since summarising only reads it
+        value = members[0].window if len(members) == 1 else reduce_values(m.window for m in members)
         for suffix, v in summarize(kind, value).items():
             key = keys.get(suffix)
             if key is None:

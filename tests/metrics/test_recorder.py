@@ -126,6 +126,25 @@ def test_recorder_rejects_bad_names_and_reserved_labels():
         rec.add_span("compute", 1.0, -0.1)
 
 
+def test_a_call_seen_before_keeps_its_series_and_bad_names_and_labels_stay_refused():
+    """The recorder remembers each call's series key; what it refused it refuses every time, and
+    label values that compare equal but print differently (1 and 1.0) stay different labels."""
+    rec = Recorder("rollout")
+    for _ in range(2):
+        rec.count("tokens", 3, edge="a->b")
+        rec.count("retries", 1, attempt=1)
+        rec.count("retries", 1, attempt=1.0)
+        with pytest.raises(ValueError, match="metric name"):
+            rec.count("bad name", 1, edge="a->b")
+        with pytest.raises(ValueError, match="set by the recorder"):
+            rec.count("samples", 1, node="x")
+        with pytest.raises(ValueError, match="not allowed"):
+            rec.count("samples", 1, **{"bad-label": "x"})
+    metrics = {(m[0], tuple(sorted(m[2].items()))): m[4] for m in rec.drain()["metrics"] if m[0] != "span_s"}
+    assert metrics == {("tokens", (("edge", "a->b"),)): [6], ("retries", (("attempt", "1"),)): [2],
+                       ("retries", (("attempt", "1.0"),)): [2]}
+
+
 def test_importing_flowrl_metrics_loads_no_torch_matplotlib_or_rich():
     code = ("import sys, flowrl.metrics; from flowrl.metrics import Recorder, MetricsHub, LiveView; "
             "Recorder('x').drain(); "
