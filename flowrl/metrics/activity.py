@@ -89,8 +89,8 @@ class Activity:
         if i < n:  # wholly inside: the running totals since entry i
             covered_before, seconds_before, counts_before = entries[i][3:6]
             covered += self._covered - covered_before
-            for span, n in self._counts.items():
-                if n > counts_before.get(span, 0):
+            for span, count in self._counts.items():
+                if count > counts_before.get(span, 0):
                     seconds[span] = seconds.get(span, 0.0) + self._seconds[span] - seconds_before.get(span, 0.0)
         if covered <= 0:
             return None

@@ -50,7 +50,7 @@ SeriesKey = tuple[str, str, bool, tuple[tuple[str, str], ...]]
 
 
 _CHECKED: set[str] = set()  # names that passed (the same few on every call), at most MAX_CHECKED
-MAX_CHECKED = 10_000
+MAX_CHECKED = 10_000  # names kept in _CHECKED, and call keys each recorder keeps
 
 
 def check_name(name: str) -> str:
@@ -120,7 +120,7 @@ class Recorder:
         key = self._keys.get(memo) if memo is not None else None
         if key is None:
             key = (check_name(name), cls.kind, bool(per_node), _labels(labels))
-            if memo is not None:
+            if memo is not None and len(self._keys) < MAX_CHECKED:  # labels of many values: not all kept
                 self._keys[memo] = key
         series = self._series.get(key)
         if series is None:
