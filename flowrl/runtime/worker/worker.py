@@ -48,6 +48,7 @@ from flowrl.runtime.protocol.addresses import (admit_producers, apply_control_cl
 from flowrl.runtime.protocol.procspec import ProcSpec
 from flowrl.runtime.worker.compute import ComputeThread
 from flowrl.runtime.worker.dump import state_dump
+from flowrl.runtime.worker.events import Events
 from flowrl.runtime.worker.faults import FaultInjector
 from flowrl.runtime.worker.heartbeat import Heartbeat
 from flowrl.runtime.worker.pidfile import pid_file, write_pid_file
@@ -71,7 +72,7 @@ class Worker:
         self.ctl.connect(spec.control)
         self.receivers: dict = {}
         self.rank_rx = None  # this rank's channel from its data-parallel peers
-        self.events_tx, self.events_rx = anyio.create_memory_object_stream(float("inf"))
+        self.events = Events()  # what the main loop takes: data, control messages, call errors
         self.faults = FaultInjector(spec.faults, spec.node, spec.replica, spec.rank)
         self.compute = ComputeThread(spec.log_name)  # where every hook of the node runs
         self.parts: Parts | None = None  # the components, once set up
@@ -195,7 +196,7 @@ class Worker:
             if isinstance(msg, m.Connect) and self.wired:  # a moved consumer: a send blocked on its old
                 await self.rewire(msg)  # address gets credit there (Connect never waits; Disconnect queues)
                 continue
-            await self.events_tx.send(("ctl", msg))
+            self.events.put(("ctl", msg))
 
     async def input_loop(self, port: str, rx) -> None:
         from flowrl.transport import BrokenChannel, ChannelClosed, EndOfStream
@@ -215,7 +216,7 @@ class Worker:
             except BrokenChannel as e:  # every producer gone for a while: they are being restarted
                 log.warning("input %s: %s; waiting for producers", port, e)
                 continue
-            await self.events_tx.send(("data", port, batch, rx))
+            self.events.put(("data", port, batch, rx))
 
     async def metrics_loop(self) -> None:
         """Metrics ride on heartbeats from the event loop; liveness comes from `Heartbeat` (a thread)."""
@@ -238,13 +239,12 @@ class Worker:
     async def main_loop(self) -> None:
         handlers, path = handler_table(self.parts, wire=self.wire, stop=self.stop, rewire=self.rewire), self.parts.path
         if path.calls is not None:  # `concurrency`: calls run as tasks; an error comes back here
-            path.calls.bind(self.tg.start_soon, lambda e: self.events_tx.send(("error", e)))
+            path.calls.bind(self.tg.start_soon, lambda e: self.events.put_async(("error", e)))
         while True:
-            with self.parts.recorder.span("wait_input"):  # idle: nothing to do until an event arrives
-                try:
-                    event = await self.events_rx.receive()
-                except anyio.EndOfStream:
-                    return
+            event = self.events.take_nowait()
+            if event is None:
+                with self.parts.recorder.span("wait_input"):  # idle: nothing to do until an event arrives
+                    event = await self.events.take()
             if event[0] == "error":  # a call that ran beside others failed: the process fails
                 raise event[1]
             elif event[0] == "ctl":
