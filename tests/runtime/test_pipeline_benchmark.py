@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmark_modules import benchmark
 
 
 def _median_rows():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from pipeline import median_rows
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return median_rows
+    return benchmark("pipeline").median_rows
 
 
 def test_each_row_is_its_median_round_with_its_critical_path_and_every_rounds_ratio():

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmark_modules import benchmark
 
 
 @pytest.fixture(scope="module")
 def relay():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import relay
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return relay
+    return benchmark("relay")
 
 
 @pytest.mark.timeout(120)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmark_modules import benchmark
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -25,11 +27,7 @@ def test_the_codec_benchmark_times_encode_and_decode_of_the_grpo_batch_in_both_k
 
 
 def test_the_benchmark_batch_is_the_grpo_batch_and_decodes_to_its_own_kind():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from codec import grpo_batch
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    grpo_batch = benchmark("codec").grpo_batch
     import torch
 
     from flowrl.transport import Ragged, decode, encode
