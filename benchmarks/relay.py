@@ -106,9 +106,8 @@ def _stage(role: str, inbox: str | None, outbox: str | None, collector: str, cor
                 if tx is None:  # the sink holds the batch for a step, as a trainer would
                     await asyncio.sleep(period)
                 await rx.send_multipart([ident, b"ack"])
-            else:
+            else:  # the source: paced by the acknowledgements, which the sink holds for a step
                 frames = [header, data]
-                await asyncio.sleep(0)
             if tx is not None:
                 await tx.send_multipart(frames, copy=False)
                 await asyncio.wait_for(tx.recv(), TIMEOUT_S)

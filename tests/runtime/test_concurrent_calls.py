@@ -45,11 +45,8 @@ def test_an_error_goes_to_the_event_loop_and_a_recovery_drops_the_waiting():
             await gate.wait()
             raise ValueError(item.batch_id)
 
-        async def report(e):
-            errors.append(e)
-
         async with anyio.create_task_group() as tg:
-            calls.bind(tg.start_soon, report)
+            calls.bind(tg.start_soon, errors.append)
             await calls.start(fail, Item(0))
             await calls.start(fail, Item(1))
             assert [i.batch_id for i in calls.drop_waiting()] == ["t-1"]

@@ -13,7 +13,7 @@ def test_events_come_out_in_arrival_order_whatever_their_kind():
         events = Events()
         events.put(("data", "in", "b1", None))
         events.put(("ctl", "progress"))
-        await events.put_async(("error", "e"))
+        events.put(("error", "e"))
         assert len(events) == 3
         got = [events.take_nowait(), await events.take(), events.take_nowait()]
         assert got == [("data", "in", "b1", None), ("ctl", "progress"), ("error", "e")]

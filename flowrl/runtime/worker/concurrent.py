@@ -37,9 +37,9 @@ class Concurrent:
         self.running: dict[int, Any] = {}  # id(item) -> item
         self.waiting: deque = deque()  # (fn, item) beyond the limit
         self._spawn: Callable[..., Any] | None = None
-        self._fail: Callable[[BaseException], Awaitable[None]] | None = None
+        self._fail: Callable[[BaseException], None] | None = None
 
-    def bind(self, spawn: Callable[..., Any], fail: Callable[[BaseException], Awaitable[None]]) -> None:
+    def bind(self, spawn: Callable[..., Any], fail: Callable[[BaseException], None]) -> None:
         """`spawn(fn, *args)` starts a task; `fail(error)` hands a call's error to the event loop."""
         self._spawn, self._fail = spawn, fail
 
@@ -54,7 +54,7 @@ class Concurrent:
         try:
             await fn(item)
         except Exception as e:  # noqa: BLE001 - the event loop raises it, as for a call it awaited
-            await self._fail(e)
+            self._fail(e)
             return
         finally:
             self.running.pop(id(item), None)

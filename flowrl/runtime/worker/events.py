@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any
 
 
 class Events:
@@ -30,14 +29,10 @@ class Events:
         self._queue.append(event)
         self._ready.set()
 
-    async def put_async(self, event: tuple) -> None:
-        """`put` for callers that want a coroutine (a concurrent call's failure)."""
-        self.put(event)
-
     def take_nowait(self) -> tuple | None:
         return self._queue.popleft() if self._queue else None
 
-    async def take(self) -> Any:
+    async def take(self) -> tuple:
         while not self._queue:
             self._ready.clear()
             await self._ready.wait()

@@ -239,7 +239,7 @@ class Worker:
     async def main_loop(self) -> None:
         handlers, path = handler_table(self.parts, wire=self.wire, stop=self.stop, rewire=self.rewire), self.parts.path
         if path.calls is not None:  # `concurrency`: calls run as tasks; an error comes back here
-            path.calls.bind(self.tg.start_soon, lambda e: self.events.put_async(("error", e)))
+            path.calls.bind(self.tg.start_soon, lambda e: self.events.put(("error", e)))
         while True:
             event = self.events.take_nowait()
             if event is None:
