@@ -189,13 +189,15 @@ schedule: {{steps: 8, batch_size: 2, max_staleness: 1}}
     assert "weight sync failed" in result.stderr or result.log("follower.0.0").count("sync") >= 0
 
 
-def test_a_users_exception_is_reported_with_its_type_file_and_line_and_a_repeat_fails_fast(tmp_path):
+@pytest.mark.parametrize("calls", ["", "concurrency: 4, "])
+def test_a_users_exception_is_reported_with_its_type_file_and_line_and_a_repeat_fails_fast(tmp_path, calls):
     """Case 12: the last-error line names the user's error, not anyio's ExceptionGroup; the same
-    error at the same ticket after a restart ends the run without burning the budget."""
+    error at the same ticket after a restart ends the run without burning the budget. With
+    `concurrency` the error comes to the event loop from the call's task."""
     text = f"""\
 nodes:
   numbers: {{kind: "{N}:Numbers"}}
-  faulty: {{kind: "{N}:Faulty", config: {{fail_at: 3}}, on_failure: {{max_restarts: 5, backoff_s: 0}}}}
+  faulty: {{kind: "{N}:Faulty", {calls}config: {{fail_at: 3}}, on_failure: {{max_restarts: 5, backoff_s: 0}}}}
   collect: {{kind: "{N}:Chain"}}
 edges: [numbers -> faulty, faulty -> collect]
 schedule: {{steps: 6, batch_size: 2}}
