@@ -6,8 +6,6 @@ place, only the adapted layers reloaded, transactionally.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -72,14 +70,18 @@ def test_a_full_version_after_adapters_is_the_new_base_and_an_adapter_version_la
     with torch.no_grad():  # what the runtime does: receive a full version into the staging tensors
         for t in staging.values():
             t.copy_(torch.randn(t.shape, generator=g) * 0.2)
-    t0 = time.perf_counter()
-    engine.load_weights(staging.items(), 21)
-    full_s = time.perf_counter() - t0
-    full = {k: v.clone() for k, v in staging.items()}
-    assert engine.engine_digest() == expected(engine, full) and not engine.adapted.base
-    adapters = random_adapters(full, seed=22, targets=("q_proj", "o_proj"))
-    t0 = time.perf_counter()
-    engine.load_weights(adapters.items(), 22)
-    adapter_s = time.perf_counter() - t0
+    reloads = []  # (tensors reloaded into vLLM, partial) per reload: what a version costs the engine
+    reload = engine._reload
+    engine._reload = lambda staged, partial=False: (reloads.append((len(staged), partial)), reload(staged, partial))
+    try:
+        engine.load_weights(staging.items(), 21)
+        full = {k: v.clone() for k, v in staging.items()}
+        assert engine.engine_digest() == expected(engine, full) and not engine.adapted.base
+        adapters = random_adapters(full, seed=22, targets=("q_proj", "o_proj"))
+        engine.load_weights(adapters.items(), 22)
+    finally:
+        del engine._reload
     assert engine.engine_digest() == expected(engine, merged(full, adapters))
-    assert adapter_s < 2 * full_s, (adapter_s, full_s)  # partial: never a full reload (ratios: the benchmark)
+    # partial: never a full reload (how much faster it lands: the benchmark, not a timed test)
+    (full_n, full_partial), (adapter_n, adapter_partial) = reloads
+    assert not full_partial and adapter_partial and 0 < adapter_n < full_n, reloads
