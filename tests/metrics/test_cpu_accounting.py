@@ -61,16 +61,20 @@ def test_thread_cpu_counts_each_threads_cpu_under_its_role_and_the_process_total
 
 
 def test_another_threads_cpu_clock_reads_its_cpu_not_wall_time():
-    box = {}
-    t = threading.Thread(target=lambda: (_spin(0.05), time.sleep(0.1), box.setdefault("done", 1)))
+    spun, release = threading.Event(), threading.Event()
+    t = threading.Thread(target=lambda: (_spin(0.05), spun.set(), release.wait(5)))
     t.start()
     clock = thread_cpu_clock(t.ident)
     assert clock is not None
-    t.join(0.05)
-    mid = clock()
-    time.sleep(0.05)
-    assert clock() - mid < 0.02  # asleep: no CPU
-    t.join()
+    try:
+        assert spun.wait(5)
+        mid = clock()
+        assert mid >= 0.05  # its spin, counted
+        time.sleep(0.05)  # wall time passing, not ordering: the thread waits on `release` throughout
+        assert clock() - mid < 0.02  # blocked: no CPU
+    finally:
+        release.set()
+        t.join()
 
 
 @pytest.mark.parametrize("path, function, category", [
@@ -163,11 +167,19 @@ def test_the_loop_profiler_samples_the_main_thread_where_it_spends_cpu_even_betw
     assert seen.get("metrics", 0.0) / sum(seen.values()) > 0.8
 
 
-def _busy_in_metrics(seconds: float) -> None:  # a frame from flowrl/metrics: this test file's
-    code = compile("def drain(spin, s):\n    spin(s)\n", "/x/flowrl/metrics/hub.py", "exec")
+def _busy_in_metrics(seconds: float, then=lambda: None) -> None:  # a frame from flowrl/metrics: this test file's
+    code = compile("def drain(spin, s, then):\n    spin(s)\n    then()\n", "/x/flowrl/metrics/hub.py", "exec")
     ns: dict = {}
     exec(code, ns)
-    ns["drain"](_spin, seconds)
+    ns["drain"](_spin, seconds, then)
+
+
+def _ticks(sampler: StackSampler, n: int) -> None:
+    """Until the sampler has begun its `n`-th look (a look counts itself before it reads clocks)."""
+    deadline = time.monotonic() + 10
+    while sampler.ticks < n:
+        assert time.monotonic() < deadline, f"the sampler stopped at {sampler.ticks} looks"
+        time.sleep(0.001)  # polling its counter, not ordering events
 
 
 @linux_only
@@ -175,28 +187,37 @@ def test_the_sampler_gives_cpu_to_the_category_on_the_stack_and_skips_compute_sp
     class Compute:  # what ComputeThread shows the sampler
         in_compute, left_compute_cpu = True, 0.0
 
-    state, go, done = Compute(), threading.Event(), threading.Event()
+    state, go, done, release = Compute(), threading.Event(), threading.Event(), threading.Lock()
+    release.acquire()
+
+    # it rests inside the metrics frame on a bare lock (a wait in threading.py would be UNSEEN):
+    # the sampler's last look, whenever it comes, gives the spin's tail to metrics
+    def rest():
+        done.set()
+        release.acquire(timeout=5)
 
     def compute_thread():
         go.wait(5)
         _spin(0.15)  # inside a compute span: not the sampler's
         state.left_compute_cpu = time.thread_time()
         state.in_compute = False
-        _busy_in_metrics(0.15)
-        done.set()
+        _busy_in_metrics(0.15, then=rest)
 
     t = threading.Thread(target=compute_thread, name="flowrl-compute-t")
     t.start()
     register_compute_thread(t.ident, state)
     sampler = StackSampler(interval_s=0.005, rescan_s=0.01).start()
-    time.sleep(0.05)  # the sampler has found the thread
-    go.set()
-    done.wait(5)
-    t.join()
-    time.sleep(0.05)
-    sampler.stop()
+    try:
+        _ticks(sampler, 1)  # its first look found the thread
+        go.set()
+        assert done.wait(5)
+        _ticks(sampler, sampler.ticks + 2)  # a whole look after `done`: all the thread's CPU read, alive
+    finally:
+        release.release()
+        t.join()
+        sampler.stop()
     got = sampler.drain()
-    assert got.get(("compute", "metrics"), 0.0) == pytest.approx(0.15, abs=0.06)
+    assert got.get(("compute", "metrics"), 0.0) == pytest.approx(0.15, abs=0.01)  # all of it, read alive
     assert sum(v for (role, _), v in got.items() if role == "compute") < 0.2  # the span's 0.15 s left out
 
 
