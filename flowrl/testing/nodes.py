@@ -331,6 +331,12 @@ class StrictNormalizer(Normalizer):
     requires = {"x": "int64"}
 
 
+class WantsScores(Normalizer):
+    """A `Normalizer` that declares a tensor `Numbers` never makes: every batch is refused."""
+
+    requires = {"scores": "float32"}
+
+
 class Groups(flowrl.Source):
     """Ticket -> `size` prompt groups of `samples` rows each, as a rollout + reward would emit them:
     `rows` is each sample's prompt number (index * size + g), `scores` alternate 0/1 within a group,

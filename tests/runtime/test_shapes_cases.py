@@ -287,6 +287,28 @@ def test_a_model_mismatch_between_trainer_and_rollout_fails_the_run_naming_the_t
     assert "cannot take the trainer's weights" in result.stderr and "differs" in result.stderr
 
 
+def test_a_producer_that_never_makes_what_its_consumer_requires_fails_the_run_naming_it(tmp_path):
+    """A batch refused at a node's boundary is said on the controller's log at once; when the
+    ticket's next attempt is refused too, the run fails naming the edge and what is missing (it
+    went on re-issuing until `max_attempts` timeouts, with the reason only in the node's log)."""
+    text = f"""\
+nodes:
+  numbers: {{kind: "{N}:Numbers"}}
+  norm: {{kind: "{N}:WantsScores"}}
+  collect: {{kind: "{N}:Chain"}}
+edges: [numbers -> norm, norm -> collect]
+schedule: {{steps: 4, batch_size: 2, max_staleness: 1, ticket_timeout_s: 1.0}}
+{FAST}
+"""
+    result = run_graph(write(tmp_path, text), tmp_path / "run", timeout_s=150)
+    assert result.exit_code == 1
+    assert "refused t-000000 (attempt 0)" in result.stderr  # said before the run failed
+    failure = result.stderr[result.stderr.index("run failed"):]
+    assert "refused t-000000 at attempts 0 and 1" in failure and "numbers->norm" in failure
+    assert "no tensor 'scores'" in failure and "`requires`" in failure
+    assert not any(r["event"] == "node_down" for r in result.ledger)  # refused, never restarted
+
+
 def test_a_forged_batch_is_rejected_at_the_nodes_boundary_without_a_restart(tmp_path):
     """Issue 12: a well-formed batch with the wrong tensors and the next index restarts nothing,
     and the real batch of that index is still taken."""

@@ -75,6 +75,38 @@ def test_a_ticket_past_its_attempts_fails_the_run_naming_where_it_was_last_busy_
     assert "last seen inside a call at: mid/0/0" in why and "mid/0/0: process: ValueError: bad batch" in why
 
 
+def refused(index, attempt, what="no tensor 'y' (has ['x'])"):
+    return m.Duplicate(batch_id=f"t-{index:06d}", attempt=attempt, why=f"{m.INVALID} on a->b: {what}")
+
+
+def test_a_ticket_refused_at_two_attempts_fails_the_run_naming_why_and_one_refusal_only_warns(tmp_path, caplog):
+    d, sched, procs, out, fails, _ = desk(tmp_path, "src/0/0", k=1)
+    anyio.run(lambda: d.flush(held=False, epoch=0))
+    d.dropped("mid/0/0", m.Duplicate(batch_id="t-000000", attempt=0, why="duplicate"))  # not a refusal
+    d.dropped("mid/0/0", refused(7, 0))  # no open ticket of the run (a forgery): nothing
+    d.dropped("mid/0/0", refused(7, 1))
+    d.dropped("mid/0/0", refused(0, 0))
+    d.dropped("mid/0/0", refused(0, 0))  # the same attempt again (a second copy): still one
+    assert fails.why == [] and "mid/0/0 refused t-000000 (attempt 0): invalid on a->b" in caplog.text
+    d.dropped("mid/0/0", refused(1, 0))
+    assert d.consumed("sink", consumed(1, policy_version=0, staleness=0)) is True  # the real batch was taken
+    d.dropped("mid/0/0", refused(1, 1))  # (a late forgery of a completed ticket)
+    assert fails.why == []
+    d.dropped("mid/0/0", refused(0, 1))
+    (why,) = fails.why
+    assert "mid/0/0 refused t-000000 at attempts 0 and 1: invalid on a->b: no tensor 'y'" in why
+    assert "make the producer emit it, or change the node's `requires`" in why
+
+
+def test_a_ticket_that_runs_out_names_the_refusal_among_the_last_errors(tmp_path):
+    d, sched, procs, out, fails, _ = desk(tmp_path, "src/0/0", max_attempts=1)
+    anyio.run(lambda: d.flush(held=False, epoch=0))
+    d.dropped("mid/0/0", refused(0, 0))
+    anyio.run(lambda: d.reissue(sched.reissue_open, "mid/0/0 restarted"))
+    (why,) = fails.why
+    assert "was issued 1 times" in why and "mid/0/0 refused it: invalid on a->b: no tensor 'y'" in why
+
+
 def test_a_completed_ticket_is_forgotten_where_it_was_busy_and_only_completion_counts_as_a_step(tmp_path):
     d, sched, procs, out, _, _ = desk(tmp_path, "src/0/0")
     anyio.run(lambda: d.flush(held=False, epoch=0))

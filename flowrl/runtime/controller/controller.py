@@ -69,7 +69,6 @@ class Controller:
                  resume: dict | None = None, hub=None, on_tick=None, summary: dict | None = None,
                  inventory: str | None = None):
         from flowrl.graph import node_classes
-
         self.spec = spec
         classes = node_classes(spec)
         self.roles = roles = Roles.of(spec, classes)
@@ -284,6 +283,7 @@ class Controller:
 
     async def on_duplicate(self, proc: Proc, msg: m.Duplicate) -> None:
         self.ledger.record(DuplicateDropped(batch_id=msg.batch_id, attempt=msg.attempt, node=proc.id, why=msg.why))
+        self.desk.dropped(proc.id, msg)  # one refused at a node's boundary is said at once
 
     async def on_error(self, proc: Proc, msg: m.Error) -> None:
         proc.error = NodeFailure(msg.where, msg.type, msg.message, msg.file, msg.line, msg.batch_id, msg.traceback)

@@ -110,6 +110,11 @@ class Scheduler:
         except ValueError:
             return None
 
+    def open_index(self, batch_id) -> int | None:
+        """The index of the open ticket `batch_id` names; None for any other id."""
+        index = self._index_in(batch_id)
+        return index if index in self.open else None
+
     # state ----------------------------------------------------------------------------------
     @property
     def steps(self) -> int:

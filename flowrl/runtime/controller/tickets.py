@@ -47,6 +47,7 @@ class TicketDesk:
         self.clock = clock
         self.pending: list = []  # tickets waiting for a source to take them
         self.stuck_at: dict[str, str] = {}  # batch id -> the process last seen busy with it
+        self.refusals: dict[str, tuple[int, str, str]] = {}  # open batch id -> (attempt, process, why) refused first
         self.source_rr = 0
         self.last_progress, self.progress_sent, self.steps_sent = 0.0, -1, scheduler.steps
 
@@ -67,8 +68,29 @@ class TicketDesk:
         extra = {} if msg.dropped_by else {"policy_version": msg.policy_version, "staleness": msg.staleness}
         if self.scheduler.consumed(sink, msg.index, msg.attempt, dropped_by=msg.dropped_by, **extra):
             self.stuck_at.pop(msg.batch_id, None)
+            self.refusals.pop(msg.batch_id, None)
             return True
         return False
+
+    def dropped(self, proc_id: str, msg: m.Duplicate) -> None:
+        """`proc_id` dropped a batch at its input. One of an open ticket that it refused at its
+        boundary (`why` starts with INVALID: the batch lacks what the node `requires`) is said at
+        once: the node's own log is where nobody looks. A forged batch is refused once and the real
+        one still taken; a ticket refused again at a later attempt will be at every attempt (its
+        producer makes the same batch), so the run fails then, naming why, rather than after
+        `max_attempts` ticket timeouts that say only "exhausted"."""
+        if not msg.why.startswith(m.INVALID) or self.scheduler.open_index(msg.batch_id) is None:
+            return  # not one of the run's open tickets (a forgery): the node's counter holds it
+        first = self.refusals.get(msg.batch_id)
+        if first is None:
+            self.refusals[msg.batch_id] = (msg.attempt, proc_id, msg.why)
+            log.warning("%s refused %s (attempt %d): %s; the ticket is issued again after "
+                        "schedule.ticket_timeout_s (%g s), and the run fails if that attempt is refused too",
+                        proc_id, msg.batch_id, msg.attempt, msg.why, self.scheduler.limits.ticket_timeout_s)
+        elif msg.attempt > first[0]:
+            self.fail(None, f"{proc_id} refused {msg.batch_id} at attempts {first[0]} and {msg.attempt}: {msg.why}"
+                            f"\n  its producer makes a batch without what the node declares it takes (`requires` "
+                            f"of its class): make the producer emit it, or change the node's `requires`")
 
     # tickets ----------------------------------------------------------------------------------
     def drop_pending(self) -> None:
@@ -82,6 +104,9 @@ class TicketDesk:
         except TicketExhausted as e:
             where = self.stuck_at.get(e.batch_id)
             errors = [f"{p.id}: {p.error.line().splitlines()[0]}" for p in self.procs if p.error]
+            if e.batch_id in self.refusals:
+                _, who, why = self.refusals[e.batch_id]
+                errors.append(f"{who} refused it: {why}")
             self.fail(None, f"{e}\n  last seen inside a call at: {where or 'no node reported it'}"
                             f"\n  last node errors: {'; '.join(errors) or 'none'}"
                             f"\n  raise schedule.max_attempts or ticket_timeout_s if the work is just slow")

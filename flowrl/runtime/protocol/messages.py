@@ -140,11 +140,15 @@ class Recovered:
 
 @message("duplicate", "node -> controller")
 class Duplicate:
-    """A batch was dropped at the node's input: a duplicate, a stale epoch or an invalid batch."""
+    """A batch was dropped at the node's input: a duplicate, a stale epoch or an invalid batch
+    (`why` starts with INVALID: it lacks what the node `requires`)."""
 
     batch_id: str
     attempt: int
     why: str
+
+
+INVALID = "invalid"  # a Duplicate's `why` for a batch refused at the node's boundary: "invalid on EDGE: PROBLEM"
 
 
 @message("turn_ask", "node -> controller")

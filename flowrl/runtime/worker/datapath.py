@@ -25,6 +25,7 @@ from typing import Any
 
 from flowrl.node import Drop
 from flowrl.runtime.protocol import messages as m
+from flowrl.runtime.protocol.messages import INVALID
 from flowrl.runtime.worker.concurrent import Concurrent
 from flowrl.runtime.worker.contract import outputs_of
 from flowrl.runtime.worker.inputs import Item, Policies
@@ -98,9 +99,10 @@ class DataPath:
         if rx is not None and work.drop is None and self._shape.requires:
             problem = missing_tensors(work, self._shape.requires)
             if problem:
-                self._recorder.count("batches_rejected", 1, edge=self._labels.get(port, port))
+                edge = self._labels.get(port, port)
+                self._recorder.count("batches_rejected", 1, edge=edge)
                 log.warning("rejected batch %s on %s: %s", work.batch_id, port, problem)
-                await self.discard(rx, work, f"invalid: {problem}")
+                await self.discard(rx, work, f"{INVALID} on {edge}: {problem}")  # the controller says it at once
                 return
         if rx is None:
             item = Item(work.index, work.batch_id, work.attempt, work.epoch, None, work,
