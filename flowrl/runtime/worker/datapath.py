@@ -25,7 +25,6 @@ from typing import Any
 
 from flowrl.node import Drop
 from flowrl.runtime.protocol import messages as m
-from flowrl.runtime.protocol.messages import INVALID
 from flowrl.runtime.worker.concurrent import Concurrent
 from flowrl.runtime.worker.contract import outputs_of
 from flowrl.runtime.worker.inputs import Item, Policies
@@ -102,7 +101,7 @@ class DataPath:
                 edge = self._labels.get(port, port)
                 self._recorder.count("batches_rejected", 1, edge=edge)
                 log.warning("rejected batch %s on %s: %s", work.batch_id, port, problem)
-                await self.discard(rx, work, f"{INVALID} on {edge}: {problem}")  # the controller says it at once
+                await self.discard(rx, work, f"{m.INVALID} on {edge}: {problem}")  # the controller says it at once
                 return
         if rx is None:
             item = Item(work.index, work.batch_id, work.attempt, work.epoch, None, work,
