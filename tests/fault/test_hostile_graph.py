@@ -24,7 +24,7 @@ nodes:
   collect: {{kind: "{N}:Chain"}}
 edges: [numbers -> norm, norm -> collect]
 schedule: {{steps: 250, batch_size: 2, max_staleness: 2, checkpoint_every: 20}}
-supervision: {{heartbeat_s: 0.2, deadline_s: 5.0}}
+supervision: {{heartbeat_s: 0.2, deadline_s: 10.0}}  # beats come from a thread the traffic cannot block
 """
 
 

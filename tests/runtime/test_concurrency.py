@@ -24,7 +24,7 @@ nodes:
 edges: [numbers -> overlap, overlap -> log]
 weights: [log -> overlap]
 schedule: {{steps: {steps}, batch_size: {per}, ticket: group, max_staleness: {k}, checkpoint_every: {every}}}
-supervision: {{heartbeat_s: 0.2, deadline_s: 3.0}}
+supervision: {{heartbeat_s: 0.2, deadline_s: 10.0}}  # no fault here: a loaded machine's late beat is no hang
 """)
     return path
 

@@ -6,9 +6,11 @@
 
 It speaks JSON lines: events on stdout ({"event": "ready" | "recv" | "sent" | "done" | "rss" |
 "error", ...}), commands on stdin (consumer with --gated: {"cmd": "take", "n": 3} receives three
-more batches, {"cmd": "rss"} reports resident memory, {"cmd": "block", "s": 2} holds its event loop
-(as a long computation would); junk: {"frames": [hex, ...]} sends one
-message). Every event is flushed at once, so the test can order its steps on them.
+more batches, {"cmd": "rss"} reports resident memory, {"cmd": "block"} holds its event loop (as a
+long computation would) until the line {"cmd": "release"} comes, or for "max_s" seconds (60 by
+default) at most, and then says {"event": "unblocked", "released": true | false}; junk:
+{"frames": [hex, ...]} sends one message). Every event is flushed at once, so the test can order
+its steps on them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import select
 import sys
+import time
 
 import numpy as np
 
@@ -37,19 +42,61 @@ def config(args):
 
 
 async def stdin_lines():
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 24)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := await reader.readline():
-        yield json.loads(line)
+    async for cmd in Commands():
+        yield cmd
+
+
+class Commands:
+    """The JSON commands on stdin, one a line: read from the event loop (`async for`), or while the
+    loop is held (`block`)."""
+
+    def __init__(self):
+        self.reader: asyncio.StreamReader | None = None
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> dict:
+        if self.reader is None:
+            loop = asyncio.get_running_loop()
+            self.reader = asyncio.StreamReader(limit=1 << 24)
+            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self.reader), sys.stdin)
+        if not (line := await self.reader.readline()):
+            raise StopAsyncIteration
+        return json.loads(line)
+
+    def block(self, max_s: float) -> bool:
+        """Hold the event loop (the calling thread waits in `select`, as a long computation in C
+        would) until the line {"cmd": "release"} comes on stdin: True; or `max_s` seconds passed or
+        stdin closed: False. Only called between commands, when the reader holds nothing unread
+        (the test writes the release after this process said "blocking")."""
+        fd = sys.stdin.fileno()  # non-blocking (connect_read_pipe): read what select says is there
+        end = time.monotonic() + max_s
+        data = b""
+        while b"\n" not in data:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return False
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return False
+            data += chunk
+        line, rest = data.split(b"\n", 1)
+        if rest:
+            self.reader.feed_data(rest)  # later commands, for the loop once it runs again
+        cmd = json.loads(line)
+        if cmd.get("cmd") != "release":
+            raise ValueError(f"a held consumer takes only {{'cmd': 'release'}}, got {cmd}")
+        return True
 
 
 async def consumer(args) -> None:
     import psutil
 
     from flowrl.transport import EndOfStream, Receiver
-
-    import time
 
     if args.zmq_heartbeats:  # the consumer as it was: ZeroMQ heartbeats on its ROUTER (test_abort.py)
         from flowrl.transport import sockets
@@ -66,7 +113,7 @@ async def consumer(args) -> None:
         address = await rx.bind(args.address)
         emit(event="ready", address=address, rss=psutil.Process().memory_info().rss)
         received = 0
-        commands = stdin_lines() if args.gated else None
+        commands = Commands() if args.gated else None
         budget = 0
         while True:
             while commands is not None and budget == 0:
@@ -75,8 +122,7 @@ async def consumer(args) -> None:
                     emit(event="rss", rss=psutil.Process().memory_info().rss, stats=rx.statistics().as_dict())
                 elif cmd["cmd"] == "block":  # hold the event loop, as a long computation would
                     emit(event="blocking")
-                    time.sleep(cmd["s"])
-                    emit(event="unblocked")
+                    emit(event="unblocked", released=commands.block(cmd.get("max_s", 60.0)))
                 else:
                     budget += cmd["n"]
             try:
