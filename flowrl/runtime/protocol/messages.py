@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 import msgpack
 
-MAX_CONTROL_BYTES = 1 << 20
-MAX_STR = 4096
+MAX_CONTROL_BYTES, MAX_STR = 1 << 20, 4096
+INVALID = "invalid"  # a Duplicate's `why` for a batch refused at the node's boundary: "invalid on EDGE: PROBLEM"
 
 
 class ControlError(ValueError):
@@ -140,15 +140,11 @@ class Recovered:
 
 @message("duplicate", "node -> controller")
 class Duplicate:
-    """A batch was dropped at the node's input: a duplicate, a stale epoch or an invalid batch
-    (`why` starts with INVALID: it lacks what the node `requires`)."""
+    """A batch was dropped at the node's input: a duplicate, a stale epoch or an invalid batch (INVALID)."""
 
     batch_id: str
     attempt: int
     why: str
-
-
-INVALID = "invalid"  # a Duplicate's `why` for a batch refused at the node's boundary: "invalid on EDGE: PROBLEM"
 
 
 @message("turn_ask", "node -> controller")
