@@ -85,6 +85,8 @@ def test_a_ticket_refused_at_two_attempts_fails_the_run_naming_why_and_one_refus
     d.dropped("mid/0/0", m.Duplicate(batch_id="t-000000", attempt=0, why="duplicate"))  # not a refusal
     d.dropped("mid/0/0", refused(7, 0))  # no open ticket of the run (a forgery): nothing
     d.dropped("mid/0/0", refused(7, 1))
+    for attempt in (0, 1):  # ticket 0's index, another run's id: nothing
+        d.dropped("mid/0/0", m.Duplicate(batch_id="x-000000", attempt=attempt, why=f"{m.INVALID} on a->b: y"))
     d.dropped("mid/0/0", refused(0, 0))
     d.dropped("mid/0/0", refused(0, 0))  # the same attempt again (a second copy): still one
     assert fails.why == [] and "mid/0/0 refused t-000000 (attempt 0): invalid on a->b" in caplog.text

@@ -111,9 +111,9 @@ class Scheduler:
             return None
 
     def open_index(self, batch_id) -> int | None:
-        """The index of the open ticket `batch_id` names; None for any other id."""
+        """The index of the open ticket `batch_id` names; None for any other id (another run's too)."""
         index = self._index_in(batch_id)
-        return index if index in self.open else None
+        return index if index in self.open and self.batch_id(index) == batch_id else None
 
     # state ----------------------------------------------------------------------------------
     @property

@@ -52,12 +52,9 @@ class TicketDesk:
         self.last_progress, self.progress_sent, self.steps_sent = 0.0, -1, scheduler.steps
 
     # what nodes report ------------------------------------------------------------------------
-    def open_ids(self) -> set[str]:
-        return {self.scheduler.batch_id(i) for i in self.scheduler.open}
-
     def seen_busy(self, batch_id: str, proc_id: str) -> None:
         """A heartbeat says `proc_id` is inside a call on `batch_id` (named if the ticket runs out)."""
-        if batch_id in self.open_ids():
+        if self.scheduler.open_index(batch_id) is not None:
             self.stuck_at[batch_id] = proc_id
 
     def where(self, batch_id: str) -> str | None:
