@@ -40,7 +40,7 @@ from flowrl.metrics.kinds import Gauge, Histogram, Reduction, Sum, default_bucke
 from flowrl.metrics.live_state import build_live_state
 from flowrl.metrics.recorder import SPAN_METRIC, Recorder, _labels, check_name
 from flowrl.metrics.sinks import sinks_for_run
-from flowrl.metrics.trace import CONTROLLER_PID, SEGMENT_EVENTS, TraceWriter
+from flowrl.metrics.trace import CONTROLLER_PID, SEGMENT_EVENTS, TraceWriter, compact_json
 from flowrl.metrics.wire import Snapshot, SnapshotError, parse_snapshot
 
 log = logging.getLogger(__name__)
@@ -331,7 +331,7 @@ class MetricsHub:
                        samples_per_s=(row.get("samples") or 0) / step_time)
             row.update(extra or {})
             row = rows.order_row(row, self._order)
-            self._rows.write(json.dumps(row, separators=(",", ":")) + "\n")
+            self._rows.write(compact_json(row) + "\n")
             self._rows.flush()
             if self._rows.tell() > self.rotate_bytes:  # a long run: older rows go to metrics.N.jsonl.gz
                 from flowrl.segments import rotate

@@ -205,3 +205,22 @@ def test_spans_of_two_tasks_of_one_thread_that_cross_go_to_a_second_lane(tmp_pat
     assert tids["compute"] == tids["wait_credit"] != tids["wait_input"]
     lanes = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     assert lanes[tids["wait_input"]] == "MainThread lane 1"
+
+
+def test_compact_json_reads_back_as_json_dumps_wrote_it_and_refuses_what_json_refuses():
+    import math
+
+    import pytest
+
+    from flowrl.metrics.trace import compact_json
+
+    row = {"step": 3, "wall_s": 1.25, "reward_mean": None, "kl": -8.195638656616211e-08, "tokens": 2**62,
+           "channel_bytes/rollout->reward": 12, "name": "caf\u00e9", "ok": True, 7: [1, 2.5, {"a": "b"}]}
+    text = compact_json(row)
+    assert " " not in text.replace("caf\u00e9", "")  # compact, as separators=(",", ":")
+    assert json.loads(text) == json.loads(json.dumps(row, separators=(",", ":")))
+    assert json.loads(compact_json({"big": 2**70})) == {"big": 2**70}  # past orjson's 64 bits: json writes it
+    assert json.loads(compact_json({"x": math.nan})) == {"x": None}  # valid JSON, where json writes NaN
+    np = pytest.importorskip("numpy")
+    with pytest.raises(TypeError):
+        compact_json({"x": np.float32(1.5)})  # as json.dumps: the caller converts its numbers
