@@ -157,3 +157,22 @@ def test_a_rank_that_hangs_in_setup_while_its_group_waits_leaves_where_it_hung_i
         log = (logs / f"train.0.{rank}.log").read_text()
         assert "most recent call first" in log, (rank, log[-3000:])
     assert "in setup" in (logs / "train.0.1.log").read_text()
+
+
+def test_a_run_the_harness_kills_at_its_timeout_says_where_each_process_waited(tmp_path):
+    """`run_graph` asks every node process for its state before the kill: a test that fails on a
+    hang then names the process that held the run, and what the others waited for."""
+    from flowrl.testing import run_graph
+
+    (tmp_path / "g.yaml").write_text(GRAPH)
+    run_dir = tmp_path / "run"
+    # norm never returns from its first call; process_timeout_s (600 s) and the tickets' 120 s are far off
+    result = run_graph(tmp_path / "g.yaml", run_dir, faults=["stall:norm@step=0"], timeout_s=30, cwd=ROOT)
+    assert result.exit_code == -9
+    lines = result.stderr[result.stderr.index("killed after 30"):].splitlines()[1:]
+    by_proc = {line.split(":")[0].strip(): line for line in lines}
+    assert set(by_proc) == {p.replace(".", "/") for p in PROCS}, result.stderr[-3000:]
+    norm = by_proc["norm/0/0"]
+    assert "busy t-000000 for" in norm and "main loop in on_arrival" in norm, norm  # inside its first call
+    assert "busy no" in by_proc["collect/0/0"], by_proc["collect/0/0"]  # waiting for norm's output
+    assert "main_loop" in (run_dir.parent / "run.hang.txt").read_text()  # the whole dumps
