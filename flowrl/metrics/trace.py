@@ -66,8 +66,6 @@ def compact_json(obj: Any) -> str:
         return json.dumps(obj, separators=(",", ":"))
 
 
-_dumps = compact_json
-
 
 class TraceWriter:
     """Appends Chrome trace events to `path`, in segments of `segment_events` (module docstring)."""
@@ -129,7 +127,7 @@ class TraceWriter:
         self._open(previous=previous)
 
     def _write(self, ev: dict[str, Any], meta: bool = False) -> None:
-        self._emit(_dumps(ev), meta)
+        self._emit(compact_json(ev), meta)
 
     def _emit(self, line: str, meta: bool = False) -> None:
         """Append one event, written as JSON (`line`)."""
@@ -211,10 +209,10 @@ class TraceWriter:
         # rest from ints, so only the args go through json.dumps (a span each step of every process)
         head = self._heads.get(name)
         if head is None:
-            head = '{"ph":"X","name":%s,"cat":%s,"pid":' % (_dumps(name), _dumps(CATEGORIES.get(name, "user")))
+            head = '{"ph":"X","name":%s,"cat":%s,"pid":' % (compact_json(name), compact_json(CATEGORIES.get(name, "user")))
             if len(self._heads) < MAX_HEADS:
                 self._heads[name] = head
-        tail = f',"args":{_dumps(args)}}}' if args else "}"
+        tail = f',"args":{compact_json(args)}}}' if args else "}"
         self._emit(f'{head}{int(pid)},"tid":{int(tid)},"ts":{ts},"dur":{dur}{tail}')
 
     def counter(self, name: str, abs_us: int, values: dict[str, float], pid: int = CONTROLLER_PID) -> None:

@@ -614,7 +614,7 @@ def test_the_scaler_asks_at_observed_progress_and_again_while_the_run_recovers(t
 
 
 def test_a_hang_is_told_by_where_each_main_loop_waits():
-    from flowrl.testing.chaos.trial import _where
+    from flowrl.testing.harness import _where
 
     lib = "wrapper (_asyncio.py:1) -> run_node (worker.py:2) -> main_loop (worker.py:3)"
     assert _where(lib + " -> receive (memory.py:4) -> wait (locks.py:5) -> waits on FutureIter") == \

@@ -27,7 +27,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flowrl.testing.harness import LIBRARY_FRAMES, _where, hang_signature  # noqa: F401 - tests import them here
 from flowrl.testing.chaos.check import (
     check_ledger,
     compare_state,
@@ -38,6 +37,7 @@ from flowrl.testing.chaos.features import Features
 from flowrl.testing.chaos.model import Expected, default_batch_id, simulate
 from flowrl.testing.chaos.schedules import Schedule
 from flowrl.testing.chaos.shapes import Shape
+from flowrl.testing.harness import hang_signature
 
 HANG_GRACE_S = 20.0
 DEFAULT_REF_S = 15.0
