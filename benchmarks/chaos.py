@@ -18,7 +18,8 @@ stateless node mid-run (and, in half of them, a kill of a replica just added). H
 (drawn from the seed; `--ragged all` / `none` forces it) are ragged: their batches carry a
 `flowrl.Ragged` next to `x`, which every node keeps aligned and every stateful node and sink checks.
 Half of the shapes (`--concurrency all` / `none` forces it) give some stateless nodes `concurrency:
-2..6`, their calls overlapping; `--groups` makes half of the shapes `schedule.ticket: group` (one
+2..6`, their calls overlapping; half of the shapes that can (`--fusion all` / `none`) run some stateless
+transforms inside their producer's process (`fuse_into`); `--groups` makes half of the shapes `schedule.ticket: group` (one
 prompt per ticket, a stateful sink takes an update's tickets in one call).
 Prints schedules, completed, failed with a clear error, failed without one, hung (must be 0), state
 mismatches (must be 0), ledger violations (must be 0), runs past their time bound and how many
@@ -48,7 +49,7 @@ from pathlib import Path
 from flowrl.testing import run_graph
 
 ROOT = Path(__file__).resolve().parents[1]
-NODES = ["prompts", "rollout", "reward", "reference", "advantages", "actor"]
+NODES = ["prompts", "rollout", "reference", "actor"]  # graphs/grpo.yaml's processes (reward, advantages fused)
 OVERRIDES = ["schedule.steps=80", "schedule.batch_size=4", "schedule.checkpoint_every=5",
              "vars.model.d_model=64", "vars.model.n_layers=1", "vars.task.digits=4",
              "supervision.heartbeat_s=0.2", "supervision.deadline_s=3"]
@@ -112,9 +113,10 @@ def shapes_main(args) -> int:
         workdir = keep or Path(d)
         ragged = {"seed": None, "all": True, "none": False}[args.ragged]
         concurrency = {"seed": None, "all": True, "none": False}[args.concurrency]
+        fusion = {"seed": None, "all": True, "none": False}[args.fusion]
         results = campaign(seeds, per, workdir, jobs=args.jobs, features=features, on_result=show, total=args.shapes,
                            holds=args.holds, ranks=args.ranks, scale=args.scale, ragged=ragged,
-                           concurrency=concurrency, groups=args.groups)
+                           concurrency=concurrency, groups=args.groups, fusion=fusion)
     refs = [r for r in results if r.schedule == "ref"]
     runs = [r for r in results if r.schedule != "ref"]
     count = lambda pred: sum(1 for r in runs if pred(r))
@@ -186,6 +188,9 @@ def main() -> int:
     ap.add_argument("--concurrency", choices=("seed", "all", "none"), default="seed",
                     help="--shapes: `concurrency: 2..6` on some stateless nodes in the shapes the seed picks (half), "
                          "in every shape that has one, or in none")
+    ap.add_argument("--fusion", choices=("seed", "all", "none"), default="seed",
+                    help="--shapes: stateless transforms run inside their producer's process (fuse_into) in the "
+                         "shapes the seed picks (half of those that can), in every shape that can, or in none")
     ap.add_argument("--groups", action="store_true",
                     help="--shapes: half of the shapes without Hold use `schedule.ticket: group` (a stateful sink "
                          "takes an update's tickets in one call)")

@@ -76,6 +76,15 @@ class NodeSpec(StrictModel):
     stateless, single-rank nodes only. Its input edges get at least `2 x concurrency` credits."""
     config: dict[str, Any] = Field(default_factory=dict)
     """The node's own config, validated against the node class's `Config` model."""
+    fuse_into: str | None = None
+    """Run this node inside the named node's process, as part of that node's call, instead of in a
+    process of its own (flowrl.graph.fusion): `fuse_into: rollout` on a reward node that scores the
+    rollout's output. For light, stateless steps (a rule-based reward, group advantages): no
+    channel, no process, no message between the two. The node keeps its name, kind, config and
+    dtype; it runs on the other node's devices, replicas and restarts."""
+    fused: dict[str, "NodeSpec"] = Field(default_factory=dict)
+    """The nodes fused into this one, in the order their calls follow its own: written by the graph
+    check from `fuse_into` (the run directory's graph.yaml holds it); declare `fuse_into` instead."""
 
     @field_validator("devices")
     @classmethod
@@ -104,6 +113,13 @@ class NodeSpec(StrictModel):
         if not (1 <= n < 1e16):
             raise ValueError(f"model_size {str(v)[:40]!r} must be a parameter count like 72B, 7.6B, 500M or 72e9")
         return int(n)
+
+    @field_validator("fuse_into")
+    @classmethod
+    def _fuse_into_valid(cls, v):
+        if v is not None and not _ENDPOINT.match(v):
+            raise ValueError(f"fuse_into {str(v)[:60]!r} is not a node name (or NODE.PORT)")
+        return v.strip() if v is not None else v
 
     @field_validator("mesh")
     @classmethod

@@ -12,6 +12,7 @@ from collections import defaultdict
 from pydantic import ValidationError
 
 from flowrl.graph.errors import GraphError, Problem
+from flowrl.graph.fusion import fuse, fused_problems
 from flowrl.graph.kinds import KindError, resolve_kind
 from flowrl.graph.shapes import is_observer, is_source
 from flowrl.graph.spec import GraphSpec
@@ -64,7 +65,8 @@ def _find_cycle(nodes, adjacency) -> list[str] | None:
 
 
 def check_structure(spec: GraphSpec, located=None) -> dict[str, type]:
-    """Check kinds, ports, edges, weight edges, cycles and node configs. Returns node classes."""
+    """Check kinds, ports, edges, weight edges, cycles and node configs, then fold the nodes that
+    say `fuse_into` into their hosts (fusion.py). Returns the classes of the nodes that remain."""
     located = located or spec.__dict__.get("_located")
     classes = node_classes(spec)
     problems: list[Problem] = []
@@ -164,6 +166,9 @@ def check_structure(spec: GraphSpec, located=None) -> dict[str, type]:
     if not any(is_source(cls) for cls in classes.values()):
         problems.append(_p(located, ("nodes",), "the graph has no source node (a node without inputs)",
                            "add a source such as `prompts` that turns tickets into batches"))
+    problems.extend(fused_problems(spec, located))
+    if not problems:  # the graph is sound: fold the fused nodes into their hosts (fusion.py)
+        problems.extend(fuse(spec, classes, located))
     if problems:
         raise GraphError(problems)
     return classes

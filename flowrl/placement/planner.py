@@ -154,6 +154,7 @@ def make_plan(spec: GraphSpec, inventory: Inventory, classes: dict[str, type] | 
     needs = rules_memory.needs(spec, inventory, reqs, classes)
     loads = device_loads(spec, inventory, reqs, needs)
     findings += rules_memory.unsized(spec, inventory, reqs, classes)
+    findings += rules_memory.fused(spec, inventory)
     findings += rules_sharing.check(spec, inventory, reqs, loads)
     findings += rules_hardware.check(spec, inventory, reqs)
     findings += rules_layout.check(spec, inventory, reqs)

@@ -244,3 +244,31 @@ def check(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], node_needs:
                                f"{what}: {ratio:.0%} planned, less than {HEADROOM:.0%} left for fragmentation "
                                f"and peaks (long sequences, large batches). Fix: {fix}", tuple(sorted(devices)), host))
     return out
+
+
+def fused(spec: GraphSpec, inv: Inventory) -> list[Finding]:
+    """`fused`: which nodes run inside which host's process (`fuse_into`, flowrl.graph.fusion); a
+    warning on GPUs for a fused node that holds a model: its memory is not counted on the host's."""
+    from flowrl.graph.kinds import KindError, resolve_kind
+
+    out = []
+    for host, node in spec.nodes.items():
+        if not node.fused:
+            continue
+        names = ", ".join(node.fused)
+        models = []
+        for name, f in node.fused.items():
+            try:
+                cls = resolve_kind(f.kind)
+            except KindError:
+                continue
+            if inv.device_type == "cuda" and model_shape(f, cls) is not None:
+                models.append(name)
+        if models:
+            out.append(Finding("fused", host, f"{', '.join(models)} {'holds a model and runs' if len(models) == 1 else 'hold models and run'} inside `{host}`'s process "
+                               "(fuse_into); the memory model does not add it to the host's GPUs. Fix: give it a "
+                               "process of its own, or leave the host room for it", severity="warning"))
+        else:
+            out.append(Finding("fused", host, f"{names} {'runs' if len(node.fused) == 1 else 'run'} inside `{host}`'s process, as part of each of its calls "
+                               "(fuse_into): no process, channel or message of its own"))
+    return out

@@ -22,6 +22,9 @@ PPO = ROOT / "graphs" / "ppo.yaml"
 GRPO = ROOT / "graphs" / "grpo.yaml"
 
 # Small and quick: the point here is recovery, not learning.
+# The reward and advantages of graphs/grpo.yaml run inside other nodes' processes (fuse_into); the tests
+# that fault the reward give it a process of its own.
+OWN = ["nodes.reward.fuse_into=null", "nodes.advantages.fuse_into=null"]
 FAST = ["schedule.steps=8", "schedule.batch_size=4", "schedule.checkpoint_every=2", "schedule.ticket_timeout_s=30",
         "supervision.heartbeat_s=0.2", "supervision.deadline_s=4"]
 
@@ -46,7 +49,7 @@ def test_kill_9_of_any_node_mid_run_completes_with_every_ticket_once(tmp_path, g
 
 
 def test_hung_node_is_detected_within_the_deadline_and_replaced(tmp_path):
-    result = run_graph(GRPO, tmp_path / "run", overrides=FAST, faults=["hang:reward@step=2"], timeout_s=200)
+    result = run_graph(GRPO, tmp_path / "run", overrides=FAST + OWN, faults=["hang:reward@step=2"], timeout_s=200)
     assert_completed_exactly_once(result)
     (down,) = [r for r in result.ledger if r["event"] == "node_down"]
     assert "hung" in down["why"]
@@ -62,7 +65,7 @@ def test_rollout_dying_in_the_middle_of_a_weight_broadcast_does_not_hang(tmp_pat
 
 
 def test_corrupted_frames_are_rejected_and_counted_and_the_run_completes(tmp_path):
-    result = run_graph(GRPO, tmp_path / "run", overrides=FAST, faults=["corrupt:reward@step=2"], timeout_s=200)
+    result = run_graph(GRPO, tmp_path / "run", overrides=FAST + OWN, faults=["corrupt:reward@step=2"], timeout_s=200)
     assert_completed_exactly_once(result)
     log = result.log("reference.0.0")
     assert "reject" in log.lower(), log[-2000:]
@@ -71,7 +74,7 @@ def test_corrupted_frames_are_rejected_and_counted_and_the_run_completes(tmp_pat
 
 
 def test_node_crashing_every_time_exhausts_its_budget_and_fails_fast_naming_it(tmp_path):
-    result = run_graph(GRPO, tmp_path / "run", overrides=FAST + ["nodes.reward.on_failure.max_restarts=2",
+    result = run_graph(GRPO, tmp_path / "run", overrides=FAST + OWN + ["nodes.reward.on_failure.max_restarts=2",
                                                              "nodes.reward.on_failure.backoff_s=0.1"],
                        faults=["crash:reward,every"], timeout_s=200)
     assert result.exit_code == 1

@@ -238,10 +238,43 @@ def test_every_generated_shape_is_a_graph_that_loads_and_passes_the_structure_ch
     for seed in range(60):
         shape = random_shape(seed)
         spec = load_graph_text(dump_graph(shape.graph(FEATURES)), f"shape{seed}.yaml")
-        assert set(spec.nodes) == set(shape.nodes)
+        assert set(spec.nodes) == set(shape.running)  # a fused node runs in its host's process
+        assert {f: h for h, n in spec.nodes.items() for f in n.fused} == {
+            n: _host(shape, n) for n, d in shape.nodes.items() if d.fuse_into}
         assert 3 <= len(shape.nodes) <= 8 and 1 <= len(shape.sinks) <= 3
         ports = [(e.dst, e.dst_port) for e in spec.edges]
         assert len(ports) == len(set(ports)), "every input port has exactly one edge"
+
+
+def _host(shape, name: str) -> str:
+    while shape.nodes[name].fuse_into:
+        name = shape.nodes[name].fuse_into
+    return name
+
+
+def test_fused_shapes_fault_only_processes_and_fuse_only_where_the_graph_check_allows():
+    fused = 0
+    for seed in range(80):
+        shape = random_shape(seed)
+        fused += "fused" in shape.traits()
+        expected = simulate(shape)
+        for k in range(3):
+            for f in random_schedule(shape, expected, k, Features.all()).faults:
+                target = f.split(":", 1)[1].split("@")[0].split("/")[0].split(",")[0]
+                assert shape.nodes[target].fuse_into is None, (seed, f)
+        assert not [n for n, d in random_shape(seed, fusion=False).nodes.items() if d.fuse_into]
+    assert 8 <= fused <= 40, f"{fused} of 80 shapes with fused nodes"
+    assert all("fused" in random_shape(seed, fusion=True).traits() or not _fusable(random_shape(seed, fusion=False))
+               for seed in range(40))
+
+
+def _fusable(shape) -> bool:
+    from flowrl.testing.chaos.shapes import FUSABLE
+
+    return any(d.cls in FUSABLE and d.replicas == 1 and d.concurrency == 1 and len(d.inputs) == 1
+               and shape.consumers(next(iter(d.inputs.values()))) == [n] and not shape.nodes[next(iter(d.inputs.values()))].sink
+               and shape.nodes[next(iter(d.inputs.values()))].ranks == 1
+               for n, d in shape.nodes.items())
 
 
 def test_generators_cover_every_node_kind_and_fault_kind_and_repeat_for_a_seed():
@@ -268,7 +301,7 @@ def test_the_ci_set_has_every_shape_trait_and_every_fault_kind():
         for k in range(PER_SHAPE):
             kinds |= set(random_schedule(shape, simulate(shape), k, Features.all()).kinds)
     assert traits >= {"join", "fan-out", "several sinks", "stateless sink", "replicated sink", "stateful transform",
-                      "drops", "shrinks", "replicas", "ragged", "concurrent"}
+                      "drops", "shrinks", "replicas", "ragged", "concurrent", "fused"}
     for shape, scheds in GROUP_PLAN:
         assert {"groups", "concurrent"} <= set(shape.traits()) and shape.max_staleness >= 1
         assert any(shape.nodes[n].concurrency > 1 for s in scheds for n in _killed(s)), "a concurrent node killed"
@@ -345,14 +378,15 @@ def test_a_fold_is_order_dependent_so_a_reordering_is_a_mismatch():
 def test_without_the_new_options_every_seed_gives_the_shapes_and_schedules_it_always_gave():
     """`ranks`, `scale`, `groups` (and `holds`) are opt-in: older campaigns' seeds stay comparable.
     Half the shapes are now ragged, and half have concurrent nodes (draws of their own): their graphs
-    and schedules are the ones they were."""
+    and schedules are the ones they were. Fused nodes change which processes faults can target, so
+    this holds with `fusion=False` (tested above: faults then target the hosts)."""
     import re
 
     from flowrl.testing.chaos.shapes import RAGGED_MARK
 
     h, ragged, concurrent = hashlib.sha256(), 0, 0
     for seed in range(40):
-        for kw in ({}, {"holds": True}):
+        for kw in ({"fusion": False}, {"holds": True, "fusion": False}):
             shape = random_shape(seed, **kw)
             ragged += shape.ragged
             concurrent += "concurrent" in shape.traits()

@@ -29,7 +29,7 @@ def _print_err(text: str) -> None:
 def prepare(args) -> tuple:
     """Graph, plan and run directory for a run (or a resumed one). Raises GraphError."""
     from flowrl.placement import get_inventory, make_plan
-    from flowrl.runtime.protocol.faults import parse_faults
+    from flowrl.runtime.protocol.faults import FaultSpecError, parse_faults
 
     resume = None
     if args.resume:
@@ -51,7 +51,12 @@ def prepare(args) -> tuple:
                                   "give a new folder (or an existing run's) as --run-dir")])
     if args.steps is not None:
         spec.schedule.steps = args.steps
-    parse_faults(list(spec.faults) + list(args.fault or []))
+    for fault, text in zip(parse_faults(texts := list(spec.faults) + list(args.fault or [])), texts):
+        if fault.node not in spec.nodes:  # a fault that could never fire would make a test pass unfaulted
+            host = next((h for h, n in spec.nodes.items() if fault.node in n.fused), None)
+            why = (f"{fault.node!r} runs inside the process of {host!r} (fuse_into); fault {host!r}, or give it a process "
+                   f"of its own with nodes.{fault.node}.fuse_into=null") if host else f"nodes are {', '.join(spec.nodes)}"
+            raise FaultSpecError(f"fault {text!r}: no node {fault.node!r} runs in this graph; {why}")
     inventory = get_inventory(getattr(args, "inventory", None))
     plan = make_plan(spec, inventory)
     return spec, plan, run_dir, resume
@@ -93,8 +98,11 @@ def preload_modules(spec, plan) -> list[str]:
     node that publishes or subscribes weights, or one of several ranks)."""
     from flowrl.graph import node_classes
 
+    from flowrl.graph.kinds import resolve_kind
+
     classes = list(node_classes(spec).values())
-    modules = [name for cls in classes for name in cls.preload]
+    fused = [resolve_kind(f.kind) for node in spec.nodes.values() for f in node.fused.values()]
+    modules = [name for cls in classes + fused for name in cls.preload]
     if (any(c.stateful or c.publishes_weights or c.subscribes_weights for c in classes)
             or any(e.world_size > 1 for e in plan.entries)):
         modules.insert(0, "torch")

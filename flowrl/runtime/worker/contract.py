@@ -75,6 +75,7 @@ def describe_error(e: BaseException) -> dict:
         file = str(Path(frame.filename).resolve().relative_to(cwd)) if frame else None
     except ValueError:
         file = frame.filename if frame else None
-    return {"type": type(e).__name__, "message": str(e)[:2000], "file": file,
+    notes = "".join(f" ({n})" for n in getattr(e, "__notes__", ()) if isinstance(n, str))  # which fused node raised
+    return {"type": type(e).__name__, "message": (str(e) + notes)[:2000], "file": file,
             "line": frame.lineno if frame else None,
             "traceback": "".join(traceback.format_exception(e))[-16000:]}

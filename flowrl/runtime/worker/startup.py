@@ -73,17 +73,17 @@ async def build_parts(spec: ProcSpec, compute: ComputeThread, faults: FaultInjec
     rank's channel from its data-parallel peers and returns it (the worker owns channels);
     `services`: what the node sees as `ctx.services` (the worker owns their sockets)."""
     from flowrl.graph import load_graph
-    from flowrl.graph.kinds import resolve_kind
     from flowrl.metrics import Recorder
     from flowrl.node import NodeContext
     from flowrl.runtime.protocol.addresses import output_curve
+    from flowrl.runtime.worker.fused import node_class
     from flowrl.runtime.worker.weightsync import WeightsClient
 
     if spec.device_type == "cpu":
         cpu_threads(max(1, len(spec.cpu_cores) or 1))
     graph = load_graph(own_graph_file(spec), check=False)
     node_spec = graph.nodes[spec.node]
-    cls = resolve_kind(node_spec.kind)
+    cls = node_class(node_spec)  # its kind's class, running its fused nodes if any
     config = cls.Config.model_validate(node_spec.config)
     device = "cpu" if spec.device_type == "cpu" else "cuda:0"
     if spec.device_type == "cuda":

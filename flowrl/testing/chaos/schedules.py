@@ -102,7 +102,7 @@ def _target(shape: Shape, expected: Expected, rng: random.Random, names: list[st
             used: set[str] = frozenset(), rank: bool = True) -> tuple[str, int]:
     """A node (or one replica of it) among `names`, not in `used` if it can be helped, and a step
     that its batches reach. On a data-parallel node: one of its ranks (`rank=False`: rank 0)."""
-    names = [n for n in names if expected.calls[n]] or [next(iter(shape.nodes))]
+    names = [n for n in names if expected.calls[n] and shape.nodes[n].fuse_into is None] or [next(iter(shape.nodes))]
     names = [n for n in names if n not in used] or names
     name = rng.choice(names)
     d = shape.nodes[name]
@@ -127,7 +127,7 @@ def _step_at(shape: Shape, expected: Expected, name: str, index: int) -> int:
 
 def _faults(kind: str, shape: Shape, expected: Expected, rng: random.Random, features: Features,
             sched: Schedule) -> list[str]:
-    everyone = list(shape.nodes)
+    everyone = shape.running  # a fused node's faults are its host's: the host is in here
     used = {f.split(":", 1)[1].split("@")[0].split("/")[0].split(",")[0] for f in sched.faults}
     producers = [n for n in everyone if not shape.nodes[n].sink]
     stateful = shape.stateful
@@ -157,7 +157,7 @@ def _faults(kind: str, shape: Shape, expected: Expected, rng: random.Random, fea
         k = shape.checkpoint_tickets
         interval = rng.randrange(max(1, shape.tickets // k))
         lo, hi = interval * k, min(shape.tickets, (interval + 1) * k)
-        pool = [n for n in (stateful if len(stateful) >= 2 else everyone) if n not in used]
+        pool = [n for n in (stateful if len(stateful) >= 2 else everyone) if n not in used]  # stateful: never fused
         a, b = rng.sample(pool if len(pool) >= 2 else everyone, 2)
         out = []
         for name in (a, b):

@@ -27,6 +27,11 @@ stateless single-rank nodes `concurrency: 2..6` (`NodeDef.concurrency`; their ca
 tickets in one call). Neither changes the graph, steps or checkpoints a seed gave before, and
 concurrency changes no schedule.
 
+Half of the shapes (a stream of the seed's own, `fusion=True/False` forces it; never in shapes
+made for scale events) run some stateless transforms inside their producer's process
+(`fuse_into`, `NodeDef.fuse_into`; faults target the processes, so the host's faults are theirs).
+Nothing else about the shape changes, and the model's results do not depend on it.
+
 Half of the shapes are ragged (`Shape.ragged`, the seed's last draw, so a seed's graph does not
 depend on it; `ragged=True` / `False` forces it): the source's batches carry a
 `flowrl.Ragged` `r` next to `x` (`nodes.ragged_of`), and every stateful node and sink is configured
@@ -70,6 +75,8 @@ class NodeDef:
     """Data-parallel ranks per replica (`devices: ranks`): one process each, one gloo group."""
     concurrency: int = 1
     """Calls of one process in flight at once (`concurrency`; stateless, single-rank nodes only)."""
+    fuse_into: str | None = None
+    """Its producer, when it runs inside the producer's process (`fuse_into`; see `_with_fusion`)."""
 
     @property
     def stateful(self) -> bool:
@@ -81,8 +88,8 @@ class NodeDef:
 
     @property
     def scalable(self) -> bool:
-        """`flowrl scale` may change its replicas (stateless, one rank)."""
-        return self.cls in REPLICABLE and self.ranks == 1
+        """`flowrl scale` may change its replicas (stateless, one rank, a process of its own)."""
+        return self.cls in REPLICABLE and self.ranks == 1 and self.fuse_into is None
 
 
 @dataclass
@@ -147,6 +154,11 @@ class Shape:
     def stateful(self) -> list[str]:
         return [n for n, d in self.nodes.items() if d.stateful]
 
+    @property
+    def running(self) -> list[str]:
+        """The nodes with processes of their own: what a fault can target (not the fused ones)."""
+        return [n for n, d in self.nodes.items() if d.fuse_into is None]
+
     def consumers(self, name: str) -> list[str]:
         return [d.name for d in self.nodes.values() if name in d.inputs.values()]
 
@@ -208,6 +220,8 @@ class Shape:
             out.append("concurrent")
         if self.groups:
             out.append("groups")
+        if any(d.fuse_into for d in ds):
+            out.append("fused")
         return out or ["chain, one sink"]
 
     def edges(self) -> list[str]:
@@ -230,6 +244,7 @@ class Shape:
             rep = f" x{d.replicas}" if d.replicas > 1 else ""
             rep += f" ({d.ranks} ranks)" if d.ranks > 1 else ""
             rep += CONCURRENCY_MARK.format(d.concurrency) if d.concurrency > 1 else ""
+            rep += FUSED_MARK.format(d.fuse_into) if d.fuse_into else ""
             star = "*" if d.stateful else ""
             src = ", ".join(f"{p}={s}" for p, s in d.inputs.items()) if d.cls == "Merge" else ", ".join(d.inputs.values())
             lines.append(f"  {d.name:<8} {d.cls}{star}{rep}" + (f" <- {src}" if src else ""))
@@ -256,9 +271,11 @@ class Shape:
         if features.process_timeout:
             supervision["process_timeout_s"] = t.process_timeout_s
         pace = {"pace_s": self.pace_s, "burst": SCALE_BURST} if self.pace_s else {}
-        nodes = {d.name: {"kind": KINDS[d.cls], "replicas": d.replicas,
-                          "config": {**d.config, **(pace if d.cls == "TicketSource" else {})},
-                          "on_failure": {"policy": "restart", "max_restarts": t.max_restarts, "backoff_s": t.backoff_s},
+        nodes = {d.name: {"kind": KINDS[d.cls], "config": {**d.config, **(pace if d.cls == "TicketSource" else {})},
+                          **({"fuse_into": d.fuse_into} if d.fuse_into else {  # a fused node has its host's
+                              "replicas": d.replicas,
+                              "on_failure": {"policy": "restart", "max_restarts": t.max_restarts,
+                                             "backoff_s": t.backoff_s}}),
                           **({"devices": d.ranks} if d.ranks > 1 else {}),
                           **({"concurrency": d.concurrency} if d.concurrency > 1 else {})}
                  for d in self.nodes.values()}
@@ -272,7 +289,7 @@ class Shape:
 def random_shape(seed: int, *, min_nodes: int = 3, max_nodes: int = 8, max_processes: int = 10,
                  steps: tuple[int, int] = (10, 30), drops: bool = True, holds: bool = False,
                  ranks: bool = False, scale: bool = False, ragged: bool | None = None,
-                 concurrency: bool | None = None, groups: bool = False) -> Shape:
+                 concurrency: bool | None = None, groups: bool = False, fusion: bool | None = None) -> Shape:
     """A random shape (the same for the same seed and options). `drops=False` leaves out `Drop`
     filters; `holds=True` adds `Hold` nodes (tickets dropped with replace=True, like a DAPO
     filter's); `ranks=True` adds data-parallel nodes with collectives (and, in half the shapes, a
@@ -282,7 +299,9 @@ def random_shape(seed: int, *, min_nodes: int = 3, max_nodes: int = 8, max_proce
     either way). `concurrency`: some stateless nodes get `concurrency: 2..6` (None: in half of the
     shapes, drawn from a stream of their own, so graph, steps and ragged stay what they were;
     True: in every shape that has such a node; False: never). `groups=True`: half of the shapes
-    without a `Hold` node (their own draw) use `schedule.ticket: group` (see `_with_groups`)."""
+    without a `Hold` node (their own draw) use `schedule.ticket: group` (see `_with_groups`).
+    `fusion`: some stateless transforms run inside their producer's process (`fuse_into`; None: in
+    half of the shapes, a stream of their own; see `_with_fusion`)."""
     rng = random.Random(seed)
     while True:
         shape = _grow(rng, seed, min_nodes, max_nodes, drops, holds, ranks, scale)
@@ -300,6 +319,7 @@ def random_shape(seed: int, *, min_nodes: int = 3, max_nodes: int = 8, max_proce
             _with_concurrency(shape, concurrency)
             if groups:
                 _with_groups(shape)
+            _with_fusion(shape, fusion)
             return shape
 
 
@@ -325,6 +345,30 @@ def _with_concurrency(shape: Shape, concurrency: bool | None) -> None:
     for d in chosen:
         d.concurrency = rng.randint(2, 6)
         d.config["linger_s"] = LINGER_S
+
+
+FUSABLE = ("Mix", "Drop", "Shrink")
+"""Stateless one-in, one-out classes that may run inside their producer's process (`fuse_into`)."""
+FUSED_MARK = " in {}"
+"""What `Shape.describe` adds to a fused node (` in mix1`: it runs in mix1's process)."""
+
+
+def _with_fusion(shape: Shape, fusion: bool | None) -> None:
+    """`fuse_into: PRODUCER` on some stateless single-process transforms whose producer feeds only
+    them (flowrl.graph.fusion's rules), drawn from a stream of the seed's own: the graph, steps,
+    schedule and model stay what they were; only which process runs which call changes. Not in
+    shapes made for scale events (the node to scale must keep a process of its own)."""
+    if fusion is False or shape.pace_s:
+        return
+    rng = random.Random(f"fusion:{shape.seed}")
+    eligible = [d for d in shape.nodes.values() if d.cls in FUSABLE and d.replicas == 1 and d.ranks == 1
+                and d.concurrency == 1 and len(d.inputs) == 1]
+    eligible = [d for d in eligible if (p := shape.nodes[next(iter(d.inputs.values()))]).ranks == 1
+                and not p.sink and shape.consumers(p.name) == [d.name]]
+    if not eligible or (fusion is None and rng.random() >= 0.5):
+        return
+    for d in [d for d in eligible if rng.random() < 0.5] or [rng.choice(eligible)]:
+        d.fuse_into = next(iter(d.inputs.values()))
 
 
 def _with_groups(shape: Shape) -> None:
