@@ -69,6 +69,12 @@ class Ticket:
     epoch: int = 0
     """Recovery epoch the ticket was issued in (set by the runtime)."""
 
+    @property
+    def min_version(self) -> int:
+        """`min_policy_version`, under the name a batch's route gives it (a subscribing source's
+        version gate holds tickets as a rollout's holds batches)."""
+        return self.min_policy_version
+
 
 @dataclass(frozen=True)
 class Drop:

@@ -16,11 +16,18 @@ call. What it saves: a process's framework time per step (its event loop, socket
 metrics), a hop of every batch, and the controller's bookkeeping of one more process
 (docs/benchmarks.md, "Fewer processes").
 
+A source fuses into its consumer the other way round: `prompts: {fuse_into: rollout}` makes the
+rollout's process the source. It takes the tickets, and each call generates the prompts and
+samples them (then runs what is fused after it); the edge between the two goes.
+
 What may be fused (else `flowrl check` says which rule broke and how to fix it):
-- the fused node: one input port and one output port; not stateful, no weights, not a join; no
-  placement or failure policy of its own (it has its host's); not in `services:` or `weights:`;
-- its input: exactly one edge, from its host;
-- the host's port that feeds it feeds nothing else (another consumer's input must not change);
+- the fused node: one input port (or a source) and one output port; not stateful, no weights, not a
+  join; no placement or failure policy of its own (it has its host's); not in `services:` or
+  `weights:`;
+- a transform: its input is exactly one edge, from its host, whose port feeds nothing else
+  (another consumer's input must not change);
+- a source: its output is exactly one edge, the host's only input; the host is stateless and has
+  an output;
 - the host: one rank per replica (no `mesh`, no several devices per replica).
 Chains fuse too: `b: {fuse_into: a}`, `c: {fuse_into: b}` runs a, then b, then c in a's process.
 """
@@ -31,6 +38,7 @@ import difflib
 
 from flowrl.graph.errors import Problem
 from flowrl.graph.kinds import KindError, resolve_kind
+from flowrl.graph.shapes import is_source
 from flowrl.graph.spec import FailurePolicy, GraphSpec, NodeSpec
 
 #: What a fused node leaves to its host: these fields must keep their defaults.
@@ -38,8 +46,25 @@ HOSTS_FIELDS = {"replicas": 1, "devices": "auto", "mesh": None, "host": None, "c
                 "take_turns": False, "concurrency": 1, "on_failure": FailurePolicy()}
 
 
+def host_class(cls: type, fused: dict[str, type]) -> type:
+    """The class the rest of the runtime sees for a host with `fused` nodes (name -> class): its
+    own, with every fused node's `preload`, and a source (no inputs) when a source is fused into it.
+    The node process runs a subclass of it that calls the fused nodes (runtime/worker/fused.py)."""
+    if not fused:
+        return cls
+    from flowrl.node import Source
+
+    attrs = {"preload": tuple(dict.fromkeys(cls.preload + tuple(m for c in fused.values() for m in c.preload))),
+             "__module__": cls.__module__}
+    source = any(is_source(c) for c in fused.values())
+    if source:
+        attrs["inputs"] = ()
+    return type(f"{cls.__name__}+{'+'.join(fused)}", (Source, cls) if source else (cls,), attrs)
+
+
 def fused_port(fused: NodeSpec) -> str:
-    """The host's output port a fused entry transforms (`fuse` writes `fuse_into` as HOST.PORT)."""
+    """The host's port of a fused entry (`fuse` writes `fuse_into` as HOST.PORT): the output port
+    a fused transform takes, or the input port a fused source feeds."""
     return fused.fuse_into.partition(".")[2]
 
 
@@ -49,7 +74,7 @@ def _problem(located, loc: tuple, message: str, fix: str) -> Problem:
     return Problem(".".join(map(str, loc)), message, fix, file, line)
 
 
-def _node_problems(spec: GraphSpec, name: str, cls: type, located) -> list[Problem]:
+def _node_problems(spec: GraphSpec, name: str, cls: type, classes: dict[str, type], located) -> list[Problem]:
     """Rules on the fused node itself and its edges (before any rewrite)."""
     from flowrl.node import Join
 
@@ -63,10 +88,11 @@ def _node_problems(spec: GraphSpec, name: str, cls: type, located) -> list[Probl
     if target == name:
         return [_problem(located, loc, f"node {name!r} is fused into itself", "name the node whose output it takes")]
     kind = f"{name!r} ({node.kind})"
-    if len(cls.inputs) != 1 or len(cls.outputs) != 1 or issubclass(cls, Join):
+    source = is_source(cls)
+    if len(cls.outputs) != 1 or (len(cls.inputs) != 1 and not source) or issubclass(cls, Join):
         out.append(_problem(located, loc, f"node {kind} has input ports {list(cls.inputs)} and output ports "
-                            f"{list(cls.outputs)}; only a node with one of each runs inside another's call",
-                            "give it a process of its own (remove fuse_into)"))
+                            f"{list(cls.outputs)}; only a node with one of each (or a source with one output) "
+                            "runs inside another's call", "give it a process of its own (remove fuse_into)"))
     if cls.stateful or cls.publishes_weights or cls.subscribes_weights:
         what = "is stateful (its state is checkpointed)" if cls.stateful else "takes part in weight sync"
         out.append(_problem(located, loc, f"node {kind} {what}; only a stateless node without weights can be fused",
@@ -76,23 +102,7 @@ def _node_problems(spec: GraphSpec, name: str, cls: type, located) -> list[Probl
             out.append(_problem(located, ("nodes", name, field), f"node {name!r} is fused into {target!r} and sets "
                                 f"{field}; a fused node runs on its host's devices, replicas and failure policy",
                                 f"remove {field} (set it on {target!r}), or remove fuse_into"))
-    ins = [e for e in spec.edges if e.dst == name]
-    if len(ins) != 1 or ins[0].src != target:
-        shown = ", ".join(str(e) for e in ins) or "none"
-        out.append(_problem(located, loc, f"node {name!r} is fused into {target!r} but its input edges are [{shown}]; "
-                            f"a fused node takes exactly one edge, from its host",
-                            f"make '{target} -> {name}' its only input, or remove fuse_into"))
-    elif node.fuse_into != target and ins[0].src_port != fused_port(node):
-        out.append(_problem(located, loc, f"node {name!r}: fuse_into {node.fuse_into!r} names port "
-                            f"{fused_port(node)!r} but its input comes from {target}.{ins[0].src_port}",
-                            f"write fuse_into: {target}"))
-    else:
-        port = ins[0].src_port
-        others = [str(e) for e in spec.edges if e.src == target and e.src_port == port and e.dst != name]
-        if others:
-            out.append(_problem(located, loc, f"node {name!r} is fused into {target!r}, whose port {port!r} also feeds "
-                                f"{', '.join(others)}; fusing would change what they receive",
-                                f"give {name!r} a process of its own, or feed the others from {name!r}"))
+    out += (_source_edges if source else _edges)(spec, name, target, classes, located)
     for kind_, items in (("weight edge", spec.weights), ("service", spec.services)):
         for item in items:
             if name in (item.src, item.dst):
@@ -104,6 +114,49 @@ def _node_problems(spec: GraphSpec, name: str, cls: type, located) -> list[Probl
                                 f"{name!r}, which is fused into {target!r} and has no devices of its own",
                                 f"write colocate_with: [{target}]"))
     return out
+
+
+def _edges(spec: GraphSpec, name: str, target: str, classes, located) -> list[Problem]:
+    """A transform fused after its host: its one input edge comes from the host's port, which
+    feeds nothing else."""
+    node, loc = spec.nodes[name], ("nodes", name, "fuse_into")
+    ins = [e for e in spec.edges if e.dst == name]
+    if len(ins) != 1 or ins[0].src != target:
+        shown = ", ".join(str(e) for e in ins) or "none"
+        return [_problem(located, loc, f"node {name!r} is fused into {target!r} but its input edges are [{shown}]; "
+                         f"a fused node takes exactly one edge, from its host",
+                         f"make '{target} -> {name}' its only input, or remove fuse_into")]
+    port = ins[0].src_port
+    if node.fuse_into != target and port != fused_port(node):
+        return [_problem(located, loc, f"node {name!r}: fuse_into {node.fuse_into!r} names port "
+                         f"{fused_port(node)!r} but its input comes from {target}.{port}", f"write fuse_into: {target}")]
+    others = [str(e) for e in spec.edges if e.src == target and e.src_port == port and e.dst != name]
+    if others:
+        return [_problem(located, loc, f"node {name!r} is fused into {target!r}, whose port {port!r} also feeds "
+                         f"{', '.join(others)}; fusing would change what they receive",
+                         f"give {name!r} a process of its own, or feed the others from {name!r}")]
+    return []
+
+
+def _source_edges(spec: GraphSpec, name: str, target: str, classes, located) -> list[Problem]:
+    """A source fused before its consumer: its one output edge is the host's only input, and the host
+    becomes the source (a stateless node with one input port and an output)."""
+    loc = ("nodes", name, "fuse_into")
+    outs = [e for e in spec.edges if e.src == name]
+    if len(outs) != 1 or outs[0].dst != target:
+        shown = ", ".join(str(e) for e in outs) or "none"
+        return [_problem(located, loc, f"source {name!r} is fused into {target!r} but its output edges are "
+                         f"[{shown}]; a fused source feeds exactly one edge, into its host",
+                         f"make '{name} -> {target}' its only output, or remove fuse_into")]
+    host = classes[target]
+    ins = [str(e) for e in spec.edges if e.dst == target]
+    if len(host.inputs) != 1 or len(ins) != 1 or host.stateful or not host.outputs:
+        why = ("is stateful" if host.stateful else "has no output" if not host.outputs
+               else f"has inputs [{', '.join(ins)}]")
+        return [_problem(located, loc, f"source {name!r} is fused into {target!r}, which {why}; a source runs "
+                         "inside a stateless node with one input (that source's) and an output",
+                         f"give {name!r} a process of its own (remove fuse_into)")]
+    return []
 
 
 def _host_problems(spec: GraphSpec, name: str, host: str, located) -> list[Problem]:
@@ -124,7 +177,7 @@ def fuse(spec: GraphSpec, classes: dict[str, type], located=None) -> list[Proble
     pending = [n for n, node in spec.nodes.items() if node.fuse_into is not None]
     if not pending:
         return []
-    problems = [p for n in pending for p in _node_problems(spec, n, classes[n], located)]
+    problems = [p for n in pending for p in _node_problems(spec, n, classes[n], classes, located)]
     if problems:
         return problems
     host_of: dict[str, str] = {}
@@ -147,13 +200,18 @@ def fuse(spec: GraphSpec, classes: dict[str, type], located=None) -> list[Proble
 
 def _fold(spec: GraphSpec, name: str, host: str, classes: dict[str, type]) -> None:
     node = spec.nodes.pop(name)
-    (edge,) = [e for e in spec.edges if e.dst == name]  # from the host, or from what it was fused into
-    port = edge.src_port
-    spec.edges.remove(edge)
-    for e in spec.edges:
-        if e.src == name:
-            object.__setattr__(e, "src", host)
-            object.__setattr__(e, "src_port", port)
+    if is_source(classes[name]):  # its edge into the host goes; the host takes its tickets
+        (edge,) = [e for e in spec.edges if e.src == name]
+        port = edge.dst_port
+        spec.edges.remove(edge)
+    else:
+        (edge,) = [e for e in spec.edges if e.dst == name]  # from the host, or from what it was fused into
+        port = edge.src_port
+        spec.edges.remove(edge)
+        for e in spec.edges:
+            if e.src == name:
+                object.__setattr__(e, "src", host)
+                object.__setattr__(e, "src_port", port)
     spec.nodes[host].fused[name] = node.model_copy(update={"fuse_into": f"{host}.{port}"})
     del classes[name]
 

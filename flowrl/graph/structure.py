@@ -12,19 +12,24 @@ from collections import defaultdict
 from pydantic import ValidationError
 
 from flowrl.graph.errors import GraphError, Problem
-from flowrl.graph.fusion import fuse, fused_problems
+from flowrl.graph.fusion import fuse, fused_problems, host_class
 from flowrl.graph.kinds import KindError, resolve_kind
 from flowrl.graph.shapes import is_observer, is_source
 from flowrl.graph.spec import GraphSpec
 
 
 def node_classes(spec: GraphSpec) -> dict[str, type]:
-    """Resolve every node's kind (raises GraphError naming each unresolvable one)."""
+    """Resolve every node's kind (raises GraphError naming each unresolvable one); a node with
+    fused nodes gets its `fusion.host_class`."""
     classes, problems = {}, []
     located = spec.__dict__.get("_located")
     for name, node in spec.nodes.items():
         try:
-            classes[name] = resolve_kind(node.kind)
+            fused = {f: resolve_kind(n.kind) for f, n in node.fused.items()}  # (fused_problems names a bad one)
+        except KindError:
+            fused = {}
+        try:
+            classes[name] = host_class(resolve_kind(node.kind), fused)
         except KindError as e:
             problems.append(_p(located, ("nodes", name, "kind"), str(e), "use a built-in kind or 'module:Class'"))
     if problems:

@@ -50,8 +50,8 @@ CODES: dict[str, tuple[Severity, str, str]] = {
     "memory-headroom": ("warning", "memory", "the memory model puts more than 90% of a GPU's memory on it"),
     "model-size-unknown": ("warning", "memory", "a node's model size cannot be learned here (folder elsewhere, no `model_size`)"),
     "extra-missing": ("info", "extras", "the graph uses an optional extra (vLLM, transformers, peft, ray, ...) not installed here"),
-    "fused": ("info", "overlap", "nodes run inside another node's process (`fuse_into`); a warning on GPUs when a fused node "
-              "holds a model, whose memory the check does not add to its host's"),
+    "fused": ("info", "overlap", "nodes run inside another node's process (`fuse_into`); a model a fused node holds counts "
+              "on its host's GPUs"),
     "token-budget": ("warning", "tokens", "a node packs micro-batches of fewer tokens than the longest sequence the graph allows"),
 }
 

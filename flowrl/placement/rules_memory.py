@@ -142,8 +142,30 @@ def needs(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], classes: di
         budget = token_budget(node.config if isinstance(node.config, dict) else {}, classes.get(name))
         need = node_need(shape, role=req.role, dtype=_dtype(node), ranks=req.size, card_bytes=card,
                          reserve_share=_share(node), tokens=budget or ACTIVATION_TOKENS, trainable=_lora(node, shape))
+        for fused, part in _fused_needs(node, req, card):  # fused nodes' models share the host's GPUs
+            for k, b in part.parts.items():
+                need.parts[f"{fused} {k}"] = b
         if need.total:
             out[name] = (need, shape)
+    return out
+
+
+def _fused_needs(node: NodeSpec, req: Request, card: int | None) -> list[tuple[str, Need]]:
+    """(name, need) of each node fused into `node` (`fuse_into`) that holds a model it can size."""
+    from flowrl.graph.kinds import KindError, resolve_kind
+
+    out = []
+    for name, f in node.fused.items():
+        try:
+            cls = resolve_kind(f.kind)
+        except KindError:
+            continue
+        shape = model_shape(f, cls)
+        budget = token_budget(f.config if isinstance(f.config, dict) else {}, cls)
+        need = node_need(shape, role=getattr(cls, "role", None), dtype=_dtype(f), ranks=req.size, card_bytes=card,
+                         reserve_share=_share(f), tokens=budget or ACTIVATION_TOKENS)
+        if need.total:
+            out.append((name, need))
     return out
 
 
@@ -247,28 +269,14 @@ def check(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], node_needs:
 
 
 def fused(spec: GraphSpec, inv: Inventory) -> list[Finding]:
-    """`fused`: which nodes run inside which host's process (`fuse_into`, flowrl.graph.fusion); a
-    warning on GPUs for a fused node that holds a model: its memory is not counted on the host's."""
-    from flowrl.graph.kinds import KindError, resolve_kind
-
+    """`fused` (info): which nodes run inside which host's process (`fuse_into`,
+    flowrl.graph.fusion). A fused node's model counts on its host's GPUs (`needs`)."""
     out = []
     for host, node in spec.nodes.items():
-        if not node.fused:
-            continue
-        names = ", ".join(node.fused)
-        models = []
-        for name, f in node.fused.items():
-            try:
-                cls = resolve_kind(f.kind)
-            except KindError:
-                continue
-            if inv.device_type == "cuda" and model_shape(f, cls) is not None:
-                models.append(name)
-        if models:
-            out.append(Finding("fused", host, f"{', '.join(models)} {'holds a model and runs' if len(models) == 1 else 'hold models and run'} inside `{host}`'s process "
-                               "(fuse_into); the memory model does not add it to the host's GPUs. Fix: give it a "
-                               "process of its own, or leave the host room for it", severity="warning"))
-        else:
-            out.append(Finding("fused", host, f"{names} {'runs' if len(node.fused) == 1 else 'run'} inside `{host}`'s process, as part of each of its calls "
-                               "(fuse_into): no process, channel or message of its own"))
+        if node.fused:
+            names = ", ".join(node.fused)
+            out.append(Finding("fused", host, f"{names} {'runs' if len(node.fused) == 1 else 'run'} inside `{host}`'s "
+                               "process, as part of each of its calls (fuse_into): no process, channel or message of "
+                               "its own" + ("; a model it holds counts on the host's GPUs" if inv.device_type == "cuda"
+                                            else "")))
     return out

@@ -22,9 +22,9 @@ PPO = ROOT / "graphs" / "ppo.yaml"
 GRPO = ROOT / "graphs" / "grpo.yaml"
 
 # Small and quick: the point here is recovery, not learning.
-# The reward and advantages of graphs/grpo.yaml run inside other nodes' processes (fuse_into); the tests
-# that fault the reward give it a process of its own.
-OWN = ["nodes.reward.fuse_into=null", "nodes.advantages.fuse_into=null"]
+# The prompts, reward and advantages of graphs/grpo.yaml run inside other nodes' processes (fuse_into);
+# the tests that fault the reward give each a process of its own.
+OWN = ["nodes.prompts.fuse_into=null", "nodes.reward.fuse_into=null", "nodes.advantages.fuse_into=null"]
 FAST = ["schedule.steps=8", "schedule.batch_size=4", "schedule.checkpoint_every=2", "schedule.ticket_timeout_s=30",
         "supervision.heartbeat_s=0.2", "supervision.deadline_s=4"]
 

@@ -10,7 +10,7 @@ from flowrl.graph import GraphError, dump_graph, load_graph, load_graph_text
 ROOT = Path(__file__).resolve().parents[2]
 GRPO = ROOT / "graphs" / "grpo.yaml"
 N = "flowrl.testing.nodes"
-UNFUSED = ["nodes.reward.fuse_into=null", "nodes.advantages.fuse_into=null"]
+UNFUSED = ["nodes.prompts.fuse_into=null", "nodes.reward.fuse_into=null", "nodes.advantages.fuse_into=null"]
 
 CHAIN = f"""\
 nodes:
@@ -28,12 +28,12 @@ def problems(text: str, overrides=()) -> list:
     return e.value.problems
 
 
-def test_grpo_runs_its_reward_in_the_rollout_and_its_advantages_in_the_reference():
+def test_grpo_runs_its_prompts_and_reward_in_the_rollout_and_its_advantages_in_the_reference():
     spec = load_graph(GRPO)
-    assert list(spec.nodes) == ["prompts", "rollout", "reference", "actor"]
-    assert [str(e) for e in spec.edges] == ["prompts.out -> rollout.in", "rollout.out -> reference.in",
-                                            "reference.out -> actor.in"]
-    assert list(spec.nodes["rollout"].fused) == ["reward"]
+    assert list(spec.nodes) == ["rollout", "reference", "actor"]
+    assert [str(e) for e in spec.edges] == ["rollout.out -> reference.in", "reference.out -> actor.in"]
+    assert list(spec.nodes["rollout"].fused) == ["prompts", "reward"]
+    assert spec.nodes["rollout"].fused["prompts"].fuse_into == "rollout.in"  # a source: before the rollout's call
     assert spec.nodes["rollout"].fused["reward"].fuse_into == "rollout.out"
     assert spec.nodes["rollout"].fused["reward"].config == {"task": {"name": "reverse", "digits": 6}}
     assert list(spec.nodes["reference"].fused) == ["advantages"]
@@ -76,6 +76,28 @@ def test_what_cannot_be_fused_is_refused_with_where_and_how_to_fix(overrides, pa
     assert all(p.file == "g.yaml" for p in found)
 
 
+def test_a_source_fuses_into_its_only_consumer_which_becomes_the_source():
+    from flowrl.graph import node_classes
+    from flowrl.graph.shapes import is_source
+
+    spec = load_graph_text(CHAIN.replace('"{N}:Numbers"}}'.format(N=N), f'"{N}:Numbers", fuse_into: scale}}')
+                           .replace("fuse_into: numbers, ", ""))
+    assert list(spec.nodes) == ["scale", "collect"] and [str(e) for e in spec.edges] == ["scale.out -> collect.in"]
+    assert list(spec.nodes["scale"].fused) == ["numbers", "drop"]
+    cls = node_classes(spec)["scale"]
+    assert is_source(cls) and cls.inputs == () and cls.outputs == ("out",)
+    found = problems(GRPO.read_text(), ["nodes.prompts.fuse_into=reward"])
+    assert any("its output edges are [prompts.out -> rollout.in]" in p.message for p in found), found
+    text = f"""\
+nodes:
+  numbers: {{kind: "{N}:Numbers", fuse_into: collect}}
+  collect: {{kind: "{N}:Collect"}}
+edges: [numbers -> collect]
+"""
+    (p,) = problems(text)
+    assert "which is stateful; a source runs inside a stateless node with one input" in p.message
+
+
 def test_a_port_that_also_feeds_another_node_is_not_fused():
     text = CHAIN.replace("fuse_into: scale", "").replace("edges: [", "edges: [numbers -> drop, ").replace(
         "drop -> collect", "drop -> collect, scale -> collect2").replace(
@@ -105,5 +127,20 @@ def test_check_notes_which_nodes_run_in_which_process():
     plan = make_plan(load_graph(GRPO), get_inventory(None))
     notes = {f.node: f for f in plan.findings if f.code == "fused"}
     assert set(notes) == {"rollout", "reference"} and notes["rollout"].severity == "info"
-    assert "reward runs inside `rollout`'s process" in notes["rollout"].message
-    assert {e.node for e in plan.entries} == {"prompts", "rollout", "reference", "actor"}
+    assert "prompts, reward run inside `rollout`'s process" in notes["rollout"].message
+    assert {e.node for e in plan.entries} == {"rollout", "reference", "actor"}
+
+
+def test_a_fused_reference_counts_on_its_hosts_gpus():
+    from flowrl.placement import make_plan
+    from flowrl.placement.declared import DeclaredInventory
+
+    a100 = DeclaredInventory.load(ROOT / "examples" / "inventories" / "a100x8-nvlink.yaml")
+    big = ["vars.model.d_model=4096", "vars.model.n_layers=24", "nodes.rollout.devices=[0]"]
+    apart = make_plan(load_graph(GRPO, big), a100)
+    fused = make_plan(load_graph(GRPO, big + ["nodes.reference.fuse_into=reward"]), a100)
+    rollout_gpu = lambda plan: next(r for r in plan.memory if r["devices"] == [0])  # noqa: E731
+    reference = next(r for r in apart.memory if "reference" in r["text"])
+    assert rollout_gpu(fused)["bytes"] == rollout_gpu(apart)["bytes"] + reference["bytes"] > 4 << 30
+    (note,) = [f for f in fused.findings if f.code == "fused" and f.node == "rollout"]
+    assert note.severity == "info" and "prompts, reward, reference, advantages run inside" in note.message

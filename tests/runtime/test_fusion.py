@@ -50,18 +50,24 @@ def check_run(result, steps: int) -> None:
     assert dropped == [f"t-{i:06d}" for i in range(steps) if i % 3 == 1]
 
 
-def test_a_fused_chain_runs_in_its_hosts_process_with_the_unfused_results(tmp_path):
-    (tmp_path / "g.yaml").write_text(GRAPH)
+SOURCE_FUSED = GRAPH.replace(f'"{N}:Numbers"}}', f'"{N}:Numbers", fuse_into: scale}}')
+"""The source fused too: the scale's process takes the tickets and makes the numbers itself."""
+
+
+@pytest.mark.parametrize("text, procs", [(GRAPH, ["collect", "numbers", "scale"]), (SOURCE_FUSED, ["collect", "scale"])],
+                         ids=["after", "source-too"])
+def test_a_fused_chain_runs_in_its_hosts_process_with_the_unfused_results(tmp_path, text, procs):
+    (tmp_path / "g.yaml").write_text(text)
     result = run_graph(tmp_path / "g.yaml", tmp_path / "run", timeout_s=120)
     check_run(result, 12)
-    assert sorted(p.name for p in (result.run_dir / "logs").glob("*.log")) == [
-        "collect.0.0.log", "numbers.0.0.log", "scale.0.0.log"]
+    assert sorted(p.name for p in (result.run_dir / "logs").glob("*.log")) == [f"{p}.0.0.log" for p in procs]
     assert not [r for r in result.ledger if r["event"] == "node_down"]  # no restarts in a fault-free run
     assert not any(k.startswith("channel_bytes/scale->drop") or "->twice" in k for r in result.metrics for k in r)
 
 
-def test_a_killed_host_restarts_with_its_fused_nodes_and_replays_exactly_once(tmp_path):
-    (tmp_path / "g.yaml").write_text(GRAPH.replace("factor: 3}}", "factor: 3, delay_s: 0.02}}"))
+@pytest.mark.parametrize("text", [GRAPH, SOURCE_FUSED], ids=["after", "source-too"])
+def test_a_killed_host_restarts_with_its_fused_nodes_and_replays_exactly_once(tmp_path, text):
+    (tmp_path / "g.yaml").write_text(text.replace("factor: 3}}", "factor: 3, delay_s: 0.02}}"))
     result = run_graph(tmp_path / "g.yaml", tmp_path / "run", faults=["kill:scale@step=5"], timeout_s=150)
     check_run(result, 12)
     downs = [r for r in result.ledger if r["event"] == "node_down"]
@@ -88,6 +94,19 @@ def build(text: str, name: str):
     ctx = NodeContext(name=name, kind=spec.nodes[name].kind, replica=0, replicas=1, seed=0, device="cpu",
                       devices=[0], dtype="float32", graph=spec, log=logging.getLogger("t"))
     return cls, cls(cls.Config.model_validate(spec.nodes[name].config), ctx)
+
+
+def test_a_fused_source_makes_the_batch_its_host_would_have_received():
+    from flowrl.node import Ticket
+
+    cls, node = build(SOURCE_FUSED, "scale")
+    assert cls.inputs == () and node.fused_source[0] == "numbers"
+    ticket = Ticket(batch_id="t-000003", index=3, attempt=1, min_policy_version=2, size=4, epoch=1)
+    out = anyio.run(node.generate, ticket)["out"]
+    assert out.tensors["x"].tolist() == [6 * x for x in range(12, 16)]
+    assert (out.batch_id, out.attempt, out.index, out.min_version, out.epoch) == ("t-000003", 1, 3, 2, 1)
+    assert isinstance(anyio.run(node.generate, Ticket(batch_id="t-000004", index=4, attempt=0, min_policy_version=0,
+                                                      size=4))["out"], Drop)  # index 4 % 3 == 1
 
 
 def test_the_fused_class_is_its_hosts_and_calls_the_chain_in_order():
@@ -121,7 +140,7 @@ edges: [numbers -> advantages, advantages -> collect]
 """
     _, node = build(text, "numbers")
     ticket = Ticket(batch_id="t-000000", index=0, attempt=0, min_policy_version=0, size=2)
-    with pytest.raises(NodeContractError, match=r"'advantages', fused into 'numbers', takes numbers.out: no tensor 'scores'"):
+    with pytest.raises(NodeContractError, match=r"node 'advantages' takes numbers.out in one process \(fused\): no tensor 'scores'"):
         anyio.run(node.generate, ticket)
     _, node = build(GRAPH.replace("DropEvery", "Faulty").replace("every: 3, remainder: 1", "bad_return: true"),
                     "scale")

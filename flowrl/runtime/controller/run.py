@@ -98,11 +98,8 @@ def preload_modules(spec, plan) -> list[str]:
     node that publishes or subscribes weights, or one of several ranks)."""
     from flowrl.graph import node_classes
 
-    from flowrl.graph.kinds import resolve_kind
-
-    classes = list(node_classes(spec).values())
-    fused = [resolve_kind(f.kind) for node in spec.nodes.values() for f in node.fused.values()]
-    modules = [name for cls in classes + fused for name in cls.preload]
+    classes = list(node_classes(spec).values())  # a host's class has its fused nodes' preload too
+    modules = [name for cls in classes for name in cls.preload]
     if (any(c.stateful or c.publishes_weights or c.subscribes_weights for c in classes)
             or any(e.world_size > 1 for e in plan.entries)):
         modules.insert(0, "torch")

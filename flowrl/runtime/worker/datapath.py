@@ -91,10 +91,10 @@ class DataPath:
         if verdict == "future":
             fence.hold(arrival)
             return
-        if rx is not None and self._shape.subscribes and work.drop is None \
+        if self._shape.subscribes and (rx is None or work.drop is None) \
                 and not self._p.gate.admits(work.min_version, self._version.value):
-            self._p.gate.hold(arrival)  # generated later, once the weights arrive
-            return
+            self._p.gate.hold(arrival)  # generated later, once the weights arrive (a batch, or a
+            return                      # ticket of a source that subscribes: a prompt source fused in)
         if rx is not None and work.drop is None and self._shape.requires:
             problem = missing_tensors(work, self._shape.requires)
             if problem:
@@ -250,7 +250,7 @@ class DataPath:
     async def reset(self, order: m.Epoch) -> None:
         """A rollback into `order.epoch`: the held and buffered work of the old epoch is dropped (and
         acked, so credit returns), the in-order and sink watermarks are the order's."""
-        stale = [(r, b, "recovery") for _, b, r in self._p.gate.clear()]
+        stale = [(r, b, "recovery") for _, b, r in self._p.gate.clear() if r is not None]  # tickets: re-issued
         if self._p.joins is not None:
             stale += self._p.joins.clear()
         for r, b, why in stale:

@@ -102,7 +102,7 @@ def _target(shape: Shape, expected: Expected, rng: random.Random, names: list[st
             used: set[str] = frozenset(), rank: bool = True) -> tuple[str, int]:
     """A node (or one replica of it) among `names`, not in `used` if it can be helped, and a step
     that its batches reach. On a data-parallel node: one of its ranks (`rank=False`: rank 0)."""
-    names = [n for n in names if expected.calls[n] and shape.nodes[n].fuse_into is None] or [next(iter(shape.nodes))]
+    names = [n for n in names if expected.calls[n] and shape.nodes[n].fuse_into is None] or shape.running[:1]
     names = [n for n in names if n not in used] or names
     name = rng.choice(names)
     d = shape.nodes[name]

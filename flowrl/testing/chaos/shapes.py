@@ -355,9 +355,10 @@ FUSED_MARK = " in {}"
 
 def _with_fusion(shape: Shape, fusion: bool | None) -> None:
     """`fuse_into: PRODUCER` on some stateless single-process transforms whose producer feeds only
-    them (flowrl.graph.fusion's rules), drawn from a stream of the seed's own: the graph, steps,
-    schedule and model stay what they were; only which process runs which call changes. Not in
-    shapes made for scale events (the node to scale must keep a process of its own)."""
+    them, and `fuse_into: CONSUMER` on a source whose one consumer is a stateless transform (which
+    then takes the tickets; flowrl.graph.fusion's rules), drawn from a stream of the seed's own:
+    the graph, steps, schedule and model stay what they were; only which process runs which call
+    changes. Not in shapes made for scale events (the node to scale must keep a process of its own)."""
     if fusion is False or shape.pace_s:
         return
     rng = random.Random(f"fusion:{shape.seed}")
@@ -365,10 +366,18 @@ def _with_fusion(shape: Shape, fusion: bool | None) -> None:
                 and d.concurrency == 1 and len(d.inputs) == 1]
     eligible = [d for d in eligible if (p := shape.nodes[next(iter(d.inputs.values()))]).ranks == 1
                 and not p.sink and shape.consumers(p.name) == [d.name]]
-    if not eligible or (fusion is None and rng.random() >= 0.5):
+    sources = [d for d in shape.nodes.values() if d.cls == "TicketSource" and d.replicas == 1 and d.concurrency == 1
+               and len(shape.consumers(d.name)) == 1]
+    sources = [d for d in sources if (c := shape.nodes[shape.consumers(d.name)[0]]).cls != "Merge" and not c.stateful
+               and not c.sink and c.ranks == 1]
+    if not (eligible or sources) or (fusion is None and rng.random() >= 0.5):
         return
-    for d in [d for d in eligible if rng.random() < 0.5] or [rng.choice(eligible)]:
+    for d in [d for d in eligible if rng.random() < 0.5] or ([rng.choice(eligible)] if eligible else []):
         d.fuse_into = next(iter(d.inputs.values()))
+    for d in sources:  # the source into its consumer (which then takes the tickets), unless that is fused into it
+        consumer = shape.consumers(d.name)[0]
+        if shape.nodes[consumer].fuse_into is None and (rng.random() < 0.5 or not eligible):
+            d.fuse_into = consumer
 
 
 def _with_groups(shape: Shape) -> None:
