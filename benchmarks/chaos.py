@@ -49,7 +49,7 @@ from pathlib import Path
 from flowrl.testing import run_graph
 
 ROOT = Path(__file__).resolve().parents[1]
-NODES = ["rollout", "reference", "actor"]  # graphs/grpo.yaml's processes (prompts, reward, advantages fused)
+NODES = ["rollout", "actor"]  # graphs/grpo.yaml's processes (every other node runs fused in the rollout's)
 OVERRIDES = ["schedule.steps=80", "schedule.batch_size=4", "schedule.checkpoint_every=5",
              "vars.model.d_model=64", "vars.model.n_layers=1", "vars.task.digits=4",
              "supervision.heartbeat_s=0.2", "supervision.deadline_s=3"]

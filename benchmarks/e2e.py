@@ -13,9 +13,9 @@ order, with the same seed and the same number of steps:
 - ``single-process``: `flowrl.rl.single_process.run` with preset ``grpo`` — one plain loop in this
   process calling the functions the role nodes call, ``torch.set_num_threads(T)`` for each
   ``--baseline-threads`` value T (default 1: one core, like each node of a flowrl run here);
-- ``flowrl sync (k=0)``: ``flowrl run graphs/grpo.yaml schedule.max_staleness=0`` — three node
-  processes (the rollout with the prompts and the reward fused in, the reference with the
-  advantages fused in, the actor), strictly on-policy;
+- ``flowrl sync (k=0)``: ``flowrl run graphs/grpo.yaml schedule.max_staleness=0`` — two node
+  processes (the rollout, with the prompts, reward, reference and advantages fused in; the actor),
+  strictly on-policy;
 - ``flowrl overlapped (k=1)``: the same with ``schedule.max_staleness=1`` — the rollout generates
   batch n+1 while the actor trains on batch n.
 - ``flowrl ray launcher (k=1)`` (only with ``--runs ray``; needs the ``ray`` extra): the overlapped
@@ -37,7 +37,7 @@ How the numbers are counted:
   for both; it is in the next two columns.
 - **start-up s**: flowrl only: from launching the ``flowrl run`` command (a fresh Python
   interpreter) to its first ticket issued — interpreter and torch import, graph loading,
-  placement, spawning and handshaking three node processes, building their models.
+  placement, spawning and handshaking two node processes, building their models.
 - **s to 0.95**: wall time to the first step whose batch-mean reward (``reward_mean``, the mean
   score of that step's 64 completions) is >= the threshold (0.95 by default), and **step** that
   step's number. For flowrl it is measured from launching the command to the actor's

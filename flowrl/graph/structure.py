@@ -24,10 +24,12 @@ def node_classes(spec: GraphSpec) -> dict[str, type]:
     classes, problems = {}, []
     located = spec.__dict__.get("_located")
     for name, node in spec.nodes.items():
-        try:
-            fused = {f: resolve_kind(n.kind) for f, n in node.fused.items()}  # (fused_problems names a bad one)
-        except KindError:
-            fused = {}
+        fused = {}
+        for f, n in node.fused.items():
+            try:
+                fused[f] = resolve_kind(n.kind)
+            except KindError:
+                pass  # fused_problems names it
         try:
             classes[name] = host_class(resolve_kind(node.kind), fused)
         except KindError as e:

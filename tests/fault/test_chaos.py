@@ -22,9 +22,9 @@ PPO = ROOT / "graphs" / "ppo.yaml"
 GRPO = ROOT / "graphs" / "grpo.yaml"
 
 # Small and quick: the point here is recovery, not learning.
-# The prompts, reward and advantages of graphs/grpo.yaml run inside other nodes' processes (fuse_into);
-# the tests that fault the reward give each a process of its own.
-OWN = ["nodes.prompts.fuse_into=null", "nodes.reward.fuse_into=null", "nodes.advantages.fuse_into=null"]
+# Every node of graphs/grpo.yaml but the actor runs inside the rollout's process (fuse_into); the tests
+# that fault the reward give each its own process again.
+OWN = [f"nodes.{n}.fuse_into=null" for n in ("prompts", "reward", "reference", "advantages")]
 FAST = ["schedule.steps=8", "schedule.batch_size=4", "schedule.checkpoint_every=2", "schedule.ticket_timeout_s=30",
         "supervision.heartbeat_s=0.2", "supervision.deadline_s=4"]
 

@@ -10,7 +10,7 @@ from flowrl.graph import GraphError, dump_graph, load_graph, load_graph_text
 ROOT = Path(__file__).resolve().parents[2]
 GRPO = ROOT / "graphs" / "grpo.yaml"
 N = "flowrl.testing.nodes"
-UNFUSED = ["nodes.prompts.fuse_into=null", "nodes.reward.fuse_into=null", "nodes.advantages.fuse_into=null"]
+UNFUSED = [f"nodes.{n}.fuse_into=null" for n in ("prompts", "reward", "reference", "advantages")]
 
 CHAIN = f"""\
 nodes:
@@ -28,18 +28,21 @@ def problems(text: str, overrides=()) -> list:
     return e.value.problems
 
 
-def test_grpo_runs_its_prompts_and_reward_in_the_rollout_and_its_advantages_in_the_reference():
+def test_grpo_runs_every_node_but_the_actor_inside_the_rollouts_process():
     spec = load_graph(GRPO)
-    assert list(spec.nodes) == ["rollout", "reference", "actor"]
-    assert [str(e) for e in spec.edges] == ["rollout.out -> reference.in", "reference.out -> actor.in"]
-    assert list(spec.nodes["rollout"].fused) == ["prompts", "reward"]
-    assert spec.nodes["rollout"].fused["prompts"].fuse_into == "rollout.in"  # a source: before the rollout's call
-    assert spec.nodes["rollout"].fused["reward"].fuse_into == "rollout.out"
-    assert spec.nodes["rollout"].fused["reward"].config == {"task": {"name": "reverse", "digits": 6}}
-    assert list(spec.nodes["reference"].fused) == ["advantages"]
+    assert list(spec.nodes) == ["rollout", "actor"]
+    assert [str(e) for e in spec.edges] == ["rollout.out -> actor.in"]
+    fused = spec.nodes["rollout"].fused
+    assert list(fused) == ["prompts", "reward", "reference", "advantages"]  # the order of the calls
+    assert fused["prompts"].fuse_into == "rollout.in"  # a source: before the rollout's call
+    assert {fused[n].fuse_into for n in ("reward", "reference", "advantages")} == {"rollout.out"}
+    assert fused["reward"].config == {"task": {"name": "reverse", "digits": 6}}
     unfused = load_graph(GRPO, UNFUSED)
     assert list(unfused.nodes) == ["prompts", "rollout", "reward", "reference", "advantages", "actor"]
     assert not any(n.fused for n in unfused.nodes.values())
+    own_reference = load_graph(GRPO, ["nodes.reference.fuse_into=null"])
+    assert list(own_reference.nodes) == ["rollout", "reference", "actor"]
+    assert list(own_reference.nodes["reference"].fused) == ["advantages"]
 
 
 def test_a_fused_graph_written_to_the_run_directory_loads_back_the_same():
@@ -49,7 +52,7 @@ def test_a_fused_graph_written_to_the_run_directory_loads_back_the_same():
     assert [str(e) for e in again.edges] == [str(e) for e in spec.edges]
     bad = dump_graph(spec).replace("kind: group_advantages", "kind: group_advantage")
     (p,) = problems(bad)
-    assert p.path == "nodes.reference.fused.advantages.kind" and "did you mean `group_advantages`" in p.message
+    assert p.path == "nodes.rollout.fused.advantages.kind" and "did you mean `group_advantages`" in p.message
 
 
 def test_a_chain_folds_into_its_first_host_in_order():
@@ -126,9 +129,9 @@ def test_check_notes_which_nodes_run_in_which_process():
 
     plan = make_plan(load_graph(GRPO), get_inventory(None))
     notes = {f.node: f for f in plan.findings if f.code == "fused"}
-    assert set(notes) == {"rollout", "reference"} and notes["rollout"].severity == "info"
-    assert "prompts, reward run inside `rollout`'s process" in notes["rollout"].message
-    assert {e.node for e in plan.entries} == {"rollout", "reference", "actor"}
+    assert set(notes) == {"rollout"} and notes["rollout"].severity == "info"
+    assert "prompts, reward, reference, advantages run inside `rollout`'s process" in notes["rollout"].message
+    assert {e.node for e in plan.entries} == {"rollout", "actor"}
 
 
 def test_a_fused_reference_counts_on_its_hosts_gpus():
@@ -137,8 +140,8 @@ def test_a_fused_reference_counts_on_its_hosts_gpus():
 
     a100 = DeclaredInventory.load(ROOT / "examples" / "inventories" / "a100x8-nvlink.yaml")
     big = ["vars.model.d_model=4096", "vars.model.n_layers=24", "nodes.rollout.devices=[0]"]
-    apart = make_plan(load_graph(GRPO, big), a100)
-    fused = make_plan(load_graph(GRPO, big + ["nodes.reference.fuse_into=reward"]), a100)
+    apart = make_plan(load_graph(GRPO, big + ["nodes.reference.fuse_into=null"]), a100)
+    fused = make_plan(load_graph(GRPO, big), a100)
     rollout_gpu = lambda plan: next(r for r in plan.memory if r["devices"] == [0])  # noqa: E731
     reference = next(r for r in apart.memory if "reference" in r["text"])
     assert rollout_gpu(fused)["bytes"] == rollout_gpu(apart)["bytes"] + reference["bytes"] > 4 << 30

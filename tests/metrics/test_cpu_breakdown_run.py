@@ -18,7 +18,7 @@ from flowrl.testing.harness import run_graph
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(200)]
 
 ROOT = Path(__file__).resolve().parents[2]
-NODES = ("rollout", "reference", "actor")  # the prompts, the reward and the advantages run fused (fuse_into)
+NODES = ("rollout", "actor")  # every other node runs inside the rollout's process (fuse_into)
 
 
 def test_a_real_runs_report_breaks_each_processs_cpu_into_compute_framework_and_idle(tmp_path):

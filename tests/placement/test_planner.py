@@ -110,7 +110,10 @@ def test_cpu_auto_balances_cores_by_what_each_role_costs_and_only_notes_the_shar
 def test_cpu_auto_keeps_the_actor_core_for_the_actor_in_grpo():
     """GRPO on two cores: the actor's step is most of the work; the rollout and the reference (one
     forward pass each) share the other core, so that with max_staleness 1 both cores stay busy."""
-    plan = make_plan(load_graph(ROOT / "graphs/grpo.yaml"), inventory("laptop-2cpu.yaml"))
+    shipped = make_plan(load_graph(ROOT / "graphs/grpo.yaml"), inventory("laptop-2cpu.yaml"))
+    assert {e.node: e.devices[0] for e in shipped.entries} in ({"rollout": 1, "actor": 0}, {"rollout": 0, "actor": 1})
+    own = [f"nodes.{n}.fuse_into=null" for n in ("prompts", "reward", "reference", "advantages")]  # six processes
+    plan = make_plan(load_graph(ROOT / "graphs/grpo.yaml", own), inventory("laptop-2cpu.yaml"))
     core = {e.node: e.devices[0] for e in plan.entries}
     assert core["rollout"] == core["reference"] != core["actor"]
     assert [n for n, c in core.items() if c == core["actor"]] in (["actor"], ["advantages", "actor"],

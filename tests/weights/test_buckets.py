@@ -67,3 +67,36 @@ def test_a_layout_mismatch_names_the_tensor_and_both_sides():
     assert "serving_dtype='bfloat16'" in dtype
     assert "'w' is published" in layout_mismatch(pub, layout_of({"a": torch.zeros(2)}))
     assert "'x'" in layout_mismatch(pub, layout_of({"a": torch.zeros(2), "w": torch.zeros(2, 3), "x": torch.zeros(1)}))
+
+
+def test_a_dict_packs_in_fused_copies_and_any_other_mapping_one_tensor_at_a_time_in_plan_order():
+    from collections.abc import Mapping
+
+    src = {k: v.requires_grad_(v.is_floating_point()) for k, v in model_like().items()}  # live parameters
+    plan = BucketPlan(serving_layout(layout_of(src), "bfloat16"), bucket_bytes=20_000)
+
+    class OneByOne(Mapping):  # a sharded trainer's FullState: each read gathers one tensor
+        def __init__(self):
+            self.read = []
+
+        def __getitem__(self, name):
+            self.read.append(name)
+            return src[name]
+
+        def __iter__(self):
+            return iter(src)
+
+        def __len__(self):
+            return len(src)
+
+    fused, one_by_one = plan.pack(src), plan.pack(mapping := OneByOne(), out=plan.allocate())
+    assert all(torch.equal(a, b) for a, b in zip(fused, one_by_one)) and not any(b.requires_grad for b in fused)
+    assert mapping.read == [name for _, entries, _ in plan.buckets for name, *_ in entries]
+    again = {k: v.detach() * 2 for k, v in src.items()}
+    plan.pack(again, out=fused)  # the same buffers again: their cached views, the new values
+    views = plan.views(fused)
+    assert torch.equal(views["l0.w"], again["l0.w"].bfloat16()) and torch.equal(views["step"], again["step"])
+    live = {k: torch.zeros_like(v, requires_grad=False) for k, v in src.items()}
+    for i in range(len(plan)):
+        plan.unpack(i, fused, live)
+    assert torch.equal(live["emb"], again["emb"].bfloat16().float())
