@@ -148,6 +148,10 @@ def _source_edges(spec: GraphSpec, name: str, target: str, classes, located) -> 
         return [_problem(located, loc, f"source {name!r} is fused into {target!r} but its output edges are "
                          f"[{shown}]; a fused source feeds exactly one edge, into its host",
                          f"make '{name} -> {target}' its only output, or remove fuse_into")]
+    node = spec.nodes[name]
+    if node.fuse_into != target and outs[0].dst_port != fused_port(node):
+        return [_problem(located, loc, f"source {name!r}: fuse_into {node.fuse_into!r} names port "
+                         f"{fused_port(node)!r} but it feeds {target}.{outs[0].dst_port}", f"write fuse_into: {target}")]
     host = classes[target]
     ins = [str(e) for e in spec.edges if e.dst == target]
     if len(host.inputs) != 1 or len(ins) != 1 or host.stateful or not host.outputs:

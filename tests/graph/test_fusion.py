@@ -91,6 +91,9 @@ def test_a_source_fuses_into_its_only_consumer_which_becomes_the_source():
     assert is_source(cls) and cls.inputs == () and cls.outputs == ("out",)
     found = problems(GRPO.read_text(), ["nodes.prompts.fuse_into=reward"])
     assert any("its output edges are [prompts.out -> rollout.in]" in p.message for p in found), found
+    found = problems(GRPO.read_text(), ["nodes.prompts.fuse_into=rollout.out"])
+    assert any("names port 'out' but it feeds rollout.in" in p.message for p in found), found
+    assert load_graph(GRPO, ["nodes.prompts.fuse_into=rollout.in"]).nodes["rollout"].fused["prompts"].fuse_into == "rollout.in"
     text = f"""\
 nodes:
   numbers: {{kind: "{N}:Numbers", fuse_into: collect}}
