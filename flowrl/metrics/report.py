@@ -64,6 +64,18 @@ def node_order(run_dir: Path) -> list[str]:
         return []
 
 
+def fused_nodes(run_dir: Path) -> dict[str, list[str]]:
+    """host -> the nodes fused into its process (`fuse_into`), from the run's graph.yaml."""
+    try:
+        import yaml
+
+        spec = yaml.safe_load((run_dir / "graph.yaml").read_text(encoding="utf-8"))
+        return {str(h): [str(f) for f in n["fused"]] for h, n in (spec.get("nodes") or {}).items()
+                if isinstance(n, dict) and n.get("fused")}
+    except Exception:  # noqa: BLE001 - no graph file, or not one we can read: nothing to say
+        return {}
+
+
 def summary_text(run_dir: Path, rows: list[dict[str, Any]], events: list[dict[str, Any]],
                  order: list[str] | None = None) -> str:
     uses = node_utilisation(events)
@@ -112,6 +124,8 @@ def summary_text(run_dir: Path, rows: list[dict[str, Any]], events: list[dict[st
     cpu = cpu_breakdown(rows, uses)
     if cpu is not None:
         out += breakdown_table(cpu, order)
+        out += [f"{host} also runs {', '.join(names)} (fuse_into): their CPU is {host}'s"
+                for host, names in fused_nodes(run_dir).items()]
     else:
         out.append("CPU per step: this run has no CPU accounting (metrics.jsonl has no "
                    "cpu_thread_s columns; runs record it since the CPU breakdown was added)")

@@ -28,6 +28,8 @@ def test_a_real_runs_report_breaks_each_processs_cpu_into_compute_framework_and_
     make_report(run.run_dir)
     b = json.loads((run.run_dir / "report" / "cpu.json").read_text())
     assert set(b["nodes"]) == {*NODES, "controller"}
+    summary = (run.run_dir / "report" / "summary.txt").read_text()
+    assert "rollout also runs prompts, reward, reference, advantages (fuse_into): their CPU is rollout's" in summary
     assert b["steps"] == 11 and b["sampled"]
     for name, n in b["nodes"].items():
         assert n["framework_ms"] > 0, name
