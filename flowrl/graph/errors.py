@@ -82,3 +82,10 @@ class GraphError(FlowrlError, ValueError):
         self.problems = list(problems)
         n = len(self.problems)
         super().__init__(problems_text(f"graph has {n} problem{'s' if n != 1 else ''}:", self.problems))
+
+
+def problem_at(located, loc: tuple, message: str, fix: str) -> Problem:
+    """A problem at key path `loc` of a loaded file (`located`: its line numbers; None: no file)."""
+    file = located.file if located else None
+    line = located.line_of(loc) if located else None
+    return Problem(".".join(map(str, loc)), message, fix, file, line)

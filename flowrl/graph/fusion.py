@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import difflib
 
-from flowrl.graph.errors import Problem
+from flowrl.graph.errors import Problem, problem_at
 from flowrl.graph.kinds import KindError, resolve_kind
 from flowrl.graph.shapes import is_source
 from flowrl.graph.spec import FailurePolicy, GraphSpec, NodeSpec
@@ -68,12 +68,6 @@ def fused_port(fused: NodeSpec) -> str:
     return fused.fuse_into.partition(".")[2]
 
 
-def _problem(located, loc: tuple, message: str, fix: str) -> Problem:
-    file = located.file if located else None
-    line = located.line_of(loc) if located else None
-    return Problem(".".join(map(str, loc)), message, fix, file, line)
-
-
 def _node_problems(spec: GraphSpec, name: str, cls: type, classes: dict[str, type], located) -> list[Problem]:
     """Rules on the fused node itself and its edges (before any rewrite)."""
     from flowrl.node import Join
@@ -83,34 +77,34 @@ def _node_problems(spec: GraphSpec, name: str, cls: type, classes: dict[str, typ
     out: list[Problem] = []
     if target not in spec.nodes:
         close = difflib.get_close_matches(target, [n for n in spec.nodes if n != name], n=1)
-        return [_problem(located, loc, f"node {name!r}: fuse_into names unknown node {target!r}",
+        return [problem_at(located, loc, f"node {name!r}: fuse_into names unknown node {target!r}",
                          f"did you mean {close[0]!r}?" if close else f"nodes are {', '.join(spec.nodes)}")]
     if target == name:
-        return [_problem(located, loc, f"node {name!r} is fused into itself", "name the node whose output it takes")]
+        return [problem_at(located, loc, f"node {name!r} is fused into itself", "name the node whose output it takes")]
     kind = f"{name!r} ({node.kind})"
     source = is_source(cls)
     if len(cls.outputs) != 1 or (len(cls.inputs) != 1 and not source) or issubclass(cls, Join):
-        out.append(_problem(located, loc, f"node {kind} has input ports {list(cls.inputs)} and output ports "
+        out.append(problem_at(located, loc, f"node {kind} has input ports {list(cls.inputs)} and output ports "
                             f"{list(cls.outputs)}; only a node with one of each (or a source with one output) "
                             "runs inside another's call", "give it a process of its own (remove fuse_into)"))
     if cls.stateful or cls.publishes_weights or cls.subscribes_weights:
         what = "is stateful (its state is checkpointed)" if cls.stateful else "takes part in weight sync"
-        out.append(_problem(located, loc, f"node {kind} {what}; only a stateless node without weights can be fused",
+        out.append(problem_at(located, loc, f"node {kind} {what}; only a stateless node without weights can be fused",
                             "give it a process of its own (remove fuse_into)"))
     for field, default in HOSTS_FIELDS.items():
         if getattr(node, field) != default:
-            out.append(_problem(located, ("nodes", name, field), f"node {name!r} is fused into {target!r} and sets "
+            out.append(problem_at(located, ("nodes", name, field), f"node {name!r} is fused into {target!r} and sets "
                                 f"{field}; a fused node runs on its host's devices, replicas and failure policy",
                                 f"remove {field} (set it on {target!r}), or remove fuse_into"))
     out += (_source_edges if source else _edges)(spec, name, target, classes, located)
     for kind_, items in (("weight edge", spec.weights), ("service", spec.services)):
         for item in items:
             if name in (item.src, item.dst):
-                out.append(_problem(located, loc, f"node {name!r} is fused and named by the {kind_} {item}",
+                out.append(problem_at(located, loc, f"node {name!r} is fused and named by the {kind_} {item}",
                                     "a fused node has no process to sync or serve; remove fuse_into"))
     for other, spec_ in spec.nodes.items():
         if name in spec_.colocate_with:
-            out.append(_problem(located, ("nodes", other, "colocate_with"), f"node {other!r} is colocated with "
+            out.append(problem_at(located, ("nodes", other, "colocate_with"), f"node {other!r} is colocated with "
                                 f"{name!r}, which is fused into {target!r} and has no devices of its own",
                                 f"write colocate_with: [{target}]"))
     return out
@@ -123,16 +117,16 @@ def _edges(spec: GraphSpec, name: str, target: str, classes, located) -> list[Pr
     ins = [e for e in spec.edges if e.dst == name]
     if len(ins) != 1 or ins[0].src != target:
         shown = ", ".join(str(e) for e in ins) or "none"
-        return [_problem(located, loc, f"node {name!r} is fused into {target!r} but its input edges are [{shown}]; "
+        return [problem_at(located, loc, f"node {name!r} is fused into {target!r} but its input edges are [{shown}]; "
                          f"a fused node takes exactly one edge, from its host",
                          f"make '{target} -> {name}' its only input, or remove fuse_into")]
     port = ins[0].src_port
     if node.fuse_into != target and port != fused_port(node):
-        return [_problem(located, loc, f"node {name!r}: fuse_into {node.fuse_into!r} names port "
+        return [problem_at(located, loc, f"node {name!r}: fuse_into {node.fuse_into!r} names port "
                          f"{fused_port(node)!r} but its input comes from {target}.{port}", f"write fuse_into: {target}")]
     others = [str(e) for e in spec.edges if e.src == target and e.src_port == port and e.dst != name]
     if others:
-        return [_problem(located, loc, f"node {name!r} is fused into {target!r}, whose port {port!r} also feeds "
+        return [problem_at(located, loc, f"node {name!r} is fused into {target!r}, whose port {port!r} also feeds "
                          f"{', '.join(others)}; fusing would change what they receive",
                          f"give {name!r} a process of its own, or feed the others from {name!r}")]
     return []
@@ -145,19 +139,19 @@ def _source_edges(spec: GraphSpec, name: str, target: str, classes, located) -> 
     outs = [e for e in spec.edges if e.src == name]
     if len(outs) != 1 or outs[0].dst != target:
         shown = ", ".join(str(e) for e in outs) or "none"
-        return [_problem(located, loc, f"source {name!r} is fused into {target!r} but its output edges are "
+        return [problem_at(located, loc, f"source {name!r} is fused into {target!r} but its output edges are "
                          f"[{shown}]; a fused source feeds exactly one edge, into its host",
                          f"make '{name} -> {target}' its only output, or remove fuse_into")]
     node = spec.nodes[name]
     if node.fuse_into != target and outs[0].dst_port != fused_port(node):
-        return [_problem(located, loc, f"source {name!r}: fuse_into {node.fuse_into!r} names port "
+        return [problem_at(located, loc, f"source {name!r}: fuse_into {node.fuse_into!r} names port "
                          f"{fused_port(node)!r} but it feeds {target}.{outs[0].dst_port}", f"write fuse_into: {target}")]
     host = classes[target]
     ins = [str(e) for e in spec.edges if e.dst == target]
     if len(host.inputs) != 1 or len(ins) != 1 or host.stateful or not host.outputs:
         why = ("is stateful" if host.stateful else "has no output" if not host.outputs
                else f"has inputs [{', '.join(ins)}]")
-        return [_problem(located, loc, f"source {name!r} is fused into {target!r}, which {why}; a source runs "
+        return [problem_at(located, loc, f"source {name!r} is fused into {target!r}, which {why}; a source runs "
                          "inside a stateless node with one input (that source's) and an output",
                          f"give {name!r} a process of its own (remove fuse_into)")]
     return []
@@ -168,7 +162,7 @@ def _host_problems(spec: GraphSpec, name: str, host: str, located) -> list[Probl
     per_replica = h.devices if isinstance(h.devices, int) else (len(h.devices) // h.replicas
                                                                 if isinstance(h.devices, list) else 1)
     if h.mesh is not None or per_replica > 1:
-        return [_problem(located, ("nodes", name, "fuse_into"), f"node {name!r} is fused into {host!r}, which runs "
+        return [problem_at(located, ("nodes", name, "fuse_into"), f"node {name!r} is fused into {host!r}, which runs "
                          f"{per_replica} ranks per replica; a fused node runs in single-rank hosts only",
                          f"give {name!r} a process of its own (remove fuse_into)")]
     return []
@@ -188,7 +182,7 @@ def fuse(spec: GraphSpec, classes: dict[str, type], located=None) -> list[Proble
     while pending:  # hosts first: a chain b -> a, c -> b folds b into a, then c into a
         ready = [n for n in pending if spec.nodes[n].fuse_into.partition(".")[0] not in pending]
         if not ready:  # a fuse_into cycle has a data cycle too, which check_structure refuses first
-            return [_problem(located, ("nodes", pending[0], "fuse_into"), "fuse_into forms a cycle: "
+            return [problem_at(located, ("nodes", pending[0], "fuse_into"), "fuse_into forms a cycle: "
                              + " -> ".join(pending), "fuse each node into the node whose output it takes")]
         for n in ready:
             target = spec.nodes[n].fuse_into.partition(".")[0]
@@ -222,7 +216,7 @@ def _fold(spec: GraphSpec, name: str, host: str, classes: dict[str, type]) -> No
 
 def fused_problems(spec: GraphSpec, located=None) -> list[Problem]:
     """A graph fused before (a run directory's graph.yaml): each fused entry's kind resolves, its
-    config validates and it names one of its host's output ports."""
+    config validates and its `fuse_into` names the node that holds it."""
     from pydantic import ValidationError
 
     from flowrl.graph.validation import problems_from_validation
@@ -234,10 +228,10 @@ def fused_problems(spec: GraphSpec, located=None) -> list[Problem]:
             try:
                 cls = resolve_kind(f.kind)
             except KindError as e:
-                out.append(_problem(located, loc + ("kind",), str(e), "use a built-in kind or 'module:Class'"))
+                out.append(problem_at(located, loc + ("kind",), str(e), "use a built-in kind or 'module:Class'"))
                 continue
             if f.fuse_into is None or f.fuse_into.partition(".")[0] != host:
-                out.append(_problem(located, loc + ("fuse_into",), f"fused node {name!r} names host {f.fuse_into!r}, "
+                out.append(problem_at(located, loc + ("fuse_into",), f"fused node {name!r} names host {f.fuse_into!r}, "
                                     f"not {host!r}", "fuse nodes with `fuse_into` on the node, not by writing `fused:`"))
             try:
                 cls.Config.model_validate(f.config)
@@ -245,5 +239,5 @@ def fused_problems(spec: GraphSpec, located=None) -> list[Problem]:
                 if located is not None:
                     out.extend(problems_from_validation(e, located, cls.Config, loc + ("config",)))
                 else:
-                    out.append(_problem(None, loc + ("config",), str(e), "fix the fused node's config"))
+                    out.append(problem_at(None, loc + ("config",), str(e), "fix the fused node's config"))
     return out

@@ -11,7 +11,7 @@ from collections import defaultdict
 
 from pydantic import ValidationError
 
-from flowrl.graph.errors import GraphError, Problem
+from flowrl.graph.errors import GraphError, Problem, problem_at
 from flowrl.graph.fusion import fuse, fused_problems, host_class
 from flowrl.graph.kinds import KindError, resolve_kind
 from flowrl.graph.shapes import is_observer, is_source
@@ -33,16 +33,10 @@ def node_classes(spec: GraphSpec) -> dict[str, type]:
         try:
             classes[name] = host_class(resolve_kind(node.kind), fused)
         except KindError as e:
-            problems.append(_p(located, ("nodes", name, "kind"), str(e), "use a built-in kind or 'module:Class'"))
+            problems.append(problem_at(located, ("nodes", name, "kind"), str(e), "use a built-in kind or 'module:Class'"))
     if problems:
         raise GraphError(problems)
     return classes
-
-
-def _p(located, loc, message, fix) -> Problem:
-    file = located.file if located else None
-    line = located.line_of(loc) if located else None
-    return Problem(".".join(map(str, loc)), message, fix, file, line)
 
 
 def _find_cycle(nodes, adjacency) -> list[str] | None:
@@ -90,7 +84,7 @@ def check_structure(spec: GraphSpec, located=None) -> dict[str, type]:
                 import difflib
 
                 close = difflib.get_close_matches(name, spec.nodes, n=1)
-                problems.append(_p(located, loc, f"edge {edge}: no node named {name!r}",
+                problems.append(problem_at(located, loc, f"edge {edge}: no node named {name!r}",
                                    f"did you mean {close[0]!r}?" if close else f"nodes are {', '.join(spec.nodes)}"))
                 ok = False
         if not ok:
@@ -104,19 +98,19 @@ def check_structure(spec: GraphSpec, located=None) -> dict[str, type]:
                     object.__setattr__(edge, attr, cls_ports[0])  # fill the default without revalidation
                 else:
                     have = ", ".join(cls_ports) if cls_ports else "none"
-                    problems.append(_p(located, loc, f"edge {edge}: node {node!r} ({spec.nodes[node].kind}) has "
+                    problems.append(problem_at(located, loc, f"edge {edge}: node {node!r} ({spec.nodes[node].kind}) has "
                                        f"{direction} ports [{have}], so the edge must name one",
                                        f"write '{node}.<port>'" if cls_ports else f"{node!r} takes no {direction}"))
                     ok = False
             elif port not in cls_ports:
-                problems.append(_p(located, loc, f"edge {edge}: node {node!r} has no {direction} port {port!r}",
+                problems.append(problem_at(located, loc, f"edge {edge}: node {node!r} has no {direction} port {port!r}",
                                    f"its {direction} ports are [{', '.join(cls_ports) or 'none'}]"))
                 ok = False
         if not ok:
             continue
         key = (edge.src, edge.src_port, edge.dst, edge.dst_port)
         if key in seen_edges:
-            problems.append(_p(located, loc, f"edge {edge} is declared twice (duplicate)", "remove one of them"))
+            problems.append(problem_at(located, loc, f"edge {edge} is declared twice (duplicate)", "remove one of them"))
         seen_edges.add(key)
         outgoing[(edge.src, edge.src_port)] += 1
         incoming[(edge.dst, edge.dst_port)] += 1
@@ -129,36 +123,36 @@ def check_structure(spec: GraphSpec, located=None) -> dict[str, type]:
                 continue  # a node that only serves requests (a rollout behind agents) has no data edges
             for port in cls.inputs:
                 if not incoming[(name, port)]:
-                    problems.append(_p(located, ("nodes", name), f"input port {name}.{port} is not connected (dangling)",
+                    problems.append(problem_at(located, ("nodes", name), f"input port {name}.{port} is not connected (dangling)",
                                        f"add an edge 'producer -> {name}.{port}'"))
             for port in cls.outputs:
                 if not outgoing[(name, port)]:
-                    problems.append(_p(located, ("nodes", name), f"output port {name}.{port} is not connected (dangling)",
+                    problems.append(problem_at(located, ("nodes", name), f"output port {name}.{port} is not connected (dangling)",
                                        f"add an edge '{name}.{port} -> consumer'"))
         cycle = _find_cycle(list(spec.nodes), adjacency)
         if cycle:
-            problems.append(_p(located, ("edges",), f"data edges form a cycle: {' -> '.join(cycle)}",
+            problems.append(problem_at(located, ("edges",), f"data edges form a cycle: {' -> '.join(cycle)}",
                                "data must flow one way; send weights back with a `weights:` edge (trainer -> subscriber)"))
 
     for i, w in enumerate(spec.weights):
         loc = ("weights", i)
         for name in (w.src, w.dst):
             if name not in spec.nodes:
-                problems.append(_p(located, loc, f"weight edge {w}: no node named {name!r}", f"nodes are {', '.join(spec.nodes)}"))
+                problems.append(problem_at(located, loc, f"weight edge {w}: no node named {name!r}", f"nodes are {', '.join(spec.nodes)}"))
         if w.src in classes and not classes[w.src].publishes_weights:
-            problems.append(_p(located, loc, f"weight edge {w}: {w.src!r} ({spec.nodes[w.src].kind}) does not publish weights",
+            problems.append(problem_at(located, loc, f"weight edge {w}: {w.src!r} ({spec.nodes[w.src].kind}) does not publish weights",
                                "the source of a weight edge must be a trainer such as `actor`"))
         if w.dst in classes and not classes[w.dst].subscribes_weights:
-            problems.append(_p(located, loc, f"weight edge {w}: {w.dst!r} ({spec.nodes[w.dst].kind}) does not take weights",
+            problems.append(problem_at(located, loc, f"weight edge {w}: {w.dst!r} ({spec.nodes[w.dst].kind}) does not take weights",
                                "the target of a weight edge must be a subscriber such as `rollout`"))
 
     for name, node in spec.nodes.items():
         for other in node.colocate_with:
             if other not in spec.nodes:
-                problems.append(_p(located, ("nodes", name, "colocate_with"), f"colocate_with names unknown node {other!r}",
+                problems.append(problem_at(located, ("nodes", name, "colocate_with"), f"colocate_with names unknown node {other!r}",
                                    f"nodes are {', '.join(spec.nodes)}"))
         if node.take_turns and not node.colocate_with and not any(name in n.colocate_with for n in spec.nodes.values()):
-            problems.append(_p(located, ("nodes", name, "take_turns"), f"node {name!r} takes turns with no one",
+            problems.append(problem_at(located, ("nodes", name, "take_turns"), f"node {name!r} takes turns with no one",
                                "declare the nodes it shares its devices with: `colocate_with: [actor]`"))
         try:
             classes[name].Config.model_validate(node.config)
@@ -171,7 +165,7 @@ def check_structure(spec: GraphSpec, located=None) -> dict[str, type]:
 
     problems.extend(_async_problems(classes, spec, located))
     if not any(is_source(cls) for cls in classes.values()):
-        problems.append(_p(located, ("nodes",), "the graph has no source node (a node without inputs)",
+        problems.append(problem_at(located, ("nodes",), "the graph has no source node (a node without inputs)",
                            "add a source such as `prompts` that turns tickets into batches"))
     problems.extend(fused_problems(spec, located))
     if not problems:  # the graph is sound: fold the fused nodes into their hosts (fusion.py)
@@ -191,19 +185,19 @@ def _service_problems(spec: GraphSpec, classes: dict, located, problems: list) -
         loc = ("services", i)
         missing = [n for n in (svc.src, svc.dst) if n not in spec.nodes]
         for name in missing:
-            problems.append(_p(located, loc, f"service {svc}: no node named {name!r}", f"nodes are {', '.join(spec.nodes)}"))
+            problems.append(problem_at(located, loc, f"service {svc}: no node named {name!r}", f"nodes are {', '.join(spec.nodes)}"))
         if missing:
             continue
         if svc.src == svc.dst:
-            problems.append(_p(located, loc, f"service {svc}: a node cannot serve itself", "name a client and a server"))
+            problems.append(problem_at(located, loc, f"service {svc}: a node cannot serve itself", "name a client and a server"))
             continue
         serve = getattr(classes[svc.dst], "serve", None)
         if serve is None or not inspect.iscoroutinefunction(serve):
-            problems.append(_p(located, loc, f"service {svc}: {svc.dst!r} ({spec.nodes[svc.dst].kind}) does not serve "
+            problems.append(problem_at(located, loc, f"service {svc}: {svc.dst!r} ({spec.nodes[svc.dst].kind}) does not serve "
                                "requests (no `async def serve`)", "the server of a service must be a node such as `rollout`"))
             continue
         if (svc.src, svc.dst) in seen:
-            problems.append(_p(located, loc, f"service {svc} is declared twice", "remove one of them"))
+            problems.append(problem_at(located, loc, f"service {svc} is declared twice", "remove one of them"))
         seen.add((svc.src, svc.dst))
         servers.add(svc.dst)
     return servers
@@ -228,7 +222,7 @@ def _async_problems(classes: dict, spec: GraphSpec, located) -> list[Problem]:
         for hook in hooks + ["setup", "teardown"]:
             fn = getattr(cls, hook, None)
             if fn is not None and not inspect.iscoroutinefunction(fn):
-                out.append(_p(located, ("nodes", name, "kind"),
+                out.append(problem_at(located, ("nodes", name, "kind"),
                               f"{cls.__module__}.{cls.__qualname__}.{hook} is not async",
                               f"write `async def {hook}(self, ...)`: the runtime awaits it"))
     return out

@@ -138,35 +138,33 @@ def needs(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], classes: di
             continue
         node = spec.nodes[name]
         card = min((d.memory_bytes for g in req.placed for d in g if d.memory_bytes), default=None)
-        shape = model_shape(node, classes.get(name))
-        budget = token_budget(node.config if isinstance(node.config, dict) else {}, classes.get(name))
-        need = node_need(shape, role=req.role, dtype=_dtype(node), ranks=req.size, card_bytes=card,
-                         reserve_share=_share(node), tokens=budget or ACTIVATION_TOKENS, trainable=_lora(node, shape))
-        for fused, part in _fused_needs(node, req, card):  # fused nodes' models share the host's GPUs
-            for k, b in part.parts.items():
-                need.parts[f"{fused} {k}"] = b
+        need, shape = _need(node, classes.get(name), req.role, req.size, card)
+        for fused, f in node.fused.items():  # fused nodes' models (fuse_into) share the host's GPUs
+            cls = _kind(f.kind)
+            if cls is not None:
+                for k, b in _need(f, cls, getattr(cls, "role", None), req.size, card)[0].parts.items():
+                    need.parts[f"{fused} {k}"] = b
         if need.total:
             out[name] = (need, shape)
     return out
 
 
-def _fused_needs(node: NodeSpec, req: Request, card: int | None) -> list[tuple[str, Need]]:
-    """(name, need) of each node fused into `node` (`fuse_into`) that holds a model it can size."""
+def _need(node: NodeSpec, cls: type | None, role: str | None, ranks: int, card: int | None
+          ) -> tuple[Need, ModelShape | None]:
+    """What one rank of `node` needs on a GPU of `card` bytes, and the model it was sized from."""
+    shape = model_shape(node, cls)
+    budget = token_budget(node.config if isinstance(node.config, dict) else {}, cls)
+    return node_need(shape, role=role, dtype=_dtype(node), ranks=ranks, card_bytes=card, reserve_share=_share(node),
+                     tokens=budget or ACTIVATION_TOKENS, trainable=_lora(node, shape)), shape
+
+
+def _kind(kind: str) -> type | None:
     from flowrl.graph.kinds import KindError, resolve_kind
 
-    out = []
-    for name, f in node.fused.items():
-        try:
-            cls = resolve_kind(f.kind)
-        except KindError:
-            continue
-        shape = model_shape(f, cls)
-        budget = token_budget(f.config if isinstance(f.config, dict) else {}, cls)
-        need = node_need(shape, role=getattr(cls, "role", None), dtype=_dtype(f), ranks=req.size, card_bytes=card,
-                         reserve_share=_share(f), tokens=budget or ACTIVATION_TOKENS)
-        if need.total:
-            out.append((name, need))
-    return out
+    try:
+        return resolve_kind(kind)
+    except KindError:  # the graph check names it
+        return None
 
 
 def unsized(spec: GraphSpec, inv: Inventory, reqs: dict[str, Request], classes: dict[str, type]) -> list[Finding]:

@@ -27,6 +27,7 @@ from flowrl.graph.kinds import resolve_kind
 from flowrl.graph.shapes import is_source
 from flowrl.node import Drop, Join, Ticket
 from flowrl.runtime.worker.contract import NodeContractError, outputs_of
+from flowrl.runtime.worker.datapath import missing_tensors
 
 
 def node_class(node_spec) -> type:
@@ -88,6 +89,9 @@ def _route(work) -> tuple:
 def _stamped(batch, route: tuple):
     """`batch` as a channel would have delivered it: the routing facts of the ticket it is for."""
     bid, attempt, index, min_version, epoch, pv = route
+    if (batch.batch_id, batch.attempt, batch.index, batch.min_version, batch.epoch) == route[:5] \
+            and (batch.policy_version >= 0 or pv < 0):
+        return batch  # it carries them already (a batch the host derived from its input)
     return batch.replace(batch_id=bid, attempt=attempt, index=index, min_version=min_version, epoch=epoch,
                          policy_version=batch.policy_version if batch.policy_version >= 0 else pv)
 
@@ -111,8 +115,6 @@ class _Fused:
 
     @staticmethod
     def check_input(batch, name: str, requires: dict, came_from: str, taker: str) -> None:
-        from flowrl.runtime.worker.datapath import missing_tensors
-
         lacks = missing_tensors(batch, requires) if requires else None
         if lacks is not None:
             raise NodeContractError(f"node {taker!r} takes {came_from} in one process (fused): {lacks}; fuse "
