@@ -133,6 +133,7 @@ class Pump:
         self.bundle_max = BUNDLE_BYTES  # ... of at most this many bytes (what the peer accepts)
         self.loop = asyncio.get_running_loop()
         self.fd = sock.getsockopt(zmq.FD)
+        self._events = sock.get  # get(_EVENTS): an int, without the enum sugar of getsockopt
         self.closed = False
         self.on_send_error: Callable[[zmq.ZMQError, list], None] | None = None
         self._out: list[list] = []
@@ -206,24 +207,36 @@ class Pump:
         self._readable()  # a send can swallow the FD's edge: look for input too
 
     def _readable(self) -> None:
+        """Hand every queued message (up to DRAIN_MAX / DRAIN_BYTES) to the handler. The socket's
+        EVENTS says whether one waits: a receive that finds none raises zmq.Again, whose making
+        (an error string, an import) costs more than the receive, and most looks find none (every
+        turn that sent looks, `_turn_end`)."""
         if self.closed:
+            return
+        events, sock = self._events, self.sock
+        if not events(_EVENTS) & _POLLIN:
             return
         msgs = []
         size, full = 0, False
-        try:
+        try:  # EVENTS said so: a receive finds its message (Again stays a safe end)
             if self.copy:
-                recv_multipart = self.sock.recv_multipart
-                while not full:
+                recv_multipart = sock.recv_multipart
+                while True:
                     msg = recv_multipart(_DONTWAIT, copy=True)
                     msgs.append(msg)
                     for f in msg:
                         size += len(f)
-                    full = len(msgs) == DRAIN_MAX or size >= DRAIN_BYTES
+                    if len(msgs) == DRAIN_MAX or size >= DRAIN_BYTES:
+                        full = True
+                        break
+                    if not events(_EVENTS) & _POLLIN:
+                        break
             else:
-                recv = self.sock.recv
-                while not full:
+                recv = sock.recv
+                while True:
                     # recv_multipart asks the socket for RCVMORE after every frame (an enum conversion
-                    # each time); a received Frame already knows whether more follow
+                    # each time); a received Frame already knows whether more follow (a message's
+                    # frames arrive together: once its first is there, all are)
                     frame = recv(_DONTWAIT, copy=False)
                     msg = [frame]
                     size += len(frame)
@@ -232,7 +245,11 @@ class Pump:
                         msg.append(frame)
                         size += len(frame)
                     msgs.append(msg)
-                    full = len(msgs) == DRAIN_MAX or size >= DRAIN_BYTES
+                    if len(msgs) == DRAIN_MAX or size >= DRAIN_BYTES:
+                        full = True
+                        break
+                    if not events(_EVENTS) & _POLLIN:
+                        break
         except zmq.Again:
             pass
         if full:
@@ -274,6 +291,8 @@ def _bundle(parts: list[bytes]) -> list:
 
 
 _DONTWAIT = int(zmq.DONTWAIT)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 _SNDMORE = int(zmq.SNDMORE)
 COPY_MIN = 1 << 16  # below this, copying is cheaper than ZeroMQ's zero-copy bookkeeping
 CORK_MESSAGES = 64
