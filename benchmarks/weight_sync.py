@@ -4,7 +4,7 @@
     python benchmarks/weight_sync.py --sizes-mb 60 --reps 3 --json out.json
 
 flowrl's path, timed on the receiving side: `WeightSubscriber.receive()` on an nn.Module (say
-ready, wait for the go, receive the version tensor and every 32 MiB bucket into the idle half of
+ready, wait for the go, receive every 32 MiB bucket (the last carries the version) into the idle half of
 the double buffer, then point the module's tensors at it), against a `WeightPublisher` that
 serves a snapshot of a state dict of many tensors (a transformer's shapes). The raw baseline
 broadcasts one flat tensor of the same bytes over a gloo group on the same loopback address.

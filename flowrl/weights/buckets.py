@@ -9,6 +9,11 @@ same order), so a subscriber allocates its buffers without asking the publisher.
     plan.pack(tensors, buckets)               # publisher: copy (and cast) every tensor in
     plan.unpack(i, buckets, live)             # subscriber: copy bucket i into the live tensors
     plan.views(buckets)                       # {name: view}, no copy (a loader reads these)
+    plan.version_slot(buckets).fill_(7)       # the version the buckets hold, behind the last tensor
+
+The last bucket has room behind its tensors for the version the buckets hold (one int64 at an
+8-byte boundary, `version_slot`): a broadcast carries the label in the same collective as the
+weights it labels, instead of a collective of its own before them (~0.4 ms a round on a CPU).
 
 Buckets are never the model's own tensors: a subscriber receives into buckets of its own and
 copies out only once a whole version has arrived (see `WeightSubscriber`).
@@ -27,8 +32,6 @@ class BucketPlan:
     larger tensor gets a bucket of its own)."""
 
     def __init__(self, layout: Layout, bucket_bytes: int = 32 << 20):
-        import torch
-
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self.layout = [(n, list(s), d) for n, s, d in layout]
@@ -40,7 +43,7 @@ class BucketPlan:
         # buckets: [(dtype, [(name, shape, offset, numel)], total numel)]
         self.buckets: list[tuple[str, list[tuple[str, list[int], int, int]], int]] = []
         for dtype, items in by_dtype.items():
-            itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+            itemsize = _itemsize(dtype)
             current, offset = [], 0
             for name, shape in items:
                 numel = 1
@@ -53,6 +56,8 @@ class BucketPlan:
                 offset += numel
             if current:
                 self.buckets.append((dtype, current, offset))
+        if not self.buckets:  # no tensors: a bucket of none still carries the version
+            self.buckets.append(("int64", [], 0))
 
     def __len__(self) -> int:
         return len(self.buckets)
@@ -62,10 +67,30 @@ class BucketPlan:
         tensors is not transactional (kept in the signature until every caller has moved on)."""
         import torch
 
-        return [torch.empty(n, dtype=getattr(torch, dtype), device=device) for dtype, _, n in self.buckets]
+        return [torch.zeros(self.wire_numel(i), dtype=getattr(torch, dtype), device=device)
+                for i, (dtype, _, _) in enumerate(self.buckets)]
+
+    def wire_numel(self, i: int) -> int:
+        """Bucket i's length as allocated: its tensors, and in the last bucket the version slot."""
+        dtype, _, n = self.buckets[i]
+        return n if i < len(self.buckets) - 1 else self._slot_start() + max(1, 8 // _itemsize(dtype))
+
+    def _slot_start(self) -> int:
+        dtype, _, n = self.buckets[-1]
+        size = _itemsize(dtype)
+        return -(-n * size // 8) * 8 // size  # the first element at an 8-byte boundary behind the tensors
+
+    def version_slot(self, buckets: list) -> Any:
+        """The int64 behind the last bucket's tensors: the version the buckets hold, written by the
+        publisher before a broadcast and read by a subscriber once every bucket arrived."""
+        import torch
+
+        start = self._slot_start()
+        return buckets[-1][start:self.wire_numel(len(self.buckets) - 1)].view(torch.int64)[:1]
 
     def nbytes(self, buckets: list) -> int:
-        return sum(b.numel() * b.element_size() for b in buckets)
+        """Bytes of the weights the buckets hold (the version slot and its padding left out)."""
+        return sum(n * b.element_size() for (_, _, n), b in zip(self.buckets, buckets))
 
     def fill(self, i: int, buckets: list, tensors: dict[str, Any]) -> None:
         """Copy the tensors of bucket i in, cast to the bucket's dtype."""
@@ -87,15 +112,18 @@ class BucketPlan:
 
         with torch.no_grad():
             for i, views in enumerate(self._shaped(buckets)):
-                torch._foreach_copy_(views, [tensors[name] for name, *_ in self.buckets[i][1]])
+                if views:
+                    torch._foreach_copy_(views, [tensors[name] for name, *_ in self.buckets[i][1]])
         return buckets
 
     def unpack(self, i: int, buckets: list, live: dict[str, Any]) -> None:
         """Copy bucket i into the live tensors (one fused copy)."""
         import torch
 
-        with torch.no_grad():
-            torch._foreach_copy_([live[name] for name, *_ in self.buckets[i][1]], self._shaped(buckets)[i])
+        views = self._shaped(buckets)[i]
+        if views:
+            with torch.no_grad():
+                torch._foreach_copy_([live[name] for name, *_ in self.buckets[i][1]], views)
 
     def _shaped(self, buckets: list) -> list[list]:
         """Per bucket, its tensors' views shaped as the layout says; made once per set of buffers
@@ -122,3 +150,9 @@ class BucketPlan:
     def iter_views(self, buckets: list) -> Iterator[tuple[str, Any]]:
         for i in range(len(self.buckets)):
             yield from self.bucket_views(i, buckets).items()
+
+
+def _itemsize(dtype: str) -> int:
+    import torch
+
+    return torch.empty((), dtype=getattr(torch, dtype)).element_size()

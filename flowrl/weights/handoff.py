@@ -75,8 +75,8 @@ def plan_offsets(plan: BucketPlan) -> tuple[list[tuple[int, int]], int]:
     import torch
 
     out, at = [], 0
-    for dtype, _, numel in plan.buckets:
-        size = numel * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    for i, (dtype, _, _) in enumerate(plan.buckets):  # as allocated: the last with its version slot
+        size = plan.wire_numel(i) * torch.empty((), dtype=getattr(torch, dtype)).element_size()
         out.append((at, size))
         at += -(-size // ALIGN) * ALIGN
     return out, max(at, ALIGN)
@@ -309,7 +309,7 @@ class SharedSubscriber(WeightSubscriber):
                     mine.copy_(theirs)
                 del views
                 self.finish()
-            for i in range(len(self.plan) + 1):
+            for i in range(len(self.plan)):
                 if self.fault_hook is not None:
                     self.fault_hook(i)
             version = int(offer["version"])

@@ -10,8 +10,8 @@
         # when the controller orders a sync (epoch e, n members incl. us), in a thread:
         sent = pub.serve(epoch=e, world_size=n, timeout_s=30, ready_timeout_s=process_timeout_s)
 
-`serve` sends the newest snapshot, whatever version the order named: the version travels first,
-in the same broadcast, so what a subscriber labels and what it holds always agree. A `serve` and
+`serve` sends the newest snapshot, whatever version the order named: the version travels in the
+last bucket (`BucketPlan.version_slot`), so what a subscriber labels and what it holds always agree. A `serve` and
 a `snapshot` never overlap (a lock): a snapshot taken while a broadcast runs waits for it; the
 ready wait (see `handshake`) holds no lock, so training goes on while subscribers finish their
 batches. Memory: one copy of the weights in the serving dtype (the send buckets).
@@ -33,13 +33,11 @@ from flowrl.weights.store import WeightStore, connect
 
 class WeightPublisher:
     fault_hook: Callable[[int], None] | None = None
-    """Tests: called with i just before tensor i goes out (0 is the version tensor)."""
+    """Tests: called with i just before bucket i goes out."""
 
     def __init__(self, tensors_fn: Callable[[], dict[str, Any]], *, device: str = "cpu",
                  bucket_bytes: int = 32 << 20, serving_dtype: str | None = None,
                  store_host: str = "127.0.0.1", secret: bytes | str):
-        import torch
-
         self.tensors_fn, self.device = tensors_fn, device
         self.layout = serving_layout(layout_of(tensors_fn()), serving_dtype)
         self.layout_digest = layout_digest(self.layout)
@@ -47,7 +45,6 @@ class WeightPublisher:
         self.buckets = self.plan.allocate(device)
         self.version: int | None = None  # the version the buckets hold; None before any snapshot
         self.seconds = 0.0  # the last broadcast's duration
-        self._version_tensor = torch.zeros(1, dtype=torch.int64, device=device)
         self._server = WeightStore(store_host)
         self._secret = secret
         self._store = self._server.sealed(secret)
@@ -112,8 +109,8 @@ class WeightPublisher:
                                                    timeout_s=timeout_s, device=self.device, host=self._server.host,
                                                    stop=stop)
                 sent = self.version  # what this round sends (a snapshot may follow once the lock is free)
-                self._version_tensor.fill_(sent)
-                self.seconds = self._group.broadcast([self._version_tensor, *self.buckets], fill=self.fault_hook)
+                self.plan.version_slot(self.buckets).fill_(sent)  # the label travels with the weights
+                self.seconds = self._group.broadcast(self.buckets, fill=self.fault_hook)
             if r > 0:  # everyone is past round r - 1: the store stays O(members), not O(versions) (after
                 forget(store, r - 1, world_size)  # the broadcast: the members wait for it, not for this)
             return sent

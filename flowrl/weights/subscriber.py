@@ -11,8 +11,8 @@
 
 `join` checks the layout against the publisher's before any byte moves (LayoutMismatchError names
 the first differing tensor, shape and dtype on each side) and is a no-op for the current epoch.
-`receive` says it is ready, waits for the publisher's go, then receives the version tensor and
-every bucket into *staging* buffers; only when all arrived does the model change and
+`receive` says it is ready, waits for the publisher's go, then receives every bucket (the last
+one carries the version) into *staging* buffers; only when all arrived does the model change and
 `sub.version` advance. A broadcast that breaks mid-way leaves the model as it was. Three targets:
 
 - an `nn.Module` (swap, the fast path): a double buffer. The module's parameters and buffers
@@ -57,7 +57,7 @@ Loader = Callable[[Iterator[tuple[str, Any]], int], None]
 
 class WeightSubscriber:
     fault_hook: Callable[[int], None] | None = None
-    """Tests: called with i once tensor i has arrived (0 is the version tensor)."""
+    """Tests: called with i once bucket i has arrived."""
 
     def __init__(self, target: Any, *, device: str = "cpu", bucket_bytes: int = 32 << 20,
                  layout: Layout | None = None, version: int = -1, apply_adapters: bool = True):
@@ -89,7 +89,6 @@ class WeightSubscriber:
             self._serving = self.plan.allocate(device)
             self.plan.pack(self.live, out=self._serving)
             self._point_live_at(self._serving)
-        self._version_tensor = torch.zeros(1, dtype=torch.int64, device=device)
         self._store: SealedStore | None = None
         self._group: WeightGroup | None = None
         self._epoch = self._rank = self._world = None
@@ -173,16 +172,17 @@ class WeightSubscriber:
                                                device=self.device, host=self.local_host or local_address(self._store_host),
                                                stop=stop)  # a forming left behind uses this epoch's client, which a failed epoch drops
             self._staging_holds_version = False
-            self._version_tensor.fill_(-1)
+            slot = self.plan.version_slot(self.staging)
+            slot.fill_(-1)
             try:
-                self.seconds = self._group.broadcast([self._version_tensor, *self.staging], on_bucket=self.fault_hook)
+                self.seconds = self._group.broadcast(self.staging, on_bucket=self.fault_hook)
             except WeightSyncError as e:
                 if early:
                     raise WeightSyncError(f"{e} ({verdict(self._store, r)})") from e
                 raise
-            version = int(self._version_tensor[0])
+            version = int(slot[0])
             if version < 0:
-                raise WeightSyncError(f"the version tensor says {version}: the broadcast did not complete")
+                raise WeightSyncError(f"the version slot says {version}: the broadcast did not complete")
         except Exception as e:
             self._failed = True
             self._close_group()
@@ -210,7 +210,7 @@ class WeightSubscriber:
 
     def commit(self, version: int) -> None:
         """Make the version `receive(commit=False)` staged the live one."""
-        # every bucket and the version tensor arrived: only now do the live weights change
+        # every bucket (the version in the last) arrived: only now do the live weights change
         t0 = time.perf_counter()
         if self.adapters and self.mode != "loader":
             if self.apply_adapters:

@@ -100,3 +100,28 @@ def test_a_dict_packs_in_fused_copies_and_any_other_mapping_one_tensor_at_a_time
     for i in range(len(plan)):
         plan.unpack(i, fused, live)
     assert torch.equal(live["emb"], again["emb"].bfloat16().float())
+
+
+def test_the_version_rides_behind_the_last_buckets_tensors_whatever_its_dtype():
+    """The label travels in the same broadcast as the weights it labels: an int64 at an 8-byte
+    boundary behind the last bucket's tensors, never over one of them (any itemsize, odd counts)."""
+    from flowrl.weights.handoff import plan_offsets
+
+    cases = {"bfloat16 odd": {"a": torch.randn(3).bfloat16()}, "uint8 odd": {"a": torch.arange(5, dtype=torch.uint8)},
+             "float32": {"a": torch.randn(7), "b": torch.randn(2, 3)}, "mixed": model_like(), "none": {}}
+    for what, src in cases.items():
+        plan = BucketPlan(layout_of(src), bucket_bytes=20_000)
+        buckets = plan.pack(src) if src else plan.allocate()
+        slot = plan.version_slot(buckets)
+        slot.fill_(-(2**40) - 3)  # every byte of it
+        assert int(plan.version_slot(buckets)[0]) == -(2**40) - 3, what
+        assert slot.dtype == torch.int64 and slot.data_ptr() % 8 == 0, what
+        for name, tensor in src.items():  # the tensors are untouched
+            assert torch.equal(plan.views(buckets)[name], tensor.reshape(plan.views(buckets)[name].shape)), (what, name)
+        assert plan.nbytes(buckets) == sum(t.numel() * t.element_size() for t in src.values()), what
+        received = plan.allocate()
+        for s, r in zip(buckets, received):
+            r.copy_(s)  # what the broadcast does: the version arrives with the last bucket
+        assert int(plan.version_slot(received)[0]) == -(2**40) - 3, what
+        offsets, total = plan_offsets(plan)  # a handoff's region holds the slot too
+        assert offsets[-1][1] == buckets[-1].numel() * buckets[-1].element_size() and offsets[-1][0] + offsets[-1][1] <= total

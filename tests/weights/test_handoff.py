@@ -96,7 +96,7 @@ def test_a_stale_garbled_or_broken_handoff_leaves_the_previous_version_then_a_ne
     sub = start(peers, {"addr": pub.store_addr, "ops": [
         ops[0], {"op": "receive"},                           # v1 lands
         ops[1], {"op": "receive"},                           # a stale handle (the fd closed, its number reused)
-        ops[2], {"op": "receive", "fault_after": 1},         # breaks after the first bucket
+        ops[2], {"op": "receive", "fault_after": 0},         # breaks after the first bucket
         ops[3], {"op": "receive"}, {"op": "receive"}]})      # a forged offer; the failed epoch takes no more
     try:
         assert pub.serve(1, 2, timeout_s=20, ready_timeout_s=30, handoff=True) == 1
@@ -125,7 +125,7 @@ def test_a_stale_garbled_or_broken_handoff_leaves_the_previous_version_then_a_ne
     for r in (stale, broken, forged):  # still on version 1, bitwise
         assert "received" not in r and r["version"] == 1 and r["digest"] == expected_digest(1, "float32"), r
     assert "not the region" in stale["error"], stale
-    assert "injected fault after bucket 1" in broken["error"], broken
+    assert "injected fault after bucket 0" in broken["error"], broken
     assert "StoreAuthError" in forged["error"] and "secret" in forged["error"], forged
     assert "joined epoch" in last["error"] and last["version"] == 1  # the controller must form a new epoch
 

@@ -114,7 +114,7 @@ def test_a_broadcast_that_breaks_after_bucket_k_leaves_the_previous_version_then
     pub, weights = publisher(peers.secret)
     sub = peers.start("sub", {"addr": pub.store_addr, "module": mode == "swap", "ops": [
         {"op": "join", "epoch": 1, "rank": 1, "world": 2}, {"op": "receive"},
-        {"op": "receive", "fault_after": 2},  # version and bucket 0 of version 2 arrived, then it breaks
+        {"op": "receive", "fault_after": 1},  # buckets 0 and 1 of version 2 arrived, then it breaks
         {"op": "join", "epoch": 2, "rank": 1, "world": 2}, {"op": "receive"}]})
     try:
         assert pub.serve(1, 2, timeout_s=20, ready_timeout_s=30) == 1
@@ -140,7 +140,7 @@ def test_a_broadcast_that_breaks_after_bucket_k_leaves_the_previous_version_then
 
 def test_a_publisher_killed_mid_broadcast_leaves_the_subscriber_on_its_previous_version(peers):
     pub = peers.start("pub", {"rounds": [{"epoch": 1, "world": 2, "version": 1},
-                                         {"epoch": 1, "world": 2, "version": 2, "kill_before": 3}]})
+                                         {"epoch": 1, "world": 2, "version": 2, "kill_before": 2}]})
     addr = tuple(json.loads(pub.stdout.readline())["addr"])
     live = master(0)
     sub = WeightSubscriber(live, bucket_bytes=SMALL, version=0)

@@ -218,5 +218,5 @@ class WeightsClient:
 
 
 def _fail_after_first_bucket(i: int) -> None:
-    if i >= 1:
+    if i >= 0:
         raise RuntimeError("injected weight-sync failure (fault 'fail_sync') after the first bucket arrived")
