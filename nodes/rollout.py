@@ -70,7 +70,15 @@ class Rollout(flowrl.Node):
         self.engine.close()
 
     def weights(self):
-        return self.engine.weights()  # the runtime receives each new version into these tensors
+        """What the runtime receives each new version into: the engine's module where it may swap
+        the module's storage (no copy a version: a builtin engine on devices of its own), else its
+        tensors, which each complete version is copied into. A rollout that shares its devices
+        (`colocate_with`) keeps the tensors: a handoff reads the trainer's region as its staging
+        buffer, and a sleep between turns offloads the module's tensors, which must be its own."""
+        graph = self.ctx.graph
+        shares = graph is None or bool(graph.nodes[self.ctx.name].colocate_with) or any(
+            self.ctx.name in node.colocate_with for node in graph.nodes.values())
+        return self.engine.weights() if shares else self.engine.weight_target()
 
     async def before_weights(self, version):
         """Called on the compute loop before a new version's tensors are written (see on_new_weights)."""

@@ -99,6 +99,14 @@ class RolloutEngine(ABC):
     def weights(self) -> dict[str, torch.Tensor]:
         """Named tensors the runtime receives each new version into (the trainer's names)."""
 
+    def weight_target(self) -> Any:
+        """What the runtime receives each new version into (a `WeightSubscriber`'s target): by
+        default `weights()`, whose tensors take each complete version by a copy. An engine whose
+        model nothing else points into (no captured graph, no fused weight cache) returns the
+        module instead: a complete version is then taken by repointing its tensors at the buffer it
+        arrived in, with no copy (flowrl.weights.subscriber, "swap")."""
+        return self.weights()
+
     @abstractmethod
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Make the engine generate with these weights from now on; ``version`` labels them."""

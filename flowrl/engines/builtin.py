@@ -128,6 +128,9 @@ class BuiltinEngine(RolloutEngine):
     def weights(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict()  # live tensors: a new version is received in place
 
+    def weight_target(self) -> torch.nn.Module:
+        return self.model  # nothing else holds its storage: a version is swapped in, not copied
+
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         load_into(self.model.state_dict(), named_tensors, self.adapted)  # a full or an adapter version
         self.version = version
