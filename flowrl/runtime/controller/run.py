@@ -113,6 +113,7 @@ def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=N
     from flowrl.metrics import MetricsHub
     from flowrl.runtime.controller.controller import Controller, RunFailed
     from flowrl.runtime.launch import make_launcher
+    from flowrl.runtime.protocol.loops import run_options
 
     old_umask = os.umask(0o077)  # the run directory and everything in it: its owner's only
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -146,7 +147,7 @@ def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=N
         controller = Controller(spec, plan, run_dir, launcher_obj, faults=list(faults), resume=resume, hub=hub,
                                 inventory=inventory, on_tick=lambda c: view.update(), summary=summary)
         with view:
-            anyio.run(controller.run)
+            anyio.run(controller.run, backend_options=run_options())
     except RunFailed as e:
         _print_err(f"flowrl: run failed: {e}")
         code = 128 + controller.interrupted if controller is not None and controller.interrupted else 1

@@ -39,6 +39,7 @@ from typing import Any
 
 from flowrl.metrics.stacks import register_compute_thread
 from flowrl.metrics.threads import thread_cpu_clock
+from flowrl.runtime.protocol.loops import new_event_loop
 
 COLLECTIVE_MODULES = ("torch/distributed/", "torch\\distributed\\")
 
@@ -47,7 +48,7 @@ class ComputeThread:
     """One daemon thread running an asyncio loop that runs the node's hooks (see the module docstring)."""
 
     def __init__(self, name: str = "compute") -> None:
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()  # uvloop's where installed (protocol/loops.py)
         self.running: str | None = None  # the hook in flight (read by dumps)
         self.in_compute = False  # inside a `compute` span (runner.py): the CPU sampler leaves it alone
         self.left_compute_cpu = 0.0  # this thread's CPU seconds when the last span ended

@@ -42,7 +42,7 @@ import anyio
 import zmq
 import zmq.asyncio
 
-from flowrl.runtime.protocol import messages as m
+from flowrl.runtime.protocol import loops, messages as m
 from flowrl.runtime.protocol.addresses import (admit_producers, apply_control_client, input_security, output_curve,
                                                rank_security)
 from flowrl.runtime.protocol.procspec import ProcSpec
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     heartbeat.worker = worker
     heartbeat.start()
     try:
-        code = anyio.run(worker.run_with_channels)
+        code = anyio.run(worker.run_with_channels, backend_options=loops.run_options())
     finally:
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the loop's handler went with the loop
         worker.ctl.close(linger=1000)
