@@ -11,10 +11,10 @@
         sent = pub.serve(epoch=e, world_size=n, timeout_s=30, ready_timeout_s=process_timeout_s)
 
 `serve` sends the newest snapshot, whatever version the order named: the version travels in the
-last bucket (`BucketPlan.version_slot`), so what a subscriber labels and what it holds always agree. A `serve` and
-a `snapshot` never overlap (a lock): a snapshot taken while a broadcast runs waits for it; the
-ready wait (see `handshake`) holds no lock, so training goes on while subscribers finish their
-batches. Memory: one copy of the weights in the serving dtype (the send buckets).
+last bucket (`BucketPlan.version_slot`), so what a subscriber labels and what it holds always
+agree. A `serve` and a `snapshot` never overlap (a lock): a snapshot taken while a broadcast runs
+waits for it; the ready wait (see `handshake`) holds no lock, so training goes on while
+subscribers finish their batches. Memory: one copy of the weights in the serving dtype (the send buckets).
 """
 
 from __future__ import annotations
