@@ -207,36 +207,31 @@ class Pump:
         self._readable()  # a send can swallow the FD's edge: look for input too
 
     def _readable(self) -> None:
-        """Hand every queued message (up to DRAIN_MAX / DRAIN_BYTES) to the handler. The socket's
-        EVENTS says whether one waits: a receive that finds none raises zmq.Again, whose making
-        (an error string, an import) costs more than the receive, and most looks find none (every
-        turn that sent looks, `_turn_end`)."""
+        """Hand every queued message (up to DRAIN_MAX / DRAIN_BYTES) to the handler. Whether one
+        waits at all is read from the socket's EVENTS first: most looks find none (every turn that
+        sent looks, `_turn_end`), and a receive that finds none raises zmq.Again, whose making (an
+        error string, an import) costs more than the receive. Once draining, a receive per message
+        and the one Again at the end cost less than asking EVENTS after each message."""
         if self.closed:
             return
-        events, sock = self._events, self.sock
-        if not events(_EVENTS) & _POLLIN:
+        if not self._events(_EVENTS) & _POLLIN:
             return
         msgs = []
         size, full = 0, False
-        try:  # EVENTS said so: a receive finds its message (Again stays a safe end)
+        try:
             if self.copy:
-                recv_multipart = sock.recv_multipart
-                while True:
+                recv_multipart = self.sock.recv_multipart
+                while not full:
                     msg = recv_multipart(_DONTWAIT, copy=True)
                     msgs.append(msg)
                     for f in msg:
                         size += len(f)
-                    if len(msgs) == DRAIN_MAX or size >= DRAIN_BYTES:
-                        full = True
-                        break
-                    if not events(_EVENTS) & _POLLIN:
-                        break
+                    full = len(msgs) == DRAIN_MAX or size >= DRAIN_BYTES
             else:
-                recv = sock.recv
-                while True:
+                recv = self.sock.recv
+                while not full:
                     # recv_multipart asks the socket for RCVMORE after every frame (an enum conversion
-                    # each time); a received Frame already knows whether more follow (a message's
-                    # frames arrive together: once its first is there, all are)
+                    # each time); a received Frame already knows whether more follow
                     frame = recv(_DONTWAIT, copy=False)
                     msg = [frame]
                     size += len(frame)
@@ -245,11 +240,7 @@ class Pump:
                         msg.append(frame)
                         size += len(frame)
                     msgs.append(msg)
-                    if len(msgs) == DRAIN_MAX or size >= DRAIN_BYTES:
-                        full = True
-                        break
-                    if not events(_EVENTS) & _POLLIN:
-                        break
+                    full = len(msgs) == DRAIN_MAX or size >= DRAIN_BYTES
         except zmq.Again:
             pass
         if full:
