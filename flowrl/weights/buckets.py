@@ -43,13 +43,13 @@ class BucketPlan:
         # buckets: [(dtype, [(name, shape, offset, numel)], total numel)]
         self.buckets: list[tuple[str, list[tuple[str, list[int], int, int]], int]] = []
         for dtype, items in by_dtype.items():
-            itemsize = _itemsize(dtype)
+            size = itemsize(dtype)
             current, offset = [], 0
             for name, shape in items:
                 numel = 1
                 for d in shape:
                     numel *= d
-                if current and (offset + numel) * itemsize > bucket_bytes:
+                if current and (offset + numel) * size > bucket_bytes:
                     self.buckets.append((dtype, current, offset))
                     current, offset = [], 0
                 current.append((name, shape, offset, numel))
@@ -58,6 +58,10 @@ class BucketPlan:
                 self.buckets.append((dtype, current, offset))
         if not self.buckets:  # no tensors: a bucket of none still carries the version
             self.buckets.append(("int64", [], 0))
+        dtype, _, n = self.buckets[-1]
+        size = itemsize(dtype)
+        start = -(-n * size // 8) * 8 // size  # the first element at an 8-byte boundary behind the tensors
+        self._slot = (start, start + max(1, 8 // size))  # the last bucket's version slot, in its elements
 
     def __len__(self) -> int:
         return len(self.buckets)
@@ -72,21 +76,14 @@ class BucketPlan:
 
     def wire_numel(self, i: int) -> int:
         """Bucket i's length as allocated: its tensors, and in the last bucket the version slot."""
-        dtype, _, n = self.buckets[i]
-        return n if i < len(self.buckets) - 1 else self._slot_start() + max(1, 8 // _itemsize(dtype))
-
-    def _slot_start(self) -> int:
-        dtype, _, n = self.buckets[-1]
-        size = _itemsize(dtype)
-        return -(-n * size // 8) * 8 // size  # the first element at an 8-byte boundary behind the tensors
+        return self.buckets[i][2] if i < len(self.buckets) - 1 else self._slot[1]
 
     def version_slot(self, buckets: list) -> Any:
         """The int64 behind the last bucket's tensors: the version the buckets hold, written by the
         publisher before a broadcast and read by a subscriber once every bucket arrived."""
         import torch
 
-        start = self._slot_start()
-        return buckets[-1][start:self.wire_numel(len(self.buckets) - 1)].view(torch.int64)[:1]
+        return buckets[-1][self._slot[0]:self._slot[1]].view(torch.int64)[:1]
 
     def nbytes(self, buckets: list) -> int:
         """Bytes of the weights the buckets hold (the version slot and its padding left out)."""
@@ -152,7 +149,8 @@ class BucketPlan:
             yield from self.bucket_views(i, buckets).items()
 
 
-def _itemsize(dtype: str) -> int:
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a dtype named as in a layout ("bfloat16")."""
     import torch
 
     return torch.empty((), dtype=getattr(torch, dtype)).element_size()

@@ -57,7 +57,7 @@ import time
 import warnings
 from typing import Any
 
-from flowrl.weights.buckets import BucketPlan
+from flowrl.weights.buckets import BucketPlan, itemsize
 from flowrl.weights.errors import WeightSyncError
 from flowrl.weights.handshake import announce, await_release, forget, gather, release
 from flowrl.weights.layout import layout_digest
@@ -72,11 +72,9 @@ ALIGN = 256  # every bucket starts at a multiple of this many bytes in the regio
 
 def plan_offsets(plan: BucketPlan) -> tuple[list[tuple[int, int]], int]:
     """Where each bucket lives in a region: [(byte offset, byte size)], and the region's size."""
-    import torch
-
     out, at = [], 0
     for i, (dtype, _, _) in enumerate(plan.buckets):  # as allocated: the last with its version slot
-        size = plan.wire_numel(i) * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+        size = plan.wire_numel(i) * itemsize(dtype)
         out.append((at, size))
         at += -(-size // ALIGN) * ALIGN
     return out, max(at, ALIGN)
