@@ -29,6 +29,7 @@ from flowrl.runtime.controller.wiring import make_sockdir
 from flowrl.runtime.protocol import messages as m
 from flowrl.runtime.protocol.addresses import Network, bind_control, release_control
 from flowrl.runtime.protocol.checkpoints import write_json_atomic
+from flowrl.transport.asyncsock import AsyncSocket
 
 log = logging.getLogger("flowrl.controller")
 
@@ -79,7 +80,8 @@ class ControlSocket:
         self.sockdir = make_sockdir()
         net.sockdir = str(self.sockdir)
         self.net = net
-        self.zctx, self.router = bind_control(net)
+        self.zctx, router = bind_control(net)
+        self.router = AsyncSocket(router)
         self.address = f"ipc://{self.sockdir}/control"
         self.file = ControlFile(address=self.address, secret=self.secret, pid=os.getpid()).write(run_dir)
         self.rejected = 0  # frames dropped: malformed, unauthenticated
@@ -99,7 +101,7 @@ class ControlSocket:
 
     async def readable(self, timeout_s: float) -> bool:
         """Whether a message is waiting, or comes within `timeout_s`."""
-        return bool(await self.router.poll(max(1, round(timeout_s * 1000)), zmq.POLLIN))
+        return await self.router.poll(timeout_s)
 
     async def receive(self, procs: ProcTable):
         """One frame set: ("node", proc, msg), ("client", identity, data) or None (dropped)."""

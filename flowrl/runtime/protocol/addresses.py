@@ -192,26 +192,32 @@ class Network:
         return self.keys[f"{node}/{replica}/{rank}"][0] if self.curve and address.startswith("tcp://") else ""
 
 
-def apply_control_client(sock, proc_public: str, proc_secret: str, server_key: str | None) -> None:
-    """A node's control sockets (worker and heartbeat thread): CURVE client when the control is tcp."""
-    if server_key:
-        sock.curve_serverkey = server_key.encode()
-        sock.curve_publickey = proc_public.encode()
-        sock.curve_secretkey = proc_secret.encode()
+def connect_control(ctx, spec, suffix: str = "", linger_ms: int = 0, sndhwm: int | None = None):
+    """A node's DEALER to the controller's control socket (the worker's, or its heartbeat thread's
+    with `suffix` "#hb"): identified as this incarnation, CURVE client when the control is tcp."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, f"{spec.proc_id}#{spec.incarnation}{suffix}".encode())
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    if sndhwm is not None:
+        sock.setsockopt(zmq.SNDHWM, sndhwm)
+    if spec.control_key:
+        sock.curve_serverkey = spec.control_key.encode()
+        sock.curve_publickey = spec.curve_public.encode()
+        sock.curve_secretkey = spec.curve_secret.encode()
+    sock.connect(spec.control)
+    return sock
 
 
 def bind_control(net: Network):
     """The controller's control ROUTER: ipc for its own host's processes (and `flowrl scale`);
     when a process runs on another host, also tcp on the controller's host address with CURVE,
-    admitting only the keys of this run's processes. Returns (zmq.asyncio context, socket)."""
-    import zmq.asyncio
-
+    admitting only the keys of this run's processes. Returns (context, socket)."""
     from flowrl.transport import CurveConfig, security
     from flowrl.transport.sockets import shared_context
 
     multi = net.multi_host
     # CURVE's ZAP handler lives in the transport's process-wide context: share it then
-    zctx = zmq.asyncio.Context.shadow(shared_context().underlying) if multi else zmq.asyncio.Context()
+    zctx = shared_context() if multi else zmq.Context()
     router = zctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.ROUTER_MANDATORY, 1)
     router.setsockopt(zmq.LINGER, 0)

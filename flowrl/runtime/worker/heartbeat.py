@@ -9,7 +9,7 @@ import time
 import zmq
 
 from flowrl.runtime.protocol import messages as m
-from flowrl.runtime.protocol.addresses import apply_control_client
+from flowrl.runtime.protocol.addresses import connect_control
 from flowrl.runtime.protocol.procspec import ProcSpec
 
 
@@ -26,13 +26,7 @@ class Heartbeat(threading.Thread):
         self.worker = None  # the Worker, whose `busy` says which call runs since when
 
     def run(self) -> None:
-        ctx = zmq.Context.instance()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, f"{self.spec.proc_id}#{self.spec.incarnation}#hb".encode())
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 16)
-        apply_control_client(sock, self.spec.curve_public, self.spec.curve_secret, self.spec.control_key)
-        sock.connect(self.spec.control)
+        sock = connect_control(zmq.Context.instance(), self.spec, suffix="#hb", sndhwm=16)
         while True:
             if os.getppid() != self.parent:  # our launcher is gone: nobody will stop us
                 os._exit(70)

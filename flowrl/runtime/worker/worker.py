@@ -40,10 +40,9 @@ import time
 
 import anyio
 import zmq
-import zmq.asyncio
 
 from flowrl.runtime.protocol import loops, messages as m
-from flowrl.runtime.protocol.addresses import (admit_producers, apply_control_client, input_security, output_curve,
+from flowrl.runtime.protocol.addresses import (admit_producers, connect_control, input_security, output_curve,
                                                rank_security)
 from flowrl.runtime.protocol.procspec import ProcSpec
 from flowrl.runtime.worker.compute import ComputeThread
@@ -55,6 +54,7 @@ from flowrl.runtime.worker.pidfile import pid_file, write_pid_file
 from flowrl.runtime.worker.ranks import SHARD
 from flowrl.runtime.worker.services import SERVE_PORT, ServiceEnds
 from flowrl.runtime.worker.startup import Parts, bind_devices, build_parts  # noqa: F401 - bind_devices: tests import it here
+from flowrl.transport.asyncsock import AsyncSocket
 
 log = logging.getLogger("flowrl.worker")
 
@@ -65,11 +65,7 @@ class Worker:
 
     def __init__(self, spec: ProcSpec):
         self.spec = spec
-        self.ctl = zmq.asyncio.Context().socket(zmq.DEALER)  # the socket keeps its context
-        self.ctl.setsockopt(zmq.IDENTITY, f"{spec.proc_id}#{spec.incarnation}".encode())
-        self.ctl.setsockopt(zmq.LINGER, 2000)
-        apply_control_client(self.ctl, spec.curve_public, spec.curve_secret, spec.control_key)
-        self.ctl.connect(spec.control)
+        self.ctl = AsyncSocket(connect_control(zmq.Context(), spec, linger_ms=2000))  # the socket keeps its context
         self.receivers: dict = {}
         self.rank_rx = None  # this rank's channel from its data-parallel peers
         self.events = Events()  # what the main loop takes: data, control messages, call errors
