@@ -39,6 +39,7 @@ from typing import Any
 import anyio
 
 from flowrl.runtime.protocol import messages as m
+from flowrl.runtime.worker import blocking
 from flowrl.runtime.worker.inputs import Fence
 from flowrl.runtime.worker.ranks import GroupStep, RankGroup
 from flowrl.runtime.worker.runner import NodeRunner
@@ -260,7 +261,7 @@ class FetchLane:
             await fetch.landed.wait()
             ordered = self._rx.statistics().current_buffer_used  # the next order came: its receive says it
             if fetch.ok and not (self._rollbacks or self._stopping or self._whole or ordered):
-                await anyio.to_thread.run_sync(self._weights.announce_ahead)  # the next round is fetched too
+                await blocking.run(self._weights.announce_ahead)  # the next round is fetched too
 
 
 class Fetch:

@@ -23,7 +23,7 @@ import inspect
 import logging
 import os
 
-import anyio
+from flowrl.runtime.worker import blocking
 
 log = logging.getLogger("flowrl.worker")
 
@@ -129,7 +129,7 @@ class WeightsClient:
             with self.recorder.span("weight_sync", version=order.version, handoff=handoff):
                 if self.pub.version is None:
                     await runner.run(self.snapshot, version)
-                sent = await anyio.to_thread.run_sync(lambda: self.pub.serve(
+                sent = await blocking.run(lambda: self.pub.serve(
                     order.sync_epoch, order.world_size, timeout_s=order.timeout_s,
                     ready_timeout_s=self.ready_timeout_s, handoff=handoff))
             self._measure(order, self.pub.seconds)
@@ -176,7 +176,7 @@ class WeightsClient:
             finally:
                 sub.fault_hook = None
 
-        received = await anyio.to_thread.run_sync(join_and_receive)
+        received = await blocking.run(join_and_receive)
         self._measure(order, sub.seconds)
         return received
 
