@@ -262,7 +262,7 @@ class WeightSubscriber:
         import torch
 
         with torch.no_grad():
-            for name, view in self._live_plan.iter_views(buckets):
+            for name, view in self._live_plan.kept_views(buckets):
                 self.live[name].data = view
 
     def digest(self) -> str:
