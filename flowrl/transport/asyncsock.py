@@ -9,9 +9,10 @@ that can go at once goes at once (one `EVENTS` read, one send or receive), and o
 that must wait registers the socket's FD with the event loop.
 
 The FD is edge-triggered: it signals that `EVENTS` may have changed, and reading `EVENTS` (which
-every send and receive does inside libzmq) can swallow that signal. So whoever touches the socket
-while somebody waits re-reads `EVENTS` and wakes each waiter whose event is now there (`_wake`),
-as zmq.asyncio does. Single-threaded: use a socket from its event loop's thread only.
+every send and receive does inside libzmq, one that fails too) can swallow that signal. So every
+read of `EVENTS` here wakes each waiter whose event is there (`_events`), and every send or
+receive while somebody waits reads it again after, as zmq.asyncio does. Single-threaded: use a
+socket from its event loop's thread only.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ _EVENTS = int(zmq.EVENTS)
 _RCVMORE = int(zmq.RCVMORE)
 POLLIN = int(zmq.POLLIN)
 POLLOUT = int(zmq.POLLOUT)
+RETRY_S = 0.001  # a send refused while the socket says it can send retries after this (never spins)
 
 
 class AsyncSocket:
@@ -46,25 +48,30 @@ class AsyncSocket:
                 send = self.sock.send
                 for i, f in enumerate(frames):
                     send(f, _DONTWAIT | (_SNDMORE if i < last else 0))  # later parts of a message never EAGAIN
-                break
+                return
             except zmq.Again:
+                pass
+            finally:  # a send that failed read the socket's commands too (its edge) before it failed
+                if self._waiters:
+                    self._events()
+            if self._events() & POLLOUT:  # a ROUTER says POLLOUT when any peer can take one: not ours
+                await asyncio.sleep(RETRY_S)
+            else:
                 await self._wait(POLLOUT)
-        if self._waiters:
-            self._wake()
 
     async def send(self, data: bytes) -> None:
         await self.send_multipart([data])
 
     async def recv_multipart(self) -> list[bytes]:
         """The next message's frames, as bytes."""
-        while not self._get(_EVENTS) & POLLIN:
+        while not self._events() & POLLIN:
             await self._wait(POLLIN)
         recv, more = self.sock.recv, self._get
         frames = [recv(_DONTWAIT)]
         while more(_RCVMORE):
             frames.append(recv(_DONTWAIT))
         if self._waiters:
-            self._wake()
+            self._events()
         return frames
 
     async def recv(self) -> bytes:
@@ -75,13 +82,11 @@ class AsyncSocket:
         """Whether `flag` is set now, or gets set within `timeout_s`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while not self._get(_EVENTS) & flag:
+        while not self._events() & flag:
             left = deadline - loop.time()
             if left <= 0:
                 return False
             await self._wait(flag, left)
-        if self._waiters:
-            self._wake()
         return True
 
     def close(self, linger: int | None = None) -> None:
@@ -115,14 +120,18 @@ class AsyncSocket:
             self._waiters = [w for w in self._waiters if w[1] is not fut]
 
     def _wake(self) -> None:
-        """Read EVENTS and wake every waiter whose event is set (the FD fired, or we touched the
-        socket while somebody waits)."""
-        if self.sock.closed:
-            return
+        """The FD fired: wake every waiter whose event is set."""
+        if not self.sock.closed:
+            self._events()
+
+    def _events(self) -> int:
+        """The socket's EVENTS, every waiter whose event is set woken: every read of EVENTS goes
+        through here, since a read can take the FD's edge that a waiter's wake-up needed."""
         events = self._get(_EVENTS)
         for flag, fut in self._waiters:
             if events & flag:
                 _settle(fut)
+        return events
 
     def _unregister(self) -> None:
         if self._loop is not None:

@@ -148,13 +148,6 @@ class BucketPlan:
         for i in range(len(self.buckets)):
             yield from self.bucket_views(i, buckets).items()
 
-    def kept_views(self, buckets: list) -> Iterator[tuple[str, Any]]:
-        """(name, view) as `iter_views` gives them, from the views kept for this set of buffers
-        (`_shaped`): none is made anew. A swap repoints the module at them every version (29 new
-        views a version were most of the small model's commit: ~0.09 ms, now ~0.02)."""
-        for (_, entries, _), views in zip(self.buckets, self._shaped(buckets)):
-            for (name, *_), view in zip(entries, views):
-                yield name, view
 
 
 def itemsize(dtype: str) -> int:

@@ -81,6 +81,7 @@ class WeightSubscriber:
         if self.layout is not None:
             self._allocate(self.layout)
         self._live_plan = self.plan  # swap: how the module's tensors lie in their buffers
+        self._swap_views: list[tuple[list, list]] = []  # swap: (buffer set, its views by name)
         if self.mode == "swap":
             elsewhere = [n for n, t in self.live.items() if t.device != torch.device(device)]
             if elsewhere:
@@ -259,10 +260,18 @@ class WeightSubscriber:
         return None
 
     def _point_live_at(self, buckets: list) -> None:
+        """Swap: the module's tensors now lie in `buckets` (one of the two sets it alternates
+        between). The views are made once per set and kept while the set is one of the two: 29 new
+        views a version were most of a small model's commit (~0.09 ms of its ~0.1)."""
         import torch
 
+        views = next((v for b, v in self._swap_views if b is buckets), None)
+        if views is None:  # kept for the sets in use only: a set made anew (`_adopt`) lets the old go
+            views = list(self._live_plan.iter_views(buckets))
+            self._swap_views = [(b, v) for b, v in self._swap_views if b is self.staging or b is self._serving]
+            self._swap_views.append((buckets, views))
         with torch.no_grad():
-            for name, view in self._live_plan.kept_views(buckets):
+            for name, view in views:
                 self.live[name].data = view
 
     def digest(self) -> str:

@@ -99,3 +99,16 @@ async def test_a_forked_child_makes_threads_of_its_own():
     with anyio.fail_after(30):
         _, status = await anyio.to_thread.run_sync(os.waitpid, pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+async def test_stop_iteration_comes_back_as_an_error_and_a_cancelled_caller_starts_nothing():
+    def stops():
+        raise StopIteration("done")
+
+    with anyio.fail_after(10), pytest.raises(RuntimeError, match="StopIteration"):
+        await blocking.run(stops)
+    ran = []
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await blocking.run(lambda: ran.append(1))
+    assert ran == [] and scope.cancelled_caught

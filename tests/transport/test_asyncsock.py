@@ -119,6 +119,39 @@ async def test_a_look_at_the_socket_while_a_receive_waits_never_strands_it():
     assert got == [b"x"]
 
 
+async def test_a_send_that_fails_while_a_receive_waits_never_strands_it():
+    """A ROUTER_MANDATORY send to a peer not (or no longer) connected fails, as the controller's
+    sends to a restarting node do every tick; inside libzmq it read the socket's commands first,
+    which takes the FD's edge. Here the edge is taken by a raw read of EVENTS, then the send fails:
+    the waiting receive must still get the message that came."""
+    ctx = zmq.Context()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.bind("inproc://fails")
+    dealer.connect("inproc://fails")
+    r = AsyncSocket(router)
+    got = []
+
+    async def receive():
+        got.append((await r.recv_multipart())[1])
+
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(receive)
+                while not r._waiters:  # the receive waits, the FD watched
+                    await anyio.sleep(0)
+                dealer.send(b"ready")  # inproc: in the router's pipe now, its FD signalled
+                router.get(zmq.EVENTS)  # ... and the edge taken, as a failing send takes it
+                with pytest.raises(zmq.ZMQError):
+                    await r.send_multipart([b"restarting", b"x"])
+    finally:
+        r.close(linger=0)
+        dealer.close(linger=0)
+        ctx.term()
+    assert got == [b"ready"]
+
+
 async def test_a_send_at_the_high_water_mark_waits_and_loses_nothing(tmp_path):
     ctx = zmq.Context()
     router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)

@@ -143,12 +143,13 @@ def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=N
     summary = graph_summary(spec, plan)
     view = _live_view(hub, summary, quiet, run_dir)
     controller = None
-    code = 0
+    code, froze = 0, False
     try:  # the controller places every process first: a host it cannot place is a RunFailed too
         controller = Controller(spec, plan, run_dir, launcher_obj, faults=list(faults), resume=resume, hub=hub,
                                 inventory=inventory, on_tick=lambda c: view.update(), summary=summary)
-        gc.collect()  # what start-up left over goes now; what it built lives the run: frozen, the
-        gc.freeze()   # cyclic collector's full passes skip it (~20 ms each, once or twice a run)
+        if froze := gc.get_freeze_count() == 0:  # (a caller that froze objects itself decides)
+            gc.collect()  # what start-up left over goes now; what it built lives the run: frozen,
+            gc.freeze()   # the cyclic collector's full passes skip it (~20 ms each, a few a run)
         with view:
             anyio.run(controller.run, backend_options=run_options())
     except RunFailed as e:
@@ -165,7 +166,8 @@ def execute(spec, plan, run_dir: Path, *, resume=None, faults=(), metrics_port=N
             server.close()
         launcher_obj.close()
         os.umask(old_umask)
-        gc.unfreeze()  # a process that runs again (a test's) lets this run's objects go
+        if froze:
+            gc.unfreeze()  # a process that runs again (a test's) lets this run's objects go
     if code == 0:
         print(f"flowrl: finished {spec.schedule.steps} steps; run directory {run_dir}", flush=True)
     return code

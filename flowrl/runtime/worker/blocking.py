@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+from anyio.lowlevel import checkpoint_if_cancelled
 
 THREAD_NAME = "flowrl-blocking"
 
@@ -43,6 +44,8 @@ class _Thread(threading.Thread):
             fn, loop, done = self.calls.get()
             try:
                 result, error = fn(), None
+            except StopIteration as e:  # a Future refuses it (it would end the awaiting coroutine)
+                result, error = None, RuntimeError(f"a blocking call raised StopIteration: {e!r}")
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 result, error = None, e
             self.idle.append(self)  # before the answer: the caller's next call may come to this thread
@@ -58,7 +61,9 @@ os.register_at_fork(after_in_child=_idle.clear)  # the parent's threads are not 
 
 
 async def run(fn: Callable[[], Any]) -> Any:
-    """`fn()` on a helper thread; its result here, or its exception."""
+    """`fn()` on a helper thread; its result here, or its exception. A caller cancelled already
+    does not start it."""
+    await checkpoint_if_cancelled()
     loop = asyncio.get_running_loop()
     done = loop.create_future()
     try:
