@@ -173,6 +173,18 @@ def test_a_publisher_serves_in_order_beside_its_calls_but_never_during_a_rollbac
     anyio.run(main)
 
 
+async def settled() -> None:
+    """Every task blocked and no blocking call under way (`announce_ahead` runs on a helper thread,
+    blocking.py): what the lane does once a round landed is done."""
+    from flowrl.runtime.worker import blocking
+
+    while True:
+        await anyio.wait_all_tasks_blocked()
+        if blocking.pending() == 0:
+            return
+        await anyio.sleep(0.001)
+
+
 class FetchingWeights(Weights):
     """A subscriber's client whose rounds are received ahead (`fetch`, held until the test lets
     each go) and made live in the order's turn (`land_fetched`), as `WeightsClient`'s; its
@@ -227,28 +239,28 @@ def test_a_plain_subscriber_receives_a_round_as_its_order_arrives_and_lands_it_i
                 kit.syncs.arrived(zeroth)  # no subscriber yet: made in the order's turn, not during a call
                 weights.sub = object()
                 kit.syncs.arrived(again)  # behind a round still to run whole: fetched once that one ran
-                await anyio.wait_all_tasks_blocked()
+                await settled()
                 assert weights.fetched == []
                 await kit.syncs.order(zeroth)
                 assert weights.rounds == [1]
-                await anyio.wait_all_tasks_blocked()
+                await settled()
                 assert weights.fetched == [0]
                 weights.go.setdefault(0, anyio.Event()).set()
                 await kit.syncs.order(again)
                 assert weights.rounds == [1] and weights.landed == [0]
-                await anyio.wait_all_tasks_blocked()
+                await settled()
                 assert weights.ahead == [0]  # a whole round (`zeroth`) says nothing ahead; a fetched one does
                 first, second = _sync(1), _sync(2)
                 assert not kit.syncs.arrived(first) and not kit.syncs.arrived(second)  # both go on the event queue
-                await anyio.wait_all_tasks_blocked()
+                await settled()
                 assert weights.fetched == [0, 1] and kit.version.value == 0  # receiving; nothing landed
                 weights.go.setdefault(1, anyio.Event()).set()
                 weights.go.setdefault(2, anyio.Event()).set()
-                await anyio.wait_all_tasks_blocked()
+                await settled()
                 assert weights.fetched == [0, 1]  # the next round waits until this one landed
                 await kit.syncs.order(first)  # its turn
                 assert kit.version.value == 1 and weights.landed == [0, 1]
-                await anyio.wait_all_tasks_blocked()
+                await settled()
                 assert weights.fetched == [0, 1, 2]
 
                 rollback, third = m.Epoch(epoch=1, watermark=0), _sync(3, sync_epoch=2)
@@ -260,30 +272,30 @@ def test_a_plain_subscriber_receives_a_round_as_its_order_arrives_and_lands_it_i
                 async def enter_epoch(msg):
                     handled.append(msg.epoch)
 
-                await anyio.wait_all_tasks_blocked()
+                await settled()
                 assert weights.ahead == [0]  # `first` landed with `second` ordered (its receive says it), `second`
                 # with a rollback queued (the next round may run whole): nothing said ahead
                 await kit.syncs.apart_from(enter_epoch)(rollback)
                 fourth = _sync(4, sync_epoch=2)
                 kit.syncs.arrived(fourth)  # the rollback is handled, but `third` has yet to run whole
-                await anyio.wait_all_tasks_blocked()
+                await settled()
                 assert weights.fetched == [0, 1, 2] and weights.landed == [0, 1, 2] and kit.version.value == 2
                 await kit.syncs.order(third)
                 assert weights.rounds == [1, 2] and kit.version.value == 3
-                await anyio.wait_all_tasks_blocked()
+                await settled()
                 assert weights.fetched == [0, 1, 2, 4]  # `third` ran: `fourth` is received now
                 weights.go.setdefault(4, anyio.Event()).set()
                 await kit.syncs.order(fourth)
                 assert handled == [1] and weights.rounds == [1, 2] and kit.version.value == 4
-                await anyio.wait_all_tasks_blocked()
+                await settled()
                 assert weights.ahead == [0, 4]
                 kit.syncs.arrived(fifth := _sync(5, sync_epoch=2))
-                await anyio.wait_all_tasks_blocked()
+                await settled()
                 assert weights.fetched == [0, 1, 2, 4, 5]  # nothing left to run whole: fetched ahead again
                 weights.go.setdefault(5, anyio.Event()).set()
                 await kit.syncs.order(fifth)
                 assert kit.version.value == 5
-                await anyio.wait_all_tasks_blocked()
+                await settled()
                 assert weights.ahead == [0, 4, 5]
             assert [type(r).__name__ for r in kit.reports] == ["Synced"] * 7
             tg.cancel_scope.cancel()

@@ -57,7 +57,8 @@ class _Thread(threading.Thread):
 
 
 _idle: list[_Thread] = []
-os.register_at_fork(after_in_child=_idle.clear)  # the parent's threads are not the child's
+_pending = [0]  # calls made and not yet returned to their caller
+os.register_at_fork(after_in_child=lambda: (_idle.clear(), _pending.__setitem__(0, 0)))  # not the child's
 
 
 async def run(fn: Callable[[], Any]) -> Any:
@@ -72,8 +73,18 @@ async def run(fn: Callable[[], Any]) -> Any:
         thread = _Thread(_idle)
         thread.start()
     thread.calls.put((fn, loop, done))
-    with anyio.CancelScope(shield=True):  # a call in flight is waited for (module docstring)
-        return await done
+    _pending[0] += 1
+    try:
+        with anyio.CancelScope(shield=True):  # a call in flight is waited for (module docstring)
+            return await done
+    finally:
+        _pending[0] -= 1
+
+
+def pending() -> int:
+    """Calls of this process made and not yet returned to their caller (on a helper thread, or
+    answered and about to resume it): a test that waits for every task to block waits for these too."""
+    return _pending[0]
 
 
 def _answer(done: asyncio.Future, result: Any, error: BaseException | None) -> None:
