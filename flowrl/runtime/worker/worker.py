@@ -215,8 +215,11 @@ class Worker:
             self.events.put(("data", port, batch, rx))
 
     async def metrics_loop(self) -> None:
-        """Metrics ride on heartbeats from the event loop; liveness comes from `Heartbeat` (a thread)."""
+        """Metrics ride on heartbeats from the event loop; liveness comes from `Heartbeat` (a thread).
+        What this samples goes out now only when the main loop sent nothing for half an interval:
+        while data flows, the main loop's next send (within ~0.1 s) carries it, one message fewer."""
         recorder, labels = self.parts.recorder, self.parts.input_labels
+        interval = max(self.spec.heartbeat_s, 0.5)
         while True:
             recorder.sample_process()
             recorder.sample_cpu()  # CPU per thread and category: `flowrl report`'s CPU per step
@@ -225,8 +228,9 @@ class Worker:
                 recorder.gauge("queue_depth", stats.queued, across="sum", edge=labels[port])
                 recorder.gauge("channel_rejected", stats.rejected, across="sum", edge=labels[port])
                 recorder.gauge("channel_shm_bytes", stats.shm_bytes, across="sum", edge=labels[port])
-            await self.send_metrics()
-            await anyio.sleep(max(self.spec.heartbeat_s, 0.5))
+            if time.monotonic() - self.last_metrics >= interval / 2:
+                await self.send_metrics()
+            await anyio.sleep(interval)
 
     async def send_metrics(self) -> None:
         self.last_metrics = time.monotonic()
