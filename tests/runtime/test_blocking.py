@@ -9,16 +9,9 @@ import anyio
 import pytest
 
 from flowrl.runtime.worker import blocking
+from tests.loop_backends import anyio_backend  # noqa: F401 - asyncio's loop and uvloop
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.anyio]
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {}), id="asyncio"),
-                        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):
-    if request.param[1]:
-        pytest.importorskip("uvloop")
-    return request.param
 
 
 async def test_a_call_runs_off_the_loop_and_returns_or_raises_here():

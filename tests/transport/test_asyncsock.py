@@ -9,21 +9,16 @@ ROUTER_MANDATORY send to nobody fails at once; `close` ends a pending wait.
 
 from __future__ import annotations
 
+import contextlib
+
 import anyio
 import pytest
 import zmq
 
 from flowrl.transport.asyncsock import POLLOUT, AsyncSocket
+from tests.loop_backends import anyio_backend  # noqa: F401 - asyncio's loop and uvloop
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.anyio]
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {}), id="asyncio"),
-                        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
-def anyio_backend(request):
-    if request.param[1]:
-        pytest.importorskip("uvloop")
-    return request.param
 
 
 @pytest.fixture
@@ -41,6 +36,42 @@ def pair(tmp_path):
     r.close(linger=0)
     d.close(linger=0)
     ctx.term()
+
+
+@contextlib.contextmanager
+def inproc(name: str):
+    """(ROUTER with ROUTER_MANDATORY, DEALER identified as b"d"), raw, over inproc: a send is in the
+    peer's pipe, and its FD signalled, when the call returns, so a test orders events exactly."""
+    ctx = zmq.Context()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.bind(f"inproc://{name}")
+    dealer.setsockopt(zmq.IDENTITY, b"d")
+    dealer.connect(f"inproc://{name}")
+    try:
+        yield router, dealer
+    finally:
+        router.close(linger=0)
+        dealer.close(linger=0)
+        ctx.term()
+
+
+@contextlib.asynccontextmanager
+async def waiting_to_receive(sock: AsyncSocket, got: list):
+    """A task waits in `sock.recv_multipart` (its FD watched) while the block runs; the block's end
+    waits (10 s at most) for that receive, which appends what it got to `got`."""
+    async def receive():
+        got.append(await sock.recv_multipart())
+
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(receive)
+                while not sock._waiters:
+                    await anyio.sleep(0)
+                yield
+    finally:
+        sock.close(linger=0)
 
 
 async def test_a_receive_waits_for_messages_sent_later_and_gets_them_all_in_order(pair):
@@ -93,30 +124,13 @@ async def test_sending_while_a_receive_waits_on_the_same_socket_never_strands_it
 async def test_a_look_at_the_socket_while_a_receive_waits_never_strands_it():
     """Reading EVENTS takes the FD's signal: whoever reads it must wake the receive it was for.
     inproc delivers synchronously, so the order here is exact."""
-    ctx = zmq.Context()
-    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
-    router.bind("inproc://look")
-    dealer.setsockopt(zmq.IDENTITY, b"d")
-    dealer.connect("inproc://look")
-    d = AsyncSocket(dealer)
     got = []
-
-    async def receive():
-        got.append(await d.recv())
-
-    try:
-        with anyio.fail_after(10):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(receive)
-                while not d._waiters:  # the receive waits, the FD watched
-                    await anyio.sleep(0)
-                router.send_multipart([b"d", b"x"])  # in the dealer's pipe now, its FD signalled
-                assert await d.poll(0)  # reads EVENTS: the FD's signal is gone
-    finally:
-        d.close(linger=0)
-        router.close(linger=0)
-        ctx.term()
-    assert got == [b"x"]
+    with inproc("look") as (router, dealer):
+        d = AsyncSocket(dealer)
+        async with waiting_to_receive(d, got):
+            router.send_multipart([b"d", b"x"])  # in the dealer's pipe now, its FD signalled
+            assert await d.poll(0)  # reads EVENTS: the FD's signal is gone
+    assert got == [[b"x"]]
 
 
 async def test_a_send_that_fails_while_a_receive_waits_never_strands_it():
@@ -124,32 +138,15 @@ async def test_a_send_that_fails_while_a_receive_waits_never_strands_it():
     sends to a restarting node do every tick; inside libzmq it read the socket's commands first,
     which takes the FD's edge. Here the edge is taken by a raw read of EVENTS, then the send fails:
     the waiting receive must still get the message that came."""
-    ctx = zmq.Context()
-    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
-    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    router.bind("inproc://fails")
-    dealer.connect("inproc://fails")
-    r = AsyncSocket(router)
     got = []
-
-    async def receive():
-        got.append((await r.recv_multipart())[1])
-
-    try:
-        with anyio.fail_after(10):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(receive)
-                while not r._waiters:  # the receive waits, the FD watched
-                    await anyio.sleep(0)
-                dealer.send(b"ready")  # inproc: in the router's pipe now, its FD signalled
-                router.get(zmq.EVENTS)  # ... and the edge taken, as a failing send takes it
-                with pytest.raises(zmq.ZMQError):
-                    await r.send_multipart([b"restarting", b"x"])
-    finally:
-        r.close(linger=0)
-        dealer.close(linger=0)
-        ctx.term()
-    assert got == [b"ready"]
+    with inproc("fails") as (router, dealer):
+        r = AsyncSocket(router)
+        async with waiting_to_receive(r, got):
+            dealer.send(b"ready")  # inproc: in the router's pipe now, its FD signalled
+            router.get(zmq.EVENTS)  # ... and the edge taken, as a failing send takes it
+            with pytest.raises(zmq.ZMQError):
+                await r.send_multipart([b"restarting", b"x"])
+    assert got == [[b"d", b"ready"]]
 
 
 async def test_a_send_at_the_high_water_mark_waits_and_loses_nothing(tmp_path):
