@@ -42,19 +42,22 @@ class AsyncSocket:
     async def send_multipart(self, frames: list[bytes]) -> None:
         """Send every frame (waiting while the socket cannot take a message: its high-water mark).
         A ZMQError other than EAGAIN (ROUTER_MANDATORY's unroutable peer) is raised."""
-        last = len(frames) - 1
-        while True:
+        last, send = len(frames) - 1, self.sock.send
+        while True:  # a send, one that fails too, reads the socket's commands (its edge): wake who waits
             try:
-                send = self.sock.send
                 for i, f in enumerate(frames):
                     send(f, _DONTWAIT | (_SNDMORE if i < last else 0))  # later parts of a message never EAGAIN
-                return
             except zmq.Again:
-                pass
-            finally:  # a send that failed read the socket's commands too (its edge) before it failed
+                events = self._events()
+            except zmq.ZMQError:
                 if self._waiters:
                     self._events()
-            if self._events() & POLLOUT:  # a ROUTER says POLLOUT when any peer can take one: not ours
+                raise
+            else:
+                if self._waiters:
+                    self._events()
+                return
+            if events & POLLOUT:  # a ROUTER says POLLOUT when any peer can take one: not ours
                 await asyncio.sleep(RETRY_S)
             else:
                 await self._wait(POLLOUT)

@@ -27,15 +27,14 @@ class Counting:
         return getattr(self.sock, name)
 
     def recv(self, *a, **k):
-        try:
-            return self.sock.recv(*a, **k)
-        except zmq.Again:
-            self.agains += 1
-            raise
+        return self._counted(self.sock.recv, a, k)
 
     def recv_multipart(self, *a, **k):
+        return self._counted(self.sock.recv_multipart, a, k)
+
+    def _counted(self, receive, a, k):
         try:
-            return self.sock.recv_multipart(*a, **k)
+            return receive(*a, **k)
         except zmq.Again:
             self.agains += 1
             raise

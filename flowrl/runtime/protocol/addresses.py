@@ -201,9 +201,10 @@ def connect_control(ctx, spec, suffix: str = "", linger_ms: int = 0, sndhwm: int
     if sndhwm is not None:
         sock.setsockopt(zmq.SNDHWM, sndhwm)
     if spec.control_key:
-        sock.curve_serverkey = spec.control_key.encode()
-        sock.curve_publickey = spec.curve_public.encode()
-        sock.curve_secretkey = spec.curve_secret.encode()
+        from flowrl.transport import CurveConfig, security
+
+        security.apply_client(sock, CurveConfig(server_public=spec.control_key, client_public=spec.curve_public,
+                                                client_secret=spec.curve_secret))
     sock.connect(spec.control)
     return sock
 

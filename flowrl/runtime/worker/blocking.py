@@ -57,13 +57,23 @@ class _Thread(threading.Thread):
 
 
 _idle: list[_Thread] = []
-_pending = [0]  # calls made and not yet returned to their caller
-os.register_at_fork(after_in_child=lambda: (_idle.clear(), _pending.__setitem__(0, 0)))  # not the child's
+_pending = 0  # calls made and not yet returned to their caller
+
+
+def _forget_parent() -> None:
+    """In a forked child: the parent's threads and calls are not its own."""
+    global _pending
+    _idle.clear()
+    _pending = 0
+
+
+os.register_at_fork(after_in_child=_forget_parent)
 
 
 async def run(fn: Callable[[], Any]) -> Any:
     """`fn()` on a helper thread; its result here, or its exception. A caller cancelled already
     does not start it."""
+    global _pending
     await checkpoint_if_cancelled()
     loop = asyncio.get_running_loop()
     done = loop.create_future()
@@ -73,18 +83,18 @@ async def run(fn: Callable[[], Any]) -> Any:
         thread = _Thread(_idle)
         thread.start()
     thread.calls.put((fn, loop, done))
-    _pending[0] += 1
+    _pending += 1
     try:
         with anyio.CancelScope(shield=True):  # a call in flight is waited for (module docstring)
             return await done
     finally:
-        _pending[0] -= 1
+        _pending -= 1
 
 
 def pending() -> int:
     """Calls of this process made and not yet returned to their caller (on a helper thread, or
     answered and about to resume it): a test that waits for every task to block waits for these too."""
-    return _pending[0]
+    return _pending
 
 
 def _answer(done: asyncio.Future, result: Any, error: BaseException | None) -> None:
