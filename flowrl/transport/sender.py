@@ -113,7 +113,7 @@ class Sender(TaskOwner):
         link.unacked.clear()
         self._close_link(link, "bye")
         self._update_liveness()
-        return [e.prepared.batch for e in entries]
+        return [e.batch for e in entries]
 
     async def send(self, batch: Batch) -> None:
         """Send `batch` to a replica with credit, waiting for credit if needed (never dropping).
@@ -147,7 +147,7 @@ class Sender(TaskOwner):
     def unacked(self) -> list[Batch]:
         """Batches sent and not yet acknowledged, or waiting to be re-sent, oldest first."""
         entries = [e for link in self._links.values() for e in link.unacked.values()] + list(self._pending.values())
-        return [e.prepared.batch for e in sorted(entries, key=lambda e: e.seq)]
+        return [e.batch for e in sorted(entries, key=lambda e: e.seq)]
 
     def take_returned(self) -> list[Batch]:
         """Batches no replica could take in time (handed back); the list is emptied."""
@@ -220,7 +220,7 @@ class Sender(TaskOwner):
             if not fits:
                 limits = ", ".join(f"{a}: {lk.cap_b} B capacity / {lk.max_msg} B max message"
                                    for a, lk in self._links.items() if lk.live)
-                raise ValueError(f"batch {entry.prepared.batch.batch_id!r} is a {size}-byte message; the "
+                raise ValueError(f"batch {entry.batch.batch_id!r} is a {size}-byte message; the "
                                  f"consumers accept less ({limits}); split it (Batch.split) or raise "
                                  "capacity_bytes / max_message_bytes")
             if self._broken():
@@ -249,6 +249,8 @@ class Sender(TaskOwner):
         fits = not live
         size = entry.size
         prepared = entry.prepared
+        if prepared is None:  # written before (and not acknowledged): a re-send prepares it again
+            prepared = entry.prepared = codec.prepare(entry.batch, self._inline_max)
         for lk in live:
             env = [lk.inc, lk.sent_m + 1]  # sequence numbers count a link's messages
             frames = prepared.frames(env)
@@ -275,7 +277,7 @@ class Sender(TaskOwner):
                 self._send_hello(lk)
             size = need
         if not size:  # no live link yet: size without envelope, plus room for it
-            size = len(entry.prepared.frames()[0]) + ENV_ALLOWANCE + entry.prepared.payload_bytes
+            size = len(prepared.frames()[0]) + ENV_ALLOWANCE + prepared.payload_bytes
         return None, None, size, fits
 
     def _shm_bound(self, link: Link, prepared: codec.Prepared, head_bytes: int) -> int:
@@ -322,6 +324,7 @@ class Sender(TaskOwner):
         c = self._c
         c["sent"] += 1
         c["sent_bytes"] += size
+        entry.prepared = None  # the frames are written (or corked): only the batch is held from here
         link.pump.send(frames)
 
     async def _drain_pending(self) -> None:
@@ -332,10 +335,10 @@ class Sender(TaskOwner):
                 placed = await self._place(self._pending[seq], resend=True)
             except ValueError as e:  # the replicas left accept less than this batch needs
                 log.warning("channel %s: %s", self.name, e)
-                self._return([self._pending.pop(seq).prepared.batch])
+                self._return([self._pending.pop(seq).batch])
                 continue
             if not placed:
-                self._return([e.prepared.batch for _, e in sorted(self._pending.items())])
+                self._return([e.batch for _, e in sorted(self._pending.items())])
                 self._pending.clear()
 
     async def _resend_task(self) -> None:

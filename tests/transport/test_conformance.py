@@ -210,6 +210,33 @@ async def test_a_restarted_consumer_gets_every_unacknowledged_batch(kind, tmp_pa
             await wait_until(lambda: not tx.unacked())
 
 
+async def test_a_batch_in_flight_holds_only_itself_and_a_resend_prepares_it_whole_again(kind, tmp_path):
+    """A written batch keeps no header or buffers of its own (held for every batch in flight, the
+    garbage collector walked them at each young-generation pass); re-sent, it is prepared again."""
+    cfg = fast_config(transport=kind, capacity_messages=8)
+    async with Receiver(cfg, name="e") as rx, Sender(cfg, name="e") as tx:
+        address = await rx.bind(address_for(kind, tmp_path))
+        await tx.connect(address)
+        sent = [batch(i, n=1 + 5000 * (i % 2)) for i in range(4)]  # inline and framed tensors
+        for b in sent:
+            await tx.send(b)
+        await wait_until(lambda: rx.statistics().received == 4)
+        in_flight = [e for link in tx._links.values() for e in link.unacked.values()]
+        assert len(in_flight) == 4 and all(e.prepared is None for e in in_flight)
+        assert tx.unacked() == sent
+        rx.abort()  # a crash: all four go again, to the restart
+        async with Receiver(cfg, name="e") as again:
+            await again.bind(address)
+            got = []
+            while len(got) < 4:
+                got.append(await again.recv())
+                await again.ack(got[-1])
+            assert [b.batch_id for b in got] == [b.batch_id for b in sent]
+            assert all(np.array_equal(a.tensors["x"], b.tensors["x"]) and a.meta == b.meta for a, b in zip(got, sent))
+            await wait_until(lambda: not tx.unacked())
+            assert tx.statistics().resent == 4
+
+
 async def test_unacknowledged_batches_come_back_when_no_consumer_returns(kind, tmp_path):
     cfg = fast_config(transport=kind, capacity_messages=8, peer_timeout_s=0.5)
     async with Receiver(cfg, name="e") as rx, Sender(cfg, name="e") as tx:
