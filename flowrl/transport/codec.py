@@ -24,6 +24,7 @@ from flowrl.transport.ragged import Ragged, offsets_problem
 INLINE_MAX_BYTES = 8192
 """Default: tensors of at most this many bytes are copied into the header instead of own frames."""
 _trusted_batch = Batch._trusted  # (looked up once: the decoder makes one per message)
+_MAX_STR = wire.MAX_STR
 
 _DESC_LEN = len(wire.TENSOR_FIELDS)
 _D_TENSORS, _D_ENV, _D_SHM = wire.D_TENSORS, wire.D_ENV, wire.D_SHM
@@ -124,13 +125,14 @@ def frame_view(frame: Any) -> memoryview:
     return mv if mv.ndim == 1 and mv.format in ("B", "b", "c") else mv.cast("B")
 
 
-def decode(frames: Sequence[Any], limits: wire.DecodeLimits = wire.DecodeLimits()) -> Batch:
-    """Frames of one `data` message -> Batch. Raises DecodeError on anything unexpected."""
+def decode(frames: Sequence[Any], limits: wire.DecodeLimits = wire.DecodeLimits(), plans: Plans | None = None) -> Batch:
+    """Frames of one `data` message -> Batch. Raises DecodeError on anything unexpected. `plans`:
+    what earlier messages of the same stream taught (Plans); they decide alike with or without it."""
     views, _ = check_frames(frames, limits)
     header = wire.unpack_header(views[0], limits)
     if type(header) is not list:
         raise DecodeError("bad_kind", f"expected a data message, got {header['kind']!r}")
-    return decode_data(header, views, limits)
+    return decode_data(header, views, limits, plans=plans)
 
 
 def check_frames(frames: Sequence[Any], limits: wire.DecodeLimits) -> tuple[list, int]:
@@ -152,8 +154,46 @@ def check_frames(frames: Sequence[Any], limits: wire.DecodeLimits) -> tuple[list
     return views, total
 
 
+class Plans:
+    """What `decode_data` learned from the last batch it decoded whose tensors were all plain numpy or
+    torch arrays inside the header (not bool: their values are checked each time): their descriptors
+    without the bytes, and how each tensor is made. A batch whose descriptors are the same (equal
+    names, dtypes, libraries and int shapes), with bytes of the same lengths, is decoded without
+    checking each field again: a channel's batches mostly share all of that. A receiver keeps one."""
+
+    __slots__ = ("steps", "n")
+
+    def __init__(self):
+        # per tensor: ([name, dtype, shape, lib], nbytes, numpy dtype, the shape to give the array (None:
+        # 1-d, as it comes), torch.from_numpy for a torch tensor or None)
+        self.steps: list | None = None
+        self.n = 0  # the batch's samples
+
+
+def _planned(descs: list, steps: list) -> dict | None:
+    """The tensors of `descs` made by `steps` (Plans), or None if a descriptor is not the same."""
+    tensors = {}
+    for desc, (skeleton, nbytes, np_dtype, shape, from_numpy) in zip(descs, steps):
+        if type(desc) is not list or len(desc) != _DESC_LEN or desc[5] is not None \
+                or type(data := desc[4]) is not bytes or len(data) != nbytes or desc[:4] != skeleton:
+            return None
+        # equal is not yet the same: 5.0 == True == 1 == 1.0, and a shape is ints
+        if shape is None:
+            if type(desc[2][0]) is not int:
+                return None
+        else:
+            for d in desc[2]:
+                if type(d) is not int:
+                    return None
+        t = _frombuffer(bytearray(data), np_dtype)  # writable, like a received frame
+        if shape is not None:
+            t = t.reshape(shape)
+        tensors[skeleton[0]] = t if from_numpy is None else from_numpy(t)
+    return tensors
+
+
 def decode_data(header: list, views: list, limits: wire.DecodeLimits, delivery: Any = None,
-                region: np.ndarray | None = None) -> Batch:
+                region: np.ndarray | None = None, plans: Plans | None = None) -> Batch:
     """A `data` header (as `wire.unpack_header` returns it: its length, version and kind checked)
     plus the message's frame views -> Batch (`delivery`: the receiver's tag for `ack`; `region`: the
     shared memory its tensors are in, a uint8 array, when the header names a block)."""
@@ -171,7 +211,7 @@ def decode_data(header: list, views: list, limits: wire.DecodeLimits, delivery: 
         except ValueError as e:
             raise DecodeError("bad_field", f"route: {e}") from None
         route = tuple(route)
-    if type(batch_id) is not str or not 0 < len(batch_id) <= wire.MAX_STR:
+    if type(batch_id) is not str or not 0 < len(batch_id) <= _MAX_STR:
         wire.check_str("batch_id", batch_id)
     if type(attempt) is not int or attempt < 0:
         wire.check_int("attempt", attempt, 0)
@@ -183,12 +223,19 @@ def decode_data(header: list, views: list, limits: wire.DecodeLimits, delivery: 
         wire.check_json(meta, limits.max_depth)
     if type(descs) is not list or len(descs) > limits.max_tensors:
         raise DecodeError("bad_field", f"tensors must be a list of at most max_tensors={limits.max_tensors}")
+    if plans is not None and (steps := plans.steps) is not None and len(descs) == len(steps) and ref is None \
+            and len(views) == 1:
+        tensors = _planned(descs, steps)
+        if tensors is not None:
+            return _trusted_batch(tensors, meta, batch_id, attempt, policy_version, plans.n, delivery, route)
     nviews = len(views)
-    used = [False] * nviews
+    plain = [] if plans is not None and ref is None else None  # steps of a plan, while every tensor is plain
+    used = None  # which frames a tensor took (made when one is looked at: most messages are one frame)
     tensors: dict[str, Any] = {}
     n = None
-    shared: dict = {}  # inline offsets bytes -> offsets already decoded and checked (aligned tensors)
+    shared = None  # inline offsets bytes -> offsets already decoded and checked (aligned tensors)
     from_numpy = None  # torch.from_numpy, once a torch tensor comes
+    max_ndim = limits.max_ndim
     for desc in descs:
         # the common case first: a numpy or torch tensor inline, plain or ragged with inline offsets;
         # anything else, or anything off in it, takes the exhaustive path, which decides
@@ -197,22 +244,37 @@ def decode_data(header: list, views: list, limits: wire.DecodeLimits, delivery: 
             name, dtype, shape, lib, data, sub = desc
             if type(data) is bytes and type(dtype) is str and type(lib) is str \
                     and (spec := _FAST_SPECS.get((dtype, lib))) is not None \
-                    and type(name) is str and 0 < len(name) <= wire.MAX_STR and type(shape) is list \
-                    and 0 < len(shape) <= limits.max_ndim and type(samples := shape[0]) is int and samples >= 0 \
-                    and _fast_size(shape, spec[0]) == len(data) and (spec[2] is None or not data.translate(None, spec[2])):
+                    and type(name) is str and 0 < len(name) <= _MAX_STR and type(shape) is list \
+                    and 0 < (ndim := len(shape)) <= max_ndim and type(samples := shape[0]) is int and samples >= 0 \
+                    and (spec[0] * samples if ndim == 1 else _fast_size(shape, spec[0])) == len(data) \
+                    and (spec[2] is None or not data.translate(None, spec[2])):
                 if spec[3] and from_numpy is None:  # a torch tensor: made over the numpy array's bytes
                     from_numpy = torch_module().from_numpy
                 if sub is None:
                     t = _frombuffer(bytearray(data), spec[1])  # writable, like a received frame
-                    if len(shape) > 1:
+                    if ndim > 1:
                         t = t.reshape(shape)
                     if spec[3]:
                         t = from_numpy(t)
-                elif len(shape) == 1:
+                    if plain is not None:
+                        if spec[2] is None:
+                            plain.append((desc[:4], len(data), spec[1], None if ndim == 1 else tuple(shape),
+                                          from_numpy if spec[3] else None))
+                        else:
+                            plain = None  # a bool tensor: its values are checked each time
+                elif ndim == 1:
+                    plain = None
+                    if shared is None:
+                        shared = {}
                     t = _fast_ragged(name, sub, data, spec[1], from_numpy if spec[3] else None, samples, shared)
                     if t is not None:
                         samples = sub[0][0] - 1
+        else:
+            plain = None
         if t is None:
+            plain = None
+            if used is None:
+                used, shared = [False] * nviews, {} if shared is None else shared
             name, t = _decode_tensor(desc, views, used, limits, region, shared)
             samples = t.num_samples if type(t) is Ragged else (t.shape[0] if t.shape else None)
         if name in tensors:
@@ -223,9 +285,11 @@ def decode_data(header: list, views: list, limits: wire.DecodeLimits, delivery: 
                 n = samples
             elif samples != n:
                 raise DecodeError("batch_invalid", f"tensor {name!r} has {samples} samples, others {n}")
-    if nviews > 1 and not all(used[1:]):
-        raise DecodeError("stray_frame", f"frames {[i for i, u in enumerate(used) if i and not u]} are not "
-                                         "referenced by any tensor")
+    if nviews > 1 and (used is None or not all(used[1:])):
+        raise DecodeError("stray_frame", f"frames {[i for i in range(1, nviews) if used is None or not used[i]]} "
+                                         "are not referenced by any tensor")
+    if plain is not None and len(plain) == len(descs) and nviews == 1:
+        plans.steps, plans.n = plain, int(n or 0)
     return _trusted_batch(tensors, meta, batch_id, attempt, policy_version, int(n or 0), delivery, route)
 
 

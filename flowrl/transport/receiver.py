@@ -76,15 +76,6 @@ PROBE_AGAIN_S = 0.01  # after a connection closed, links are asked again this mu
 CONTROL_ALLOWANCE = 4096  # what a known link's message may carry beyond its credit (hellos, bundle header)
 
 
-class _Delivery:
-    """Attached to each received Batch so that `ack` finds its link and sequence number."""
-
-    __slots__ = ("rid", "seq", "size", "done")
-
-    def __init__(self, rid: bytes, seq: int, size: int):
-        self.rid, self.seq, self.size, self.done = rid, seq, size, False
-
-
 class _Peer:
     __slots__ = ("rid", "state", "last_heard", "last_data", "unacked", "acks", "dirty", "shm", "shm_tried",
                  "proof", "max_seq")
@@ -143,6 +134,7 @@ class Receiver(TaskOwner):
         self._rejects: dict[str, int] = {}
         self._now = time.monotonic()  # when the messages being handled arrived
         self._shm_refused: set[int] = set()  # producer processes whose shared memory failed us
+        self._plans = codec.Plans()  # how the last plain batch was decoded (codec.Plans)
 
     # ------------------------------------------------------------------------------- public API
     async def bind(self, address: str | None = None) -> str:
@@ -200,23 +192,23 @@ class Receiver(TaskOwner):
 
     async def ack(self, batch: Batch) -> None:
         """Done with `batch`: its credit returns and its producer stops holding it. Idempotent."""
-        d = batch._delivery
-        if type(d) is not _Delivery:
+        d = batch._delivery  # (link, sequence number, credit size): set by _on_data
+        if type(d) is not tuple:
             raise ValueError(f"ack() needs a Batch returned by recv(); {batch.batch_id!r} has no delivery tag "
                              "(batches made by select/split/replace/concat carry none)")
-        if d.done:
-            return
-        d.done = True
-        self._c["acked"] += 1
-        peer = self._peers.get(d.rid)
-        freed = False
-        if peer is not None and peer.unacked.pop(d.seq, None) is not None:
-            self._pool.on_ack(d.rid, d.size)
-            peer.acks.append(d.seq)
+        rid, seq, size = d
+        peer = self._peers.get(rid)
+        if peer is not None and peer.unacked.pop(seq, None) is not None:
+            self._pool.on_ack(rid, size)
+            peer.acks.append(seq)
             peer.dirty = True
             freed = peer.shm is not None and len(peer.shm.freed) >= FREED_BATCH
-        elif self._orphans.pop((d.rid, d.seq), None) is not None:
-            self._pool.on_orphan_ack(d.size)
+        elif self._orphans.pop((rid, seq), None) is not None:  # its link was dropped
+            self._pool.on_orphan_ack(size)
+            freed = False
+        else:  # acknowledged before
+            return
+        self._c["acked"] += 1
         if self._state != "bound":
             return
         self._unflushed += 1
@@ -403,7 +395,7 @@ class Receiver(TaskOwner):
                 if e.reason in SHM_MAPPING_FAILURES:  # a well-formed reference we cannot follow
                     self._refuse_shm(peer, e)
                 raise DecodeError(e.reason, f"shared memory of batch {wire.short(header[wire.D_ID], 60)}: {e}") from None
-        batch = codec.decode_data(header, views, self._limits, _Delivery(rid, seq, size), region)
+        batch = codec.decode_data(header, views, self._limits, (rid, seq, size), region, self._plans)
         peer.max_seq, peer.last_data = seq, self._now
         self._pool.on_data(rid, size)
         if self._blocked:

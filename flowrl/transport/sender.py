@@ -559,7 +559,17 @@ class Sender(TaskOwner):
         self._changed.set()
         self._changed = asyncio.Event()
 
+    def _expire(self, changed: asyncio.Event) -> None:
+        if self._changed is changed:  # (else it was set when it was replaced)
+            self._notify()
+
     async def _wait_change(self, timeout: float) -> None:
         changed = self._changed
-        with anyio.move_on_after(timeout):
+        # a timer, not a cancel scope: a producer that outruns its consumer waits for credit once
+        # per burst, and a scope costs it twice what the wait does. When it fires, the event is
+        # replaced too (as by _notify), so that the next wait does not find it set
+        timer = asyncio.get_running_loop().call_later(timeout, self._expire, changed)
+        try:
             await changed.wait()
+        finally:
+            timer.cancel()

@@ -80,6 +80,7 @@ async def test_a_batch_is_held_by_its_sender_until_acknowledged(kind, tmp_path):
         assert [b.batch_id for b in tx.unacked()] == ["p0", "p1"]
         await rx.ack(first)
         await rx.ack(first)  # idempotent
+        assert rx.statistics().acked == 1
         await wait_until(lambda: [b.batch_id for b in tx.unacked()] == ["p1"])
         with pytest.raises(ValueError, match="delivery tag"):
             await rx.ack(first.select([0]))

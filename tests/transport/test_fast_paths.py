@@ -4,8 +4,10 @@
 of dimensions, or ragged with inline offsets) without the exhaustive per-field checks, and
 `codec.prepare` takes native, C-contiguous numpy arrays and CPU torch tensors without converting
 them. Here every mutation of a descriptor is decoded twice, with the fast path and with it switched
-off, and both must agree: the same `DecodeError` reason, or the same tensors of the same kind. On a
-live link, a schema that changes from one message to the next is checked anew each time.
+off, and both must agree: the same `DecodeError` reason, or the same tensors of the same kind. A
+receiver also decodes a batch whose descriptors are the same as its last plain batch's by that
+batch's plan (`codec.Plans`): a mutation after a planned batch must be decided as without the plan.
+On a live link, a schema that changes from one message to the next is checked anew each time.
 """
 
 import msgpack
@@ -32,13 +34,14 @@ def header_of(batch: Batch) -> list:
     return msgpack.unpackb(bytes(frames[0]))
 
 
-def outcome(h: list, fast: bool, monkeypatch) -> tuple:
-    """('error', reason) or ('ok', [(name, kind, dtype, values, offsets)]) of decoding header `h`."""
+def outcome(h: list, fast: bool, monkeypatch, plans: codec.Plans | None = None, frames: int = 1) -> tuple:
+    """('error', reason) or ('ok', [(name, kind, dtype, values, offsets)]) of decoding header `h`
+    (followed by `frames` - 1 frames no tensor refers to)."""
     with monkeypatch.context() as m:
         if not fast:
             m.setattr(codec, "_FAST_SPECS", {})  # no (dtype, lib) qualifies: everything goes the long way
         try:
-            b = decode([pack(h)])
+            b = decode([pack(h)] + [b"stray"] * (frames - 1), plans=plans)
         except DecodeError as e:
             return "error", e.reason
     out = []
@@ -102,6 +105,61 @@ def test_a_mutated_descriptor_is_decided_alike_with_and_without_the_fast_path(ra
     for field, value in changes:
         mutate(desc, field, value)
     assert outcome(h, True, monkeypatch) == outcome(h, False, monkeypatch)
+
+
+def planned(header: list) -> codec.Plans:
+    """Plans taught by decoding `header` (a copy: the caller may change it after)."""
+    plans = codec.Plans()
+    decode([pack(header)], plans=plans)
+    return plans
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lib=st.sampled_from(["numpy", "torch"]), which=st.integers(0, 2), changes=mutations,
+       odd_shape=st.sampled_from([None, [5.0], [True], [5, 2.0], [5, True], [5.0, 2], [5, 2, 1]]))
+def test_a_mutated_descriptor_after_a_planned_batch_is_decided_as_without_the_plan(lib, which, changes, odd_shape,
+                                                                                monkeypatch):
+    as_lib = torch.from_numpy if lib == "torch" else (lambda a: a)
+    h = header_of(Batch(tensors={"a": as_lib(np.arange(5)), "b": as_lib(np.ones(5, np.float32)),
+                                 "c": as_lib(np.arange(10, dtype=np.int16).reshape(5, 2))}, batch_id="b1"))
+    plans = planned(h)
+    assert plans.steps is not None and len(plans.steps) == 3
+    desc = h[TENSORS][which]
+    for field, value in changes:
+        mutate(desc, field, value)
+    if odd_shape is not None and len(desc) > SHAPE:
+        desc[SHAPE] = odd_shape  # equal to the planned shape ([5], or [5, 2] for "c") where it is not the same
+    assert outcome(h, True, monkeypatch, plans) == outcome(h, True, monkeypatch) == outcome(h, False, monkeypatch)
+
+
+def test_a_planned_batch_is_made_by_its_plan_and_comes_out_right(monkeypatch):
+    sent = {"tokens": np.arange(5), "logprobs": torch.ones(5), "pairs": np.arange(10, dtype=np.int16).reshape(5, 2)}
+    plans = planned(header_of(Batch(tensors=sent, batch_id="first")))
+
+    def slow(*args, **kwargs):
+        raise AssertionError("a check the plan stands for was made")
+
+    with monkeypatch.context() as m:
+        m.setattr(codec, "_FAST_SPECS", {})
+        m.setattr(codec, "_decode_tensor", slow)
+        frames = encode(Batch(tensors=sent, batch_id="second", policy_version=3))
+        a, b = decode(frames, plans=plans), decode(frames, plans=plans)
+    assert a.batch_id == "second" and a.policy_version == 3 and a.num_samples == 5
+    assert isinstance(a.tensors["logprobs"], torch.Tensor) and a.tensors["pairs"].shape == (5, 2)
+    assert all(np.array_equal(np.asarray(a.tensors[k]), np.asarray(v)) for k, v in sent.items())
+    a.tensors["tokens"][0] = 99  # writable, and its own memory
+    assert b.tensors["tokens"][0] == 0
+    # the same descriptors followed by a frame nothing refers to: refused, as without the plan
+    h = header_of(Batch(tensors=sent, batch_id="third"))
+    assert outcome(h, True, monkeypatch, plans, frames=2) == outcome(h, True, monkeypatch, frames=2) == ("error", "stray_frame")
+
+
+def test_bool_tensors_are_never_planned_so_their_values_are_checked_each_time(monkeypatch):
+    h = header_of(Batch(tensors={"mask": np.array([True, False, True])}, batch_id="b1"))
+    plans = planned(h)
+    assert plans.steps is None
+    h[TENSORS][0][wire.TENSOR_FIELDS.index("at")] = bytes([1, 2, 0])
+    assert outcome(h, True, monkeypatch, plans) == ("error", "bad_value")
 
 
 @pytest.mark.parametrize("offsets", [[1, 2, 2, 5], [0, 2, 2, 4], [0, 2, 2, 6], [0, 3, 2, 5], [0, 2, 6, 5], [0, 5, 5, 5, 5]])
@@ -203,6 +261,9 @@ async def test_a_schema_that_changes_between_messages_on_one_link_is_checked_eac
     def lying_shape(h):
         h[TENSORS][0][SHAPE] = [3]  # the data holds 4 values
 
+    def torn_bytes(h):
+        h[TENSORS][0][wire.TENSOR_FIELDS.index("at")] = h[TENSORS][0][wire.TENSOR_FIELDS.index("at")][:-1]
+
     def bad_offsets(h):
         h[TENSORS][0][SUB][1] = np.array([0, 3, 2, 5], np.int64).tobytes()  # offsets: [shape, at]
 
@@ -214,9 +275,12 @@ async def test_a_schema_that_changes_between_messages_on_one_link_is_checked_eac
         raw.send(*frames(3, inc, {"x": np.arange(4)}, lie=lying_shape))
         raw.send(*frames(4, inc, {"r": Ragged(np.arange(5), OFFSETS)}, lie=bad_offsets))
         raw.send(*frames(5, inc, {"x": np.arange(4, dtype=np.int16)}))
-        got = [await rx.recv() for _ in range(3)]
-        await wait_until(lambda: rx.statistics().rejected == 2)
-        assert [b.batch_id for b in got] == ["m1", "m2", "m5"]
+        raw.send(*frames(6, inc, {"x": np.arange(4, dtype=np.int16)}, lie=torn_bytes))  # same descriptors as m5's
+        raw.send(*frames(7, inc, {"x": np.arange(4, dtype=np.int16)}))
+        got = [await rx.recv() for _ in range(4)]
+        await wait_until(lambda: rx.statistics().rejected == 3)
+        assert [b.batch_id for b in got] == ["m1", "m2", "m5", "m7"]
         assert got[2].tensors["x"].dtype == np.int16 and got[1].tensors["r"].offsets.tolist() == [0, 2, 2, 5]
-        assert rx.statistics().rejected_by_reason == {"size_mismatch": 1, "bad_offsets": 1}
+        assert got[3].tensors["x"].tolist() == [0, 1, 2, 3]
+        assert rx.statistics().rejected_by_reason == {"size_mismatch": 2, "bad_offsets": 1}
         raw.close()
