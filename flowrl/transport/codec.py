@@ -63,15 +63,17 @@ class Prepared:
 
 def prepare(batch: Batch, inline_max: int = INLINE_MAX_BYTES) -> Prepared:
     descs, buffers, payload = [], [], 0
-    subs: dict = {}  # id of a ragged tensor's offsets -> their inline descriptor (a batch's ragged tensors share them)
+    subs = None  # id of a ragged tensor's offsets -> their inline descriptor (a batch's ragged tensors share them)
     for name, t in batch.tensors.items():
         sub = None
         if type(t) is Ragged:  # values as a tensor; offsets in a nested descriptor, inline or a frame
             offsets = t.offsets
             key = id(offsets)
+            if subs is None:
+                subs = {}
             sub = subs.get(key)
             if sub is None:
-                offsets = offsets if type(offsets) is np.ndarray and offsets.flags.c_contiguous \
+                offsets = offsets if type(offsets) is _NDARRAY and offsets.flags.c_contiguous \
                     and offsets.dtype is _LE_INT64 else _host_array(offsets)[0]
                 if offsets.nbytes <= inline_max:
                     sub = subs[key] = [offsets.shape, offsets.tobytes()]
@@ -80,7 +82,7 @@ def prepare(batch: Batch, inline_max: int = INLINE_MAX_BYTES) -> Prepared:
                     payload += offsets.nbytes
                     sub = [offsets.shape, len(buffers)]
             t = t.values
-        if type(t) is np.ndarray and (dtype := _FAST_NAMES.get(t.dtype)) is not None and t.flags.c_contiguous:
+        if type(t) is _NDARRAY and (dtype := _FAST_NAMES.get(t.dtype)) is not None and t.flags.c_contiguous:
             arr, lib = t, "numpy"  # the common case: native little-endian, C-contiguous, allowed
         else:
             arr, lib = _host_array(t)
@@ -102,11 +104,12 @@ def prepare(batch: Batch, inline_max: int = INLINE_MAX_BYTES) -> Prepared:
     route = None
     if batch.index != -1 or batch.min_version or batch.epoch or batch.drop is not None:
         route = list(batch.route)
-    header = [wire.SCHEMA_VERSION, wire.DATA, batch.batch_id, batch.attempt, batch.policy_version, batch.meta, descs,
-              route, None, None]
+    header = [_VERSION, _DATA, batch.batch_id, batch.attempt, batch.policy_version, batch.meta, descs, route, None, None]
     return Prepared(batch, header, buffers, payload)
 
 
+_NDARRAY = np.ndarray
+_VERSION, _DATA = wire.SCHEMA_VERSION, wire.DATA
 _LE_INT64 = np.dtype("<i8")  # the int64 singleton on a little-endian host (checked with `is`)
 _FAST_NAMES = {dt: name for dt, name in NUMPY_NAMES.items()
                if dt.byteorder in (("=", "|", "<") if np.little_endian else ("|", "<"))}
