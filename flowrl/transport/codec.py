@@ -164,13 +164,14 @@ class Plans:
     names, dtypes, libraries and int shapes), with bytes of the same lengths, is decoded without
     checking each field again: a channel's batches mostly share all of that. A receiver keeps one."""
 
-    __slots__ = ("steps", "n")
+    __slots__ = ("steps", "n", "limits")
 
     def __init__(self):
         # per tensor: ([name, dtype, shape, lib], nbytes, numpy dtype, the shape to give the array (None:
         # 1-d, as it comes), torch.from_numpy for a torch tensor or None)
         self.steps: list | None = None
         self.n = 0  # the batch's samples
+        self.limits: wire.DecodeLimits | None = None  # what the planned batch was checked against: used under these only
 
 
 def _planned(descs: list, steps: list) -> dict | None:
@@ -227,7 +228,7 @@ def decode_data(header: list, views: list, limits: wire.DecodeLimits, delivery: 
     if type(descs) is not list or len(descs) > limits.max_tensors:
         raise DecodeError("bad_field", f"tensors must be a list of at most max_tensors={limits.max_tensors}")
     if plans is not None and (steps := plans.steps) is not None and len(descs) == len(steps) and ref is None \
-            and len(views) == 1:
+            and len(views) == 1 and plans.limits is limits:
         tensors = _planned(descs, steps)
         if tensors is not None:
             return _trusted_batch(tensors, meta, batch_id, attempt, policy_version, plans.n, delivery, route)
@@ -292,7 +293,7 @@ def decode_data(header: list, views: list, limits: wire.DecodeLimits, delivery: 
         raise DecodeError("stray_frame", f"frames {[i for i in range(1, nviews) if used is None or not used[i]]} "
                                          "are not referenced by any tensor")
     if plain is not None and len(plain) == len(descs) and nviews == 1:
-        plans.steps, plans.n = plain, int(n or 0)
+        plans.steps, plans.n, plans.limits = plain, int(n or 0), limits
     return _trusted_batch(tensors, meta, batch_id, attempt, policy_version, int(n or 0), delivery, route)
 
 

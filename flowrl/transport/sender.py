@@ -66,7 +66,7 @@ class Sender(TaskOwner):
         self._pending: dict[int, Entry] = {}   # waiting to be re-sent, by sequence number
         self._returned: list[Batch] = []
         self._order = asyncio.Lock()            # one send at a time: order per producer
-        self._changed = asyncio.Event()
+        self._waiters: list[asyncio.Future] = []  # of _wait_change calls, woken by _notify
         self._state = "open"                    # open | eos | closed
         self._dead_since: float | None = time.monotonic()
         self._cause = "no consumer has answered yet"
@@ -556,20 +556,27 @@ class Sender(TaskOwner):
         return self._dead_since is not None and time.monotonic() - self._dead_since >= self.config.peer_timeout_s
 
     def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    def _expire(self, changed: asyncio.Event) -> None:
-        if self._changed is changed:  # (else it was set when it was replaced)
-            self._notify()
+        """Something changed: wake every `_wait_change`."""
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            _wake(waiter)
 
     async def _wait_change(self, timeout: float) -> None:
-        changed = self._changed
-        # a timer, not a cancel scope: a producer that outruns its consumer waits for credit once
-        # per burst, and a scope costs it twice what the wait does. When it fires, the event is
-        # replaced too (as by _notify), so that the next wait does not find it set
-        timer = asyncio.get_running_loop().call_later(timeout, self._expire, changed)
+        # a future of its own and a timer that wakes it alone, not a cancel scope: a producer that
+        # outruns its consumer waits for credit once per burst, and a scope costs it twice what
+        # the wait does
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self._waiters.append(waiter)
+        timer = loop.call_later(timeout, _wake, waiter)
         try:
-            await changed.wait()
+            await waiter
         finally:
             timer.cancel()
+            if waiter.cancelled() and waiter in self._waiters:  # its caller was cancelled
+                self._waiters.remove(waiter)
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -286,6 +286,33 @@ async def test_a_dead_producer_is_dropped_from_the_end_of_stream_set(kind, tmp_p
             await rx.recv()
 
 
+async def test_a_producers_wait_ends_at_a_change_or_its_own_deadline_never_at_another_waits(kind):
+    """`Sender._wait_change`, under every wait of a producer (credit, a connect, end-of-stream): a
+    wait whose deadline passes wakes alone; a change wakes every wait; a cancelled wait leaves
+    nothing behind."""
+    import anyio
+
+    async with Sender(fast_config(transport=kind), name="w") as tx:
+        woke: list[str] = []
+
+        async def wait(name: str, timeout: float) -> None:
+            await tx._wait_change(timeout)
+            woke.append(name)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait, "long", 60.0)
+            tg.start_soon(wait, "short", 0.01)
+            await wait_until(lambda: woke == ["short"])
+            for _ in range(20):  # turns of the loop in which "long" would wake if the timer had woken it
+                await anyio.lowlevel.checkpoint()
+            assert woke == ["short"]
+            tx._notify()
+        assert woke == ["short", "long"]
+        with anyio.move_on_after(0.01):
+            await tx._wait_change(60.0)
+        assert tx._waiters == []
+
+
 async def test_connect_gives_up_when_no_consumer_answers(kind, tmp_path):
     cfg = fast_config(transport=kind, peer_timeout_s=0.3)
     address = {"ipc": f"ipc://{tmp_path}/nobody", "tcp": "tcp://127.0.0.1:1", "inproc": "inproc://nobody"}[kind]

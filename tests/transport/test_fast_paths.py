@@ -154,6 +154,15 @@ def test_a_planned_batch_is_made_by_its_plan_and_comes_out_right(monkeypatch):
     assert outcome(h, True, monkeypatch, plans, frames=2) == outcome(h, True, monkeypatch, frames=2) == ("error", "stray_frame")
 
 
+def test_a_plan_serves_only_the_limits_its_batch_was_checked_against():
+    h = header_of(Batch(tensors={"cube": np.zeros((2, 3, 4), np.float32)}, batch_id="b1"))
+    plans = planned(h)
+    assert plans.steps is not None
+    with pytest.raises(DecodeError) as e:  # under tighter limits the same batch is checked again, and refused
+        decode([pack(h)], wire.DecodeLimits(max_ndim=2), plans=plans)
+    assert e.value.reason == "shape"
+
+
 def test_bool_tensors_are_never_planned_so_their_values_are_checked_each_time(monkeypatch):
     h = header_of(Batch(tensors={"mask": np.array([True, False, True])}, batch_id="b1"))
     plans = planned(h)
