@@ -292,7 +292,7 @@ def decode_data(header: list, views: list, limits: wire.DecodeLimits, delivery: 
     if nviews > 1 and (used is None or not all(used[1:])):
         raise DecodeError("stray_frame", f"frames {[i for i in range(1, nviews) if used is None or not used[i]]} "
                                          "are not referenced by any tensor")
-    if plain is not None and len(plain) == len(descs) and nviews == 1:
+    if plain is not None and len(plain) == len(descs):  # (every tensor inline: one frame, or stray_frame above)
         plans.steps, plans.n, plans.limits = plain, int(n or 0), limits
     return _trusted_batch(tensors, meta, batch_id, attempt, policy_version, int(n or 0), delivery, route)
 
